@@ -1,0 +1,55 @@
+# One command per chore. CI calls `make test`, exactly as the README says.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed-stamp
+CONFIG ?= examples/pools.yaml
+
+.PHONY: help venv etcd run test check lint typecheck imports unit pytest bench proto simulate drill clean
+
+help:
+	@echo "make run       set up and start a single-node allocator on $(CONFIG)"
+	@echo "make test      set up (virtualenv, dependencies, etcd) and run every check and test"
+	@echo "make check     lint, format check, mypy --strict, import layers"
+	@echo "make bench     run the benchmarks (writes docs/benchmarks.md)"
+	@echo "make proto     regenerate the gRPC stubs from proto/"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian's etcd-server (3.4) gives the tests a real etcd; they start and stop it themselves.
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { \
+	  echo "installing etcd-server (Debian package)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server >/dev/null; \
+	  command -v etcd >/dev/null 2>&1 || command -v /usr/bin/etcd >/dev/null 2>&1; }
+
+run: venv
+	$(BIN)/fairshare serve --config $(CONFIG)
+
+check: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+pytest: venv etcd
+	$(BIN)/pytest
+
+test: check pytest
+
+bench: venv
+	$(PY) bench/core.py
+
+proto: venv
+	$(PY) -m server.genproto
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,31 @@
+"""fairshare: the pure decision core of the allocator.
+
+A pool shared by several teams behaves like a reservation with borrowing: each team owns
+``share x C`` of the pool's concurrency C, its requests inside that reservation run first
+and are never evicted by others, and requests above it borrow idle capacity, ranked by
+Slurm's Fair Tree level fairshare on decayed usage. No I/O happens here.
+"""
+
+from fairshare.apportion import apportion
+from fairshare.pool import (
+    BORROW_BASE,
+    MAX_RANK,
+    RANK_STEP,
+    WITHIN_SHARE_BASE,
+    Class,
+    Grant,
+    Pool,
+    TeamStat,
+)
+
+__all__ = [
+    "BORROW_BASE",
+    "MAX_RANK",
+    "RANK_STEP",
+    "WITHIN_SHARE_BASE",
+    "Class",
+    "Grant",
+    "Pool",
+    "TeamStat",
+    "apportion",
+]

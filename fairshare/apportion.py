@@ -1,0 +1,71 @@
+"""Integer reservations from fractional shares (largest-remainder method)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+# A product such as 0.29 * 100 comes out of binary floating point as 28.999999999999996.
+# Quotas this close to a whole number are taken as that number, so no slot is lost to
+# representation error; real fractional parts are never this small in practice.
+_SNAP_RELATIVE = 1e-9
+
+
+def _snap(x: float) -> float:
+    """Returns the nearest integer when x is within rounding error of it, else x."""
+    nearest = round(x)
+    if abs(x - nearest) <= _SNAP_RELATIVE * max(1.0, abs(x)):
+        return float(nearest)
+    return x
+
+
+def validate_shares(shares: Mapping[str, float]) -> None:
+    """Raises ValueError unless every share is a finite number >= 0."""
+    for name, share in shares.items():
+        if isinstance(share, bool) or not isinstance(share, int | float):
+            raise ValueError(f"share of {name!r} must be a number, got {share!r}")
+        if not math.isfinite(share) or share < 0:
+            raise ValueError(f"share of {name!r} must be finite and >= 0, got {share!r}")
+
+
+def apportion(capacity: int, names: Iterable[str], shares: Mapping[str, float]) -> dict[str, int]:
+    """Divides ``capacity`` slots into integer reservations (Hamilton's method).
+
+    Every name first gets ``floor(share * capacity)``; the slots left, up to
+    ``floor(sum(share) * capacity)`` and never more than ``capacity``, go one each to the
+    names with the largest fractional parts, ties to the name that sorts first. A name
+    missing from ``shares`` has share 0. Shares summing to more than 1 are scaled down
+    proportionally first.
+
+    Args:
+        capacity: the pool's concurrency C, an int >= 0.
+        names: the names to reserve for; the result has an entry for each.
+        shares: name -> share, each finite and >= 0.
+
+    Returns:
+        name -> reserved slots; the sum never exceeds ``capacity`` and equals it when the
+        shares of ``names`` sum to 1.
+
+    Raises:
+        ValueError: a share is negative, NaN or infinite, or capacity is not an int >= 0.
+    """
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
+    validate_shares(shares)
+    unique = sorted(set(names))
+    raw = {name: float(shares.get(name, 0.0)) for name in unique}
+    total_share = _snap(math.fsum(raw.values()))
+    scale = 1.0 / total_share if total_share > 1.0 else 1.0
+
+    quotas = {name: _snap(share * scale * capacity) for name, share in raw.items()}
+    result = {name: math.floor(quota) for name, quota in quotas.items()}
+    slots = min(capacity, math.floor(_snap(math.fsum(quotas.values()))))
+    left = slots - sum(result.values())
+    if left > 0:
+        # Largest fractional part first; equal parts go to the name that sorts first.
+        by_remainder = sorted(unique, key=lambda n: (-(quotas[n] - result[n]), n))
+        for name in by_remainder[:left]:
+            if quotas[name] - result[name] <= 0.0:
+                break
+            result[name] += 1
+    return result

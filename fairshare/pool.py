@@ -1,0 +1,656 @@
+"""One capacity domain: reservations with borrowing, ranked by Slurm's Fair Tree.
+
+Everything here is deterministic and does no I/O: time comes in through the injected
+``clock``, so the same calls give the same answers in unit, property and drill tests.
+
+Cost: ``acquire`` + ``release`` is O(log T) in the number of teams T. With one decay rate
+per pool every team's usage decays by the same factor, so the order of the level
+fairshare values only changes when a team is charged. Usage is therefore stored scaled
+to a reference time (``stored = usage(now) * exp(lam * (now - t_ref))``), which makes a
+charge one multiplication, and the distinct ordering keys live in a sorted list, which
+makes a team's dense rank one bisection.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Final
+
+from sortedcontainers import SortedList
+
+from fairshare.apportion import apportion, validate_shares
+
+WITHIN_SHARE_BASE: Final = 0
+"""Priority of a request inside its team's reservation, plus its class."""
+BORROW_BASE: Final = 10
+"""Priority of a borrower of rank 0, plus its class."""
+RANK_STEP: Final = 10
+"""Priority distance between borrowers of successive fairshare ranks."""
+MAX_RANK: Final = 9
+"""Ranks above this share its priority, so priorities stay small."""
+
+# Once usage is stored scaled by more than e**_REBASE_EXPONENT, every team is rescaled to
+# the present (O(T), and rare: about every 90 half-lives).
+_REBASE_EXPONENT: Final = 64.0
+
+
+class Class(IntEnum):
+    """Service class of a request; it is added to the priority of its standing."""
+
+    INTERACTIVE = 0
+    """Latency sensitive."""
+    BATCH = 1
+    """Throughput oriented; yields to interactive work of the same standing."""
+
+
+def _consumption(consumed: float) -> float:
+    """Consumption as charged: negative, NaN, infinite or non-numeric values count as 0."""
+    try:
+        value = float(consumed)
+    except (TypeError, ValueError):
+        return 0.0
+    if not math.isfinite(value) or value < 0.0:
+        return 0.0
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TeamStat:
+    """The state of one team in a pool at one moment.
+
+    Attributes:
+        team: team name.
+        share: share as configured (not normalised); 0 for teams without one.
+        reserved: within-share slots (see ``apportion``).
+        in_flight: requests in flight with a grant (phantoms excluded).
+        borrowing: of those, the ones admitted as borrowers.
+        in_flight_tokens: the estimated tokens of the grants in flight.
+        usage: consumption decayed to now (cost units).
+        level_fairshare: LF = S / U (0 without share, inf with share and no usage).
+        rank: dense rank of LF among all known teams, highest LF first (uncapped).
+        phantoms: live phantoms (requests counted in flight without a grant).
+    """
+
+    team: str
+    share: float
+    reserved: int
+    in_flight: int
+    borrowing: int
+    in_flight_tokens: int
+    usage: float
+    level_fairshare: float
+    rank: int
+    phantoms: int
+
+
+class _Team:
+    """Mutable per-team state; guarded by the owning pool's lock."""
+
+    __slots__ = (
+        "borrowing",
+        "in_flight",
+        "key",
+        "name",
+        "phantoms",
+        "reserved",
+        "share",
+        "stored",
+        "tokens",
+    )
+
+    def __init__(self, name: str, share: float, reserved: int) -> None:
+        self.name = name
+        self.share = share
+        self.reserved = reserved
+        self.in_flight = 0
+        self.borrowing = 0
+        self.tokens = 0
+        self.stored = 0.0  # usage scaled to the pool's reference time
+        self.key = 0.0  # orders teams like LF does; see Pool._key
+        self.phantoms: list[float] = []  # expiry times, ascending
+
+
+class Grant:
+    """The decision for one request.
+
+    ``release`` must be called once when the request finishes, successfully or not. It is
+    idempotent (only the first call counts) and thread-safe.
+    """
+
+    __slots__ = (
+        "_borrowing",
+        "_est_tokens",
+        "_lock",
+        "_on_release",
+        "_pool",
+        "_priority",
+        "_released",
+        "_saturated",
+        "_state",
+        "_team",
+    )
+
+    def __init__(
+        self,
+        *,
+        team: str,
+        priority: int,
+        borrowing: bool,
+        saturated: bool,
+        est_tokens: int = 0,
+        pool: Pool | None = None,
+        state: _Team | None = None,
+        on_release: Callable[[float], None] | None = None,
+    ) -> None:
+        self._team = team
+        self._priority = priority
+        self._borrowing = borrowing
+        self._saturated = saturated
+        self._est_tokens = est_tokens
+        self._pool = pool
+        self._state = state
+        self._on_release = on_release
+        self._released = False
+        # Pool grants are guarded by their pool's lock; remote ones need their own.
+        self._lock = threading.Lock() if pool is None else None
+
+    def __repr__(self) -> str:
+        return (
+            f"Grant(team={self._team!r}, priority={self._priority}, "
+            f"borrowing={self._borrowing}, saturated={self._saturated}, "
+            f"est_tokens={self._est_tokens}, released={self._released})"
+        )
+
+    @classmethod
+    def remote(
+        cls,
+        team: str,
+        priority: int,
+        borrowing: bool,
+        saturated: bool,
+        release: Callable[[float], None],
+    ) -> Grant:
+        """Builds a grant decided elsewhere, by the replica that owns the pool.
+
+        Its ``release`` calls ``release`` once, with the sanitised consumption; the grant
+        is counted in no local pool.
+        """
+        return cls(
+            team=team,
+            priority=priority,
+            borrowing=borrowing,
+            saturated=saturated,
+            on_release=release,
+        )
+
+    @property
+    def team(self) -> str:
+        """The team the request belongs to."""
+        return self._team
+
+    @property
+    def priority(self) -> int:
+        """The vLLM priority to send the request with (lower runs earlier)."""
+        return self._priority
+
+    @property
+    def borrowing(self) -> bool:
+        """True when the request is above its team's reservation."""
+        return self._borrowing
+
+    @property
+    def saturated(self) -> bool:
+        """True when the pool already had C or more in flight when the request arrived."""
+        return self._saturated
+
+    @property
+    def est_tokens(self) -> int:
+        """The request's estimated tokens, counted in flight until release."""
+        return self._est_tokens
+
+    @property
+    def released(self) -> bool:
+        """Whether ``release`` has been called."""
+        return self._released
+
+    def release(self, consumed: float = 0.0) -> None:
+        """Ends the request and charges ``consumed`` (cost units) to the team's usage.
+
+        Negative, NaN and infinite consumption counts as 0. Only the first call counts.
+        """
+        amount = _consumption(consumed)
+        if self._pool is not None:
+            self._pool._release(self, amount)
+            return
+        assert self._lock is not None
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        if self._on_release is not None:
+            self._on_release(amount)
+
+
+class Pool:
+    """One capacity domain with concurrency C shared by teams.
+
+    A request within its team's reservation (``share x C`` slots, see ``apportion``) gets
+    ``WITHIN_SHARE_BASE + class``; a request above it borrows idle capacity with
+    ``BORROW_BASE + RANK_STEP * min(rank, MAX_RANK) + class``, where rank is the dense
+    rank of the team's level fairshare among all teams the pool knows, highest first.
+
+    Every method is safe to call from several threads at once.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        shares: Mapping[str, float],
+        *,
+        half_life_s: float = 7 * 24 * 3600.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """Creates a pool.
+
+        Args:
+            name: the pool's name.
+            capacity: its sustainable concurrency C, an int >= 0.
+            shares: team -> share (finite, >= 0); teams missing here have share 0.
+            half_life_s: usage half-life in seconds; 0 disables decay.
+            clock: wall-clock seconds, ``time.time`` by default.
+
+        Raises:
+            ValueError: bad capacity, share or half-life.
+        """
+        if isinstance(half_life_s, bool) or not isinstance(half_life_s, int | float):
+            raise ValueError(f"half_life_s must be a number, got {half_life_s!r}")
+        if not math.isfinite(half_life_s) or half_life_s < 0:
+            raise ValueError(f"half_life_s must be finite and >= 0, got {half_life_s!r}")
+        validate_shares(shares)
+        reserved = apportion(capacity, shares.keys(), shares)
+        self._name = name
+        self._capacity = capacity
+        self._shares = {team: float(share) for team, share in shares.items()}
+        self._share_total = math.fsum(self._shares.values())
+        self._lam = math.log(2) / half_life_s if half_life_s > 0 else 0.0
+        self._clock: Callable[[], float] = clock if clock is not None else time.time
+        self._lock = threading.Lock()
+        self._t_ref = self._clock()
+        self._teams: dict[str, _Team] = {}
+        self._in_flight = 0  # grants of every team
+        self._phantoms = 0  # live phantoms of every team, as of the last expiry sweep
+        self._next_expiry = math.inf
+        # Dense rank support: every distinct ordering key once, with its multiplicity.
+        self._keys = SortedList()
+        self._key_count: dict[float, int] = {}
+        for team in sorted(self._shares):
+            self._register(team, reserved.get(team, 0))
+
+    # -- properties -----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The pool's name."""
+        return self._name
+
+    @property
+    def capacity(self) -> int:
+        """The pool's concurrency C."""
+        return self._capacity
+
+    @property
+    def decay_rate(self) -> float:
+        """Usage decay rate lambda = ln 2 / half-life, in 1/s (0 when decay is off)."""
+        return self._lam
+
+    # -- decisions ------------------------------------------------------------------
+
+    def acquire(self, team: str, cls: Class = Class.INTERACTIVE, est_tokens: int = 0) -> Grant:
+        """Counts a new request of ``team`` in flight and returns its standing.
+
+        The request is within share iff the team's in-flight count (grants and live
+        phantoms) before it is below the team's reservation; it borrows otherwise.
+        ``saturated`` tells whether the pool already had C or more in flight.
+
+        Raises:
+            ValueError: empty team, class outside ``Class``, or ``est_tokens`` < 0.
+        """
+        klass = self._check(team, cls, est_tokens)
+        with self._lock:
+            return self._decide(team, klass, est_tokens)
+
+    def try_acquire(
+        self, team: str, cls: Class = Class.INTERACTIVE, est_tokens: int = 0
+    ) -> Grant | None:
+        """``acquire`` only if the pool has fewer than C in flight (phantoms included).
+
+        Decided and recorded atomically, so a fallback that moves a request to this pool
+        never pushes it past C. Returns None when the pool is full.
+        """
+        klass = self._check(team, cls, est_tokens)
+        with self._lock:
+            self._expire(self._clock())
+            if self._in_flight + self._phantoms >= self._capacity:
+                return None
+            return self._decide(team, klass, est_tokens)
+
+    def adopt(self, team: str, priority: int, borrowing: bool, est_tokens: int = 0) -> Grant:
+        """Counts a request decided earlier as in flight with the standing it already has.
+
+        For requests decided by a previous owner of the pool, or admitted while no owner
+        was reachable. Nothing is decided: the grant carries the given priority.
+
+        Raises:
+            ValueError: empty team, a priority that is not an int, or ``est_tokens`` < 0.
+        """
+        self._check(team, Class.INTERACTIVE, est_tokens)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        with self._lock:
+            state = self._team(team)
+            self._count(state, bool(borrowing), est_tokens)
+            return Grant(
+                team=team,
+                priority=priority,
+                borrowing=bool(borrowing),
+                saturated=False,
+                est_tokens=est_tokens,
+                pool=self,
+                state=state,
+            )
+
+    # -- phantoms, usage and capacity -----------------------------------------------
+
+    def add_phantoms(self, team: str, n: int, until: float) -> None:
+        """Counts ``n`` requests of ``team`` in flight until wall time ``until``.
+
+        Phantoms have no grant: they stand for requests that may still run but that
+        nobody can release. ``n <= 0`` or ``until <= now`` does nothing; expired phantoms
+        stop counting by themselves.
+        """
+        if n <= 0 or not team:
+            return
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            if not until > now:  # also refuses NaN
+                return
+            state = self._team(team)
+            in_order = not state.phantoms or until >= state.phantoms[-1]
+            state.phantoms.extend([until] * n)
+            if not in_order:
+                state.phantoms.sort()
+            self._phantoms += n
+            self._next_expiry = min(self._next_expiry, state.phantoms[0])
+
+    def drop_phantom(self, team: str) -> bool:
+        """Removes the team's live phantom that would last longest.
+
+        Returns:
+            False if the team had no live phantom.
+        """
+        with self._lock:
+            self._expire(self._clock())
+            state = self._teams.get(team)
+            if state is None or not state.phantoms:
+                return False
+            state.phantoms.pop()
+            self._phantoms -= 1
+            return True
+
+    def charge(self, team: str, consumed: float) -> None:
+        """Adds consumption to the team's usage without a grant.
+
+        For the release of a request this pool never counted. Negative, NaN or infinite
+        consumption counts as 0.
+        """
+        if not team:
+            raise ValueError("team must be a non-empty string")
+        amount = _consumption(consumed)
+        with self._lock:
+            state = self._team(team)
+            self._charge(state, amount, self._clock())
+
+    def set_usage(self, team: str, usage: float) -> None:
+        """Sets the team's decayed usage as of now (restored from a previous owner).
+
+        Negative, NaN or infinite values count as 0.
+        """
+        if not team:
+            raise ValueError("team must be a non-empty string")
+        value = _consumption(usage)
+        with self._lock:
+            state = self._team(team)
+            now = self._clock()
+            self._maybe_rebase(now)
+            self._rekey(state, value * math.exp(self._lam * (now - self._t_ref)))
+
+    def usage(self) -> tuple[dict[str, float], dict[str, int]]:
+        """Every known team's usage decayed to now and its in-flight count.
+
+        The in-flight count includes live phantoms: this is what an owner persists for
+        the next one.
+        """
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            factor = self._decay_factor(now)
+            usage = {name: t.stored * factor for name, t in self._teams.items()}
+            in_flight = {name: t.in_flight + len(t.phantoms) for name, t in self._teams.items()}
+            return usage, in_flight
+
+    def set_capacity(self, c: int) -> int:
+        """Changes C and recomputes the reservations; returns the previous C.
+
+        Requests in flight keep their standing; new ones are judged against the new
+        reservations.
+
+        Raises:
+            ValueError: ``c`` is not an int >= 0.
+        """
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise ValueError(f"capacity must be an int >= 0, got {c!r}")
+        reserved = apportion(c, self._shares.keys(), self._shares)
+        with self._lock:
+            previous = self._capacity
+            self._capacity = c
+            for name, state in self._teams.items():
+                state.reserved = reserved.get(name, 0)
+            return previous
+
+    # -- views ----------------------------------------------------------------------
+
+    def reserved(self) -> dict[str, int]:
+        """Within-share slots per known team."""
+        with self._lock:
+            return {name: t.reserved for name, t in self._teams.items()}
+
+    def snapshot(self) -> list[TeamStat]:
+        """Every known team's state, sorted by team name."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            factor = self._decay_factor(now)
+            stored_total = math.fsum(t.stored for t in self._teams.values())
+            # LF = S / U = (share / stored) * (sum stored / sum share): the same factor for
+            # every team, applied to the key that ranks it, so equal keys give equal LF.
+            lf_scale = stored_total / self._share_total if self._share_total > 0 else 0.0
+            stats = []
+            for name in sorted(self._teams):
+                t = self._teams[name]
+                lf = t.key * lf_scale if math.isfinite(t.key) else math.inf
+                stats.append(
+                    TeamStat(
+                        team=name,
+                        share=t.share,
+                        reserved=t.reserved,
+                        in_flight=t.in_flight,
+                        borrowing=t.borrowing,
+                        in_flight_tokens=t.tokens,
+                        usage=t.stored * factor,
+                        level_fairshare=lf,
+                        rank=self._rank(t),
+                        phantoms=len(t.phantoms),
+                    )
+                )
+            return stats
+
+    # -- internals (callers hold self._lock unless said otherwise) --------------------
+
+    @staticmethod
+    def _check(team: str, cls: Class | int, est_tokens: int) -> Class:
+        """Validates request arguments (no lock needed)."""
+        if not isinstance(team, str) or not team:
+            raise ValueError("team must be a non-empty string")
+        if isinstance(cls, bool) or not isinstance(cls, int):
+            raise ValueError(f"class must be a Class, got {cls!r}")
+        try:
+            klass = Class(cls)
+        except ValueError:
+            raise ValueError(f"class must be a Class, got {cls!r}") from None
+        if isinstance(est_tokens, bool) or not isinstance(est_tokens, int) or est_tokens < 0:
+            raise ValueError(f"est_tokens must be an int >= 0, got {est_tokens!r}")
+        return klass
+
+    def _decide(self, team: str, klass: Class, est_tokens: int) -> Grant:
+        self._expire(self._clock())
+        state = self._team(team)
+        saturated = self._in_flight + self._phantoms >= self._capacity
+        borrowing = state.in_flight + len(state.phantoms) >= state.reserved
+        if borrowing:
+            priority = BORROW_BASE + RANK_STEP * min(self._rank(state), MAX_RANK) + klass
+        else:
+            priority = WITHIN_SHARE_BASE + klass
+        self._count(state, borrowing, est_tokens)
+        return Grant(
+            team=team,
+            priority=priority,
+            borrowing=borrowing,
+            saturated=saturated,
+            est_tokens=est_tokens,
+            pool=self,
+            state=state,
+        )
+
+    def _count(self, state: _Team, borrowing: bool, est_tokens: int) -> None:
+        state.in_flight += 1
+        state.tokens += est_tokens
+        if borrowing:
+            state.borrowing += 1
+        self._in_flight += 1
+
+    def _release(self, grant: Grant, amount: float) -> None:
+        """Called by ``Grant.release`` without the lock held."""
+        with self._lock:
+            if grant._released:
+                return
+            grant._released = True
+            state = grant._state
+            assert state is not None
+            state.in_flight -= 1
+            state.tokens -= grant._est_tokens
+            if grant._borrowing:
+                state.borrowing -= 1
+            self._in_flight -= 1
+            if amount > 0.0:
+                self._charge(state, amount, self._clock())
+
+    def _team(self, name: str) -> _Team:
+        state = self._teams.get(name)
+        if state is None:
+            state = self._register(name, 0)
+        return state
+
+    def _register(self, name: str, reserved: int) -> _Team:
+        state = _Team(name, self._shares.get(name, 0.0), reserved)
+        state.key = self._key(state)
+        self._teams[name] = state
+        self._add_key(state.key)
+        return state
+
+    def _key(self, state: _Team) -> float:
+        """A value that orders teams as their level fairshare does.
+
+        LF = (share / sum share) / (usage / sum usage); the normalisers are common to all
+        teams, and so is the decay factor of stored usage, so share / stored orders teams
+        like LF, and it only changes when the team is charged.
+        """
+        if state.share <= 0.0:
+            return 0.0
+        if state.stored <= 0.0:
+            return math.inf
+        return state.share / state.stored
+
+    def _rank(self, state: _Team) -> int:
+        """Dense rank of the team's key: the number of distinct larger keys."""
+        keys = self._keys
+        return len(keys) - int(keys.bisect_right(state.key))
+
+    def _add_key(self, key: float) -> None:
+        count = self._key_count.get(key, 0)
+        if count == 0:
+            self._keys.add(key)
+        self._key_count[key] = count + 1
+
+    def _remove_key(self, key: float) -> None:
+        count = self._key_count[key] - 1
+        if count == 0:
+            del self._key_count[key]
+            self._keys.remove(key)
+        else:
+            self._key_count[key] = count
+
+    def _rekey(self, state: _Team, stored: float) -> None:
+        state.stored = stored
+        key = self._key(state)
+        if key != state.key:
+            self._remove_key(state.key)
+            self._add_key(key)
+            state.key = key
+
+    def _charge(self, state: _Team, amount: float, now: float) -> None:
+        if amount <= 0.0:
+            return
+        self._maybe_rebase(now)
+        self._rekey(state, state.stored + amount * math.exp(self._lam * (now - self._t_ref)))
+
+    def _decay_factor(self, now: float) -> float:
+        return math.exp(-self._lam * (now - self._t_ref))
+
+    def _maybe_rebase(self, now: float) -> None:
+        """Rescales stored usage to the present before its scale factor grows too large."""
+        if self._lam * (now - self._t_ref) <= _REBASE_EXPONENT:
+            return
+        factor = self._decay_factor(now)
+        self._t_ref = now
+        self._keys = SortedList()
+        self._key_count = {}
+        for state in self._teams.values():
+            state.stored *= factor
+            state.key = self._key(state)
+            self._add_key(state.key)
+
+    def _expire(self, now: float) -> None:
+        """Drops phantoms whose time has come and finds the next expiry."""
+        if now < self._next_expiry:
+            return
+        next_expiry = math.inf
+        for state in self._teams.values():
+            phantoms = state.phantoms
+            if not phantoms:
+                continue
+            live = 0
+            while live < len(phantoms) and phantoms[live] <= now:
+                live += 1
+            if live:
+                del phantoms[:live]
+                self._phantoms -= live
+            if phantoms:
+                next_expiry = min(next_expiry, phantoms[0])
+        self._next_expiry = next_expiry

@@ -1,0 +1,1 @@
+"""ha: the replication layer (ownership, forwarding, persistence, failover; asyncio)."""

@@ -1,0 +1,244 @@
+"""What the replication layer offers the server: ids, decisions, errors, the Allocator.
+
+The server translates gRPC messages to these types and back, and maps the exceptions
+below to status codes in one table; nothing here knows about gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NewType, Protocol
+
+from fairshare import Class, TeamStat
+
+PoolName = NewType("PoolName", str)
+NodeId = NewType("NodeId", str)
+Epoch = NewType("Epoch", int)
+"""A pool's ownership generation: the create_revision of its owner key (fencing token)."""
+
+
+# -- grant ids ----------------------------------------------------------------------------
+
+_GRANT_ID_TAG = "g1"
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRef:
+    """What a grant id encodes: enough for any replica to route a release."""
+
+    pool: PoolName
+    epoch: Epoch
+    seq: int
+
+    def encode(self) -> str:
+        """The opaque grant id string."""
+        return f"{_GRANT_ID_TAG}.{self.epoch:x}.{self.seq:x}.{self.pool}"
+
+    @classmethod
+    def decode(cls, grant_id: str) -> GrantRef:
+        """Parses a grant id.
+
+        Raises:
+            InvalidArgument: not a grant id of this service.
+        """
+        parts = grant_id.split(".", 3)
+        if len(parts) != 4 or parts[0] != _GRANT_ID_TAG or not parts[3]:
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id!r}")
+        try:
+            epoch, seq = int(parts[1], 16), int(parts[2], 16)
+        except ValueError:
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id!r}") from None
+        return cls(PoolName(parts[3]), Epoch(epoch), seq)
+
+
+# -- results ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to one Acquire.
+
+    Attributes:
+        granted: False only when ``try_only`` found the pool full (other fields empty).
+        grant_id: opaque id to release with; empty when not granted.
+        priority: the vLLM priority to send the request with.
+        borrowing: above the team's reservation.
+        saturated: the pool already had C or more in flight.
+        degraded: decided without an owner (fail_open); to be adopted by the next owner.
+        owner: node id of the owner that decided (empty when degraded).
+        epoch: the owner's epoch (0 when degraded).
+    """
+
+    granted: bool
+    grant_id: str
+    priority: int
+    borrowing: bool
+    saturated: bool
+    degraded: bool
+    owner: NodeId
+    epoch: Epoch
+
+
+@dataclass(frozen=True, slots=True)
+class HeldGrant:
+    """A live grant a holder re-reports to a new owner with ``Adopt``."""
+
+    grant_id: str
+    team: str
+    priority: int
+    borrowing: bool
+    est_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptResult:
+    """What an Adopt changed: grants counted again and phantoms dropped."""
+
+    adopted: int
+    phantoms_dropped: int
+    owner: NodeId
+    epoch: Epoch
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """A pool's team table with its owner and epoch (the Snapshot RPC)."""
+
+    pool: PoolName
+    capacity: int
+    owner: NodeId
+    epoch: Epoch
+    teams: Sequence[TeamStat]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInfo:
+    """One line of ListPools."""
+
+    pool: PoolName
+    capacity: int
+    owner: NodeId
+    owner_address: str
+    epoch: Epoch
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+class AllocatorError(Exception):
+    """Base of the errors the server maps to gRPC status codes."""
+
+
+class UnknownPool(AllocatorError):
+    """No pool of that name is configured (NOT_FOUND)."""
+
+    def __init__(self, pool: str) -> None:
+        super().__init__(f"unknown pool {pool!r}")
+        self.pool = pool
+
+
+class InvalidArgument(AllocatorError):
+    """A request field is invalid (INVALID_ARGUMENT); ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class WrongEpoch(AllocatorError):
+    """The request named an epoch this replica does not own (FAILED_PRECONDITION).
+
+    Carries this replica's view of the current owner, so the caller can refresh its
+    route: empty owner and epoch 0 when it knows of none.
+    """
+
+    def __init__(self, pool: str, owner: NodeId, address: str, epoch: Epoch) -> None:
+        super().__init__(f"pool {pool!r} is owned by {owner or 'nobody'!r} at epoch {epoch}")
+        self.pool = pool
+        self.owner = owner
+        self.address = address
+        self.epoch = epoch
+
+
+class NoOwner(AllocatorError):
+    """No owner could be reached and the pool fails closed (UNAVAILABLE)."""
+
+    def __init__(self, pool: str) -> None:
+        super().__init__(f"pool {pool!r} has no reachable owner and fails closed")
+        self.pool = pool
+
+
+class StoreUnavailable(AllocatorError):
+    """The store cannot be reached, or a write's outcome cannot be known (UNAVAILABLE)."""
+
+
+class UnknownNode(AllocatorError):
+    """A switchover named a replica that is not a live member (FAILED_PRECONDITION)."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(f"no live replica named {node!r}")
+        self.node = node
+
+
+# -- the service ----------------------------------------------------------------------------
+
+
+class Allocator(Protocol):
+    """The allocator as the server sees it: embedded (one node) or replicated.
+
+    Every coroutine is safe to call concurrently. Errors are the classes above.
+    """
+
+    async def acquire(
+        self,
+        *,
+        pool: str,
+        team: str,
+        cls: Class,
+        est_tokens: int,
+        holder: str = "",
+        request_id: str = "",
+        try_only: bool = False,
+        epoch: Epoch | None = None,
+    ) -> Decision:
+        """Decides one request; forwards to the owner when this replica is not it.
+
+        ``request_id`` (with ``holder``) makes a retry return the same grant. ``epoch``
+        is set by a forwarding peer: a replica that does not own the pool at exactly that
+        epoch raises WrongEpoch instead of forwarding again.
+        """
+        ...
+
+    async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
+        """Ends a grant; idempotent. Non-finite or negative consumption counts as 0."""
+        ...
+
+    async def adopt(
+        self,
+        *,
+        pool: str,
+        epoch: Epoch,
+        holder: str,
+        grants: Sequence[HeldGrant],
+        complete: bool,
+        forwarded: bool = False,
+    ) -> AdoptResult:
+        """Re-reports a holder's live grants of earlier epochs to the current owner."""
+        ...
+
+    async def snapshot(self, pool: str) -> PoolView:
+        """The pool's team table, from its owner."""
+        ...
+
+    async def list_pools(self) -> list[PoolInfo]:
+        """Every configured pool with its current owner, as this replica sees it."""
+        ...
+
+    async def set_capacity(self, pool: str, capacity: int, *, forwarded: bool = False) -> int:
+        """Changes C on the owner, persists it, and returns the previous C."""
+        ...
+
+    async def switchover(self, pool: str, node: str) -> None:
+        """Moves a pool to the named replica through the graceful handover."""
+        ...

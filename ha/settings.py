@@ -1,0 +1,153 @@
+"""Settings of the replication layer: pools and timings, frozen and validated at load.
+
+The server's configuration loader builds these from YAML and ``FAIRSHARE_*`` variables;
+everything here is plain data with units in the field names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+
+from fairshare.apportion import validate_shares
+
+
+class ConfigError(ValueError):
+    """A setting is missing, of the wrong type or breaks a rule; ``path`` names it."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+class DegradedMode(Enum):
+    """What a replica (or the client library) answers when no owner can be reached."""
+
+    FAIL_OPEN = "fail_open"
+    """Grant as a borrower at the lowest priority, marked degraded; adopted later."""
+    FAIL_CLOSED = "fail_closed"
+    """Refuse with UNAVAILABLE."""
+
+
+def _finite(path: str, value: float, *, minimum: float = 0.0, strict: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(path, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(path, f"must be finite, got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        sign = ">" if strict else ">="
+        raise ConfigError(path, f"must be {sign} {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """One pool as configured.
+
+    Attributes:
+        name: pool name, unique.
+        capacity: sustainable concurrency C (requests in flight), an int >= 0.
+        shares: team -> share of C (finite, >= 0; scaled down if they sum above 1).
+        half_life_s: usage half-life in seconds; 0 disables decay. Default one week.
+        max_request_s: longest a request can stay in flight, seconds; bounds how long a
+            failover's phantoms count. Default 600.
+        degraded_mode: what to answer when no owner can be reached.
+    """
+
+    name: str
+    capacity: int
+    shares: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    half_life_s: float = 7 * 24 * 3600.0
+    max_request_s: float = 600.0
+    degraded_mode: DegradedMode = DegradedMode.FAIL_OPEN
+
+    def validate(self, path: str = "pool") -> None:
+        """Raises ConfigError naming the offending field."""
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"{path}.name", "must be a non-empty string")
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
+            raise ConfigError(f"{path}.capacity", f"must be an int, got {self.capacity!r}")
+        if self.capacity < 0:
+            raise ConfigError(f"{path}.capacity", f"must be >= 0, got {self.capacity}")
+        for team in self.shares:
+            if not isinstance(team, str) or not team:
+                raise ConfigError(f"{path}.shares", f"team names must be non-empty, got {team!r}")
+        try:
+            validate_shares(self.shares)
+        except ValueError as e:
+            raise ConfigError(f"{path}.shares", str(e)) from e
+        _finite(f"{path}.half_life_s", self.half_life_s)
+        _finite(f"{path}.max_request_s", self.max_request_s, strict=True)
+        if not isinstance(self.degraded_mode, DegradedMode):
+            raise ConfigError(f"{path}.degraded_mode", "must be fail_open or fail_closed")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Timings of leases, fencing, persistence and forwarding, in seconds.
+
+    The rules between them (checked by ``validate``) keep self-fencing safe: an owner
+    stops deciding before its lease can expire, and a successor never starts while the
+    old owner may still decide.
+    """
+
+    lease_ttl_s: float = 5.0
+    """T: the TTL of each replica's etcd lease."""
+    keepalive_interval_s: float = 1.0
+    """How often the lease is renewed; at most T/3."""
+    rpc_timeout_s: float = 0.5
+    """Deadline of one etcd or peer call."""
+    fence_margin_s: float = 1.0
+    """An owner decides only until t_sent + T - margin (t_sent: last acknowledged renewal)."""
+    snapshot_interval_s: float = 1.0
+    """How often an owner writes each pool's snapshot; at most T/2."""
+    commit_window_s: float = 0.002
+    """Group commit: one durable write covers the within-share grants of this window."""
+    campaign_delay_s: float = 0.5
+    """How long a replica that is not a pool's preferred owner waits before campaigning."""
+    degraded_after_s: float = 0.2
+    """How long to look for an owner before applying the pool's degraded mode."""
+    forward_deadline_s: float = 2.0
+    """Overall deadline of a forwarded call, retries (route refreshes) included."""
+    release_memory_s: float = 3600.0
+    """How long an owner remembers released grant ids, so a retried release is a no-op."""
+
+    def validate(self, max_request_s: float = 0.0, path: str = "timing") -> None:
+        """Raises ConfigError when a value or a rule between values is broken.
+
+        Args:
+            max_request_s: the largest ``max_request_s`` of the configured pools.
+            path: prefix for error paths.
+        """
+        for name in Timing.__slots__:
+            _finite(f"{path}.{name}", getattr(self, name))
+        t = self.lease_ttl_s
+        if t <= 0:
+            raise ConfigError(f"{path}.lease_ttl_s", "must be > 0")
+        if self.keepalive_interval_s <= 0 or self.keepalive_interval_s > t / 3:
+            raise ConfigError(
+                f"{path}.keepalive_interval_s",
+                f"must be in (0, lease_ttl_s/3 = {t / 3:g}], got {self.keepalive_interval_s:g}",
+            )
+        budget = self.keepalive_interval_s + 2 * self.rpc_timeout_s
+        if budget >= t - self.fence_margin_s:
+            raise ConfigError(
+                f"{path}.rpc_timeout_s",
+                "keepalive_interval_s + 2*rpc_timeout_s must be < lease_ttl_s - fence_margin_s "
+                f"({budget:g} >= {t - self.fence_margin_s:g})",
+            )
+        if self.snapshot_interval_s <= 0 or self.snapshot_interval_s > t / 2:
+            raise ConfigError(
+                f"{path}.snapshot_interval_s",
+                f"must be in (0, lease_ttl_s/2 = {t / 2:g}], got {self.snapshot_interval_s:g}",
+            )
+        if self.fence_margin_s <= 0 or self.fence_margin_s >= t:
+            raise ConfigError(f"{path}.fence_margin_s", "must be in (0, lease_ttl_s)")
+        if self.release_memory_s < max_request_s:
+            raise ConfigError(
+                f"{path}.release_memory_s",
+                f"must be >= the longest max_request_s ({max_request_s:g})",
+            )

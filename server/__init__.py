@@ -1,0 +1,1 @@
+"""server: the gRPC service, configuration, command line and metrics."""
