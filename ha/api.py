@@ -123,6 +123,33 @@ class PoolInfo:
     epoch: Epoch
 
 
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """One pool as this replica sees it, for metrics and health.
+
+    Attributes:
+        pool: pool name.
+        owned: this replica owns the pool and may decide for it now.
+        owner: node id of the owner this replica routes to (empty: none known).
+        epoch: that owner's epoch (0: none).
+        transitions: ownership changes of this pool seen by this replica.
+        fence_left_s: seconds before this replica self-fences (0 when it does not own).
+        snapshot_age_s: seconds since the last snapshot written (owner only; -1 if none).
+        teams: the owner's team table; empty when this replica does not own the pool.
+        degraded_decisions: decisions made without an owner by this replica.
+    """
+
+    pool: PoolName
+    owned: bool
+    owner: NodeId
+    epoch: Epoch
+    transitions: int
+    fence_left_s: float
+    snapshot_age_s: float
+    teams: Sequence[TeamStat]
+    degraded_decisions: int
+
+
 # -- errors -------------------------------------------------------------------------------
 
 
@@ -171,6 +198,14 @@ class NoOwner(AllocatorError):
 
 class StoreUnavailable(AllocatorError):
     """The store cannot be reached, or a write's outcome cannot be known (UNAVAILABLE)."""
+
+
+class PeerUnavailable(AllocatorError):
+    """A peer replica did not answer (connection refused, deadline exceeded)."""
+
+    def __init__(self, address: str, message: str = "") -> None:
+        super().__init__(f"peer {address} unavailable" + (f": {message}" if message else ""))
+        self.address = address
 
 
 class UnknownNode(AllocatorError):
@@ -227,7 +262,7 @@ class Allocator(Protocol):
         """Re-reports a holder's live grants of earlier epochs to the current owner."""
         ...
 
-    async def snapshot(self, pool: str) -> PoolView:
+    async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
         """The pool's team table, from its owner."""
         ...
 
@@ -239,6 +274,71 @@ class Allocator(Protocol):
         """Changes C on the owner, persists it, and returns the previous C."""
         ...
 
-    async def switchover(self, pool: str, node: str) -> None:
+    async def switchover(self, pool: str, node: str, *, forwarded: bool = False) -> None:
         """Moves a pool to the named replica through the graceful handover."""
+        ...
+
+    def status(self) -> list[PoolStatus]:
+        """Every configured pool as this replica sees it (cheap; for metrics scrapes)."""
+        ...
+
+
+class Peers(Protocol):
+    """How a replica calls another one (the server implements it over gRPC).
+
+    Every call is marked as forwarded, so the receiver answers from its own state and
+    never forwards again. Errors: WrongEpoch (the peer does not own the pool at that
+    epoch; it says whom it routes to), PeerUnavailable (no answer within ``timeout``),
+    and UnknownPool, InvalidArgument, NoOwner as the peer raised them.
+    """
+
+    async def acquire(
+        self,
+        address: str,
+        *,
+        pool: str,
+        team: str,
+        cls: Class,
+        est_tokens: int,
+        holder: str,
+        request_id: str,
+        try_only: bool,
+        epoch: Epoch,
+        timeout: float,
+    ) -> Decision:
+        """Acquire on the owner at ``address``, which must own ``pool`` at ``epoch``."""
+        ...
+
+    async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
+        """Release on the owner at ``address``."""
+        ...
+
+    async def adopt(
+        self,
+        address: str,
+        *,
+        pool: str,
+        epoch: Epoch,
+        holder: str,
+        grants: Sequence[HeldGrant],
+        complete: bool,
+        timeout: float,
+    ) -> AdoptResult:
+        """Adopt on the owner at ``address``."""
+        ...
+
+    async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
+        """Snapshot from the owner at ``address``."""
+        ...
+
+    async def set_capacity(self, address: str, pool: str, capacity: int, timeout: float) -> int:
+        """SetCapacity on the owner at ``address``; returns the previous C."""
+        ...
+
+    async def switchover(self, address: str, pool: str, node: str, timeout: float) -> None:
+        """Switchover on the owner at ``address``."""
+        ...
+
+    async def close(self) -> None:
+        """Closes every channel."""
         ...
