@@ -1,0 +1,476 @@
+"""The server's configuration: one YAML file, ``FAIRSHARE_*`` variables, command-line flags.
+
+Precedence, lowest first: defaults < file < environment < command-line overrides. Every
+value is checked when it loads; unknown keys and bad values are refused with
+``ha.settings.ConfigError`` whose ``path`` names the key (``pools[1].shares.team-a``), so
+an operator sees which line to fix before anything starts.
+
+Unknown ``FAIRSHARE_*`` environment variables are ignored, not refused: Kubernetes injects
+``<SERVICE>_PORT_...`` variables for every service, and a Service named ``fairshare`` would
+otherwise stop every replica from starting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Final
+
+import yaml
+
+from ha.api import NodeId
+from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing
+
+__all__ = [
+    "AdminConfig",
+    "Config",
+    "ConfigError",
+    "EtcdConfig",
+    "TlsConfig",
+    "load_config",
+]
+
+ENV_PREFIX: Final = "FAIRSHARE_"
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_LISTEN: Final = "127.0.0.1:50051"
+DEFAULT_METRICS_LISTEN: Final = "127.0.0.1:9090"
+DEFAULT_PREFIX: Final = "/fairshare"
+DEFAULT_LOG_LEVEL: Final = "INFO"
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdConfig:
+    """Where the replicated store lives.
+
+    Attributes:
+        endpoints: etcd endpoints, ``host:port`` or URLs; empty means embedded
+            single-node mode (this node owns every pool, state in a local file).
+        prefix: key prefix of every key this service writes.
+    """
+
+    endpoints: tuple[str, ...] = ()
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def embedded(self) -> bool:
+        """True when no etcd endpoint is configured."""
+        return not self.endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS on the gRPC port; all paths are PEM files.
+
+    Attributes:
+        cert_file: server certificate chain; None serves plaintext.
+        key_file: server private key; required with ``cert_file``.
+        client_ca_file: CA that signs client certificates; set means mutual TLS is
+            required of every client.
+        admin_identities: client-certificate subject CNs or SANs allowed to call the
+            admin service (mutual TLS only).
+    """
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_ca_file: str | None = None
+    admin_identities: tuple[str, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        """True when the gRPC port serves TLS."""
+        return self.cert_file is not None
+
+    @property
+    def mutual(self) -> bool:
+        """True when clients must present a certificate signed by ``client_ca_file``."""
+        return self.client_ca_file is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """Credentials of the admin service.
+
+    Attributes:
+        token_file: file holding the bearer token admin calls must present; None
+            disables token authentication (then only mTLS identities are admitted, and
+            with neither the admin service refuses every call).
+    """
+
+    token_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything ``fairshare serve`` needs.
+
+    Attributes:
+        node_id: this replica's id (the pod name); default the host name.
+        listen: gRPC address ``host:port``; default ``127.0.0.1:50051``.
+        advertise: address other replicas and clients reach this one at; default
+            ``listen``.
+        metrics_listen: Prometheus ``host:port``; empty string disables metrics.
+        state_dir: directory of the local state file (embedded mode).
+        etcd: the replicated store; no endpoints means embedded mode.
+        timing: leases, fencing, persistence and forwarding timings.
+        tls: TLS on the gRPC port.
+        admin: admin-service credentials.
+        log_level: one of DEBUG, INFO, WARNING, ERROR, CRITICAL.
+        pools: the pools, names unique.
+    """
+
+    node_id: NodeId
+    listen: str = DEFAULT_LISTEN
+    advertise: str = DEFAULT_LISTEN
+    metrics_listen: str = DEFAULT_METRICS_LISTEN
+    state_dir: pathlib.Path = field(default_factory=lambda: pathlib.Path("state"))
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    timing: Timing = field(default_factory=Timing)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    log_level: str = DEFAULT_LOG_LEVEL
+    pools: tuple[PoolConfig, ...] = ()
+
+    def pool(self, name: str) -> PoolConfig | None:
+        """The configured pool of that name, or None."""
+        return next((p for p in self.pools if p.name == name), None)
+
+
+# -- where each setting can come from -----------------------------------------------------
+
+
+class _Kind(Enum):
+    STR = "str"
+    OPT_STR = "optional str"
+    FLOAT = "float"
+    LIST = "list"
+
+
+# Every scalar setting by dotted path, with the type its text form parses to.
+_SCALARS: dict[str, _Kind] = {
+    "node_id": _Kind.STR,
+    "listen": _Kind.STR,
+    "advertise": _Kind.STR,
+    "metrics_listen": _Kind.STR,
+    "state_dir": _Kind.STR,
+    "log_level": _Kind.STR,
+    "etcd.endpoints": _Kind.LIST,
+    "etcd.prefix": _Kind.STR,
+    "tls.cert_file": _Kind.OPT_STR,
+    "tls.key_file": _Kind.OPT_STR,
+    "tls.client_ca_file": _Kind.OPT_STR,
+    "tls.admin_identities": _Kind.LIST,
+    "admin.token_file": _Kind.OPT_STR,
+    **{f"timing.{name}": _Kind.FLOAT for name in Timing.__slots__},
+}
+
+
+def _env_name(path: str) -> str:
+    """``etcd.endpoints`` -> FAIRSHARE_ETCD_ENDPOINTS; timings drop their section."""
+    if path.startswith("timing."):
+        path = path.removeprefix("timing.")
+    return ENV_PREFIX + path.replace(".", "_").upper()
+
+
+_ENV: dict[str, str] = {_env_name(path): path for path in _SCALARS}
+_SECTIONS: dict[str, tuple[str, ...]] = {
+    "etcd": ("endpoints", "prefix"),
+    "timing": tuple(Timing.__slots__),
+    "tls": ("cert_file", "key_file", "client_ca_file", "admin_identities"),
+    "admin": ("token_file",),
+}
+_TOP = (
+    "node_id",
+    "listen",
+    "advertise",
+    "metrics_listen",
+    "state_dir",
+    "log_level",
+    "pools",
+    *_SECTIONS,
+)
+_POOL_KEYS = ("name", "capacity", "shares", "half_life_s", "max_request_s", "degraded_mode")
+
+
+def _parse_text(path: str, text: str, source: str) -> object:
+    """A setting given as text (environment or flag) in the type its path needs."""
+    kind = _SCALARS[path]
+    if kind is _Kind.LIST:
+        return [item.strip() for item in text.split(",") if item.strip()]
+    if kind is _Kind.FLOAT:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(path, f"must be a number, got {text!r} from {source}") from None
+    if kind is _Kind.OPT_STR and not text:
+        return None
+    return text
+
+
+# -- loading ------------------------------------------------------------------------------
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Config:
+    """Loads, merges and validates the configuration.
+
+    Args:
+        path: the YAML file; None uses defaults (and the environment) only.
+        environ: the environment to read ``FAIRSHARE_*`` from; default ``os.environ``.
+        overrides: command-line values by dotted path (``listen``, ``etcd.endpoints``,
+            ``timing.lease_ttl_s`` ...); None values are skipped. Strings are parsed like
+            environment values (a comma-separated list for ``etcd.endpoints``).
+
+    Returns:
+        The frozen configuration.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, a key is unknown, or a value is
+            bad; ``path`` names the key.
+    """
+    doc = _read_file(path) if path is not None else {}
+    raw: dict[str, object] = dict(doc)
+    sources: dict[str, str] = {}
+    env = os.environ if environ is None else environ
+    for name in sorted(env):
+        target = _ENV.get(name)
+        if target is not None:
+            _put(raw, target, _parse_text(target, env[name], name))
+            sources[target] = name
+    for target, given in (overrides or {}).items():
+        if given is None:
+            continue
+        if target not in _SCALARS:
+            raise ConfigError(target, "unknown setting")
+        value = given
+        if isinstance(given, str | os.PathLike):
+            value = _parse_text(target, os.fspath(given), "the command line")
+        _put(raw, target, value)
+        sources[target] = "the command line"
+    try:
+        return _build(raw)
+    except ConfigError as e:
+        source = sources.get(e.path)
+        if source is None:
+            raise
+        raise ConfigError(e.path, f"{e.message} (from {source})") from e
+
+
+def _read_file(path: str | os.PathLike[str]) -> Mapping[str, object]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {os.fspath(path)}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError("config", f"{os.fspath(path)} is not valid YAML: {e}") from e
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError("config", f"{os.fspath(path)} must hold a mapping at the top level")
+    return doc
+
+
+def _put(raw: dict[str, object], path: str, value: object) -> None:
+    section, _, key = path.partition(".")
+    if not key:
+        raw[section] = value
+        return
+    current = raw.get(section)
+    if current is None:
+        current = {}
+    if not isinstance(current, dict):
+        raise ConfigError(section, f"must be a mapping, got {current!r}")
+    merged = dict(current)
+    merged[key] = value
+    raw[section] = merged
+
+
+def _mapping(path: str, value: object, allowed: Sequence[str]) -> dict[str, object]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"must be a mapping, got {value!r}")
+    for key in value:
+        if key not in allowed:
+            where = f"{path}.{key}" if path else str(key)
+            raise ConfigError(where, f"unknown key (known: {', '.join(allowed)})")
+    return value
+
+
+def _string(path: str, value: object, *, empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(path, f"must be a string, got {value!r}")
+    if not empty and not value:
+        raise ConfigError(path, "must not be empty")
+    return value
+
+
+def _opt_file(path: str, value: object) -> str | None:
+    if value is None or value == "":
+        return None
+    text = _string(path, value)
+    if not os.path.isfile(text):
+        raise ConfigError(path, f"no such file: {text}")
+    return text
+
+
+def _strings(path: str, value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [item.strip() for item in value.split(",") if item.strip()]
+    if not isinstance(value, list | tuple):
+        raise ConfigError(path, f"must be a list of strings, got {value!r}")
+    return tuple(_string(f"{path}[{i}]", item) for i, item in enumerate(value))
+
+
+def _number(path: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(path, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(path, f"must be finite, got {value!r}")
+    return float(value)
+
+
+def check_address(path: str, value: object) -> str:
+    """Checks a ``host:port`` address (IPv6 hosts in brackets); returns it.
+
+    Raises:
+        ConfigError: not ``host:port`` with a port in 0..65535.
+    """
+    text = _string(path, value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(path, f"must be host:port, got {text!r}")
+    return text
+
+
+def _build(raw: Mapping[str, object]) -> Config:
+    top = _mapping("", raw, _TOP)
+    node_id = _string("node_id", top.get("node_id", socket.gethostname()))
+    listen = check_address("listen", top.get("listen", DEFAULT_LISTEN))
+    advertise = check_address("advertise", top.get("advertise", listen))
+    metrics = _string(
+        "metrics_listen", top.get("metrics_listen", DEFAULT_METRICS_LISTEN), empty=True
+    )
+    if metrics:
+        check_address("metrics_listen", metrics)
+    state_dir = pathlib.Path(_string("state_dir", top.get("state_dir", "state")))
+    level = _string("log_level", top.get("log_level", DEFAULT_LOG_LEVEL)).upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+
+    etcd_raw = _mapping("etcd", top.get("etcd"), _SECTIONS["etcd"])
+    etcd = EtcdConfig(
+        endpoints=_strings("etcd.endpoints", etcd_raw.get("endpoints")),
+        prefix=_string("etcd.prefix", etcd_raw.get("prefix", DEFAULT_PREFIX)),
+    )
+    if not etcd.prefix.startswith("/"):
+        raise ConfigError("etcd.prefix", f"must start with '/', got {etcd.prefix!r}")
+
+    tls_raw = _mapping("tls", top.get("tls"), _SECTIONS["tls"])
+    tls = TlsConfig(
+        cert_file=_opt_file("tls.cert_file", tls_raw.get("cert_file")),
+        key_file=_opt_file("tls.key_file", tls_raw.get("key_file")),
+        client_ca_file=_opt_file("tls.client_ca_file", tls_raw.get("client_ca_file")),
+        admin_identities=_strings("tls.admin_identities", tls_raw.get("admin_identities")),
+    )
+    if (tls.cert_file is None) != (tls.key_file is None):
+        missing = "tls.key_file" if tls.key_file is None else "tls.cert_file"
+        raise ConfigError(missing, "tls.cert_file and tls.key_file go together")
+    if tls.client_ca_file is not None and not tls.enabled:
+        raise ConfigError("tls.client_ca_file", "mutual TLS needs tls.cert_file and tls.key_file")
+    if tls.admin_identities and not tls.mutual:
+        raise ConfigError("tls.admin_identities", "client identities need tls.client_ca_file")
+
+    admin_raw = _mapping("admin", top.get("admin"), _SECTIONS["admin"])
+    admin = AdminConfig(token_file=_opt_file("admin.token_file", admin_raw.get("token_file")))
+
+    pools = _pools(top.get("pools"))
+    timing_raw = _mapping("timing", top.get("timing"), _SECTIONS["timing"])
+    timing = Timing(**{k: _number(f"timing.{k}", v) for k, v in timing_raw.items()})
+    timing.validate(max((p.max_request_s for p in pools), default=0.0), "timing")
+
+    return Config(
+        node_id=NodeId(node_id),
+        listen=listen,
+        advertise=advertise,
+        metrics_listen=metrics,
+        state_dir=state_dir,
+        etcd=etcd,
+        timing=timing,
+        tls=tls,
+        admin=admin,
+        log_level=level,
+        pools=pools,
+    )
+
+
+def _pools(value: object) -> tuple[PoolConfig, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError("pools", f"must be a list of pools, got {value!r}")
+    pools: list[PoolConfig] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(value):
+        path = f"pools[{i}]"
+        spec = _mapping(path, item, _POOL_KEYS)
+        for key in ("name", "capacity"):
+            if key not in spec:
+                raise ConfigError(f"{path}.{key}", "is required")
+        name = _string(f"{path}.name", spec["name"])
+        if name in seen:
+            raise ConfigError(f"{path}.name", f"duplicate pool name {name!r} (pools[{seen[name]}])")
+        seen[name] = i
+        capacity = spec["capacity"]
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise ConfigError(f"{path}.capacity", f"must be an int, got {capacity!r}")
+        shares_raw = spec.get("shares")
+        if shares_raw is None:
+            shares_raw = {}
+        if not isinstance(shares_raw, dict):
+            raise ConfigError(
+                f"{path}.shares", f"must be a mapping team -> share, got {shares_raw!r}"
+            )
+        shares: dict[str, float] = {}
+        for team, share in shares_raw.items():
+            team_path = f"{path}.shares.{team}"
+            if not isinstance(team, str) or not team:
+                raise ConfigError(team_path, "team names must be non-empty strings")
+            shares[team] = _number(team_path, share)
+            if shares[team] < 0:
+                raise ConfigError(team_path, f"must be >= 0, got {share!r}")
+        defaults = {f.name: f.default for f in dataclasses.fields(PoolConfig)}
+        mode_text = spec.get("degraded_mode", DegradedMode.FAIL_OPEN.value)
+        try:
+            mode = DegradedMode(mode_text)
+        except ValueError:
+            raise ConfigError(
+                f"{path}.degraded_mode", f"must be fail_open or fail_closed, got {mode_text!r}"
+            ) from None
+        pool = PoolConfig(
+            name=name,
+            capacity=capacity,
+            shares=MappingProxyType(shares),
+            half_life_s=_number(
+                f"{path}.half_life_s", spec.get("half_life_s", defaults["half_life_s"])
+            ),
+            max_request_s=_number(
+                f"{path}.max_request_s", spec.get("max_request_s", defaults["max_request_s"])
+            ),
+            degraded_mode=mode,
+        )
+        pool.validate(path)
+        pools.append(pool)
+    return tuple(pools)

@@ -1,0 +1,171 @@
+"""The configuration loader: precedence, and refusals that name the offending key."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from ha.settings import ConfigError, DegradedMode
+from server.config import load_config
+
+pytestmark = pytest.mark.timeout(10)
+
+EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "pools.yaml"
+
+
+def write(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
+    path = tmp_path / "pools.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_example_loads_with_defaults() -> None:
+    config = load_config(EXAMPLE, environ={})
+    assert [p.name for p in config.pools] == ["gpu-a", "gpu-b"]
+    assert config.pools[0].shares == {"inst-a": 0.8125, "inst-b": 0.1875}
+    assert config.pools[1].degraded_mode is DegradedMode.FAIL_CLOSED
+    assert config.listen == "127.0.0.1:50051"
+    assert config.advertise == config.listen
+    assert config.metrics_listen == "127.0.0.1:9090"
+    assert config.etcd.embedded
+    assert config.etcd.prefix == "/fairshare"
+    assert config.timing.lease_ttl_s == 5.0
+
+
+def test_precedence_defaults_file_env_overrides(tmp_path: pathlib.Path) -> None:
+    path = write(
+        tmp_path,
+        "listen: 127.0.0.1:1000\nmetrics_listen: 127.0.0.1:1001\nnode_id: file\n"
+        "timing: {lease_ttl_s: 6}\npools: []\n",
+    )
+    env = {
+        "FAIRSHARE_LISTEN": "127.0.0.1:2000",
+        "FAIRSHARE_NODE_ID": "env",
+        "FAIRSHARE_LEASE_TTL_S": "9",
+        "FAIRSHARE_ETCD_ENDPOINTS": "http://a:2379, b:2379",
+        "FAIRSHARE_PORT_50051_TCP": "tcp://10.0.0.1:50051",  # Kubernetes noise: ignored
+    }
+    config = load_config(
+        path, environ=env, overrides={"listen": "127.0.0.1:3000", "state_dir": None}
+    )
+    assert config.listen == "127.0.0.1:3000"
+    assert config.advertise == "127.0.0.1:3000"
+    assert config.metrics_listen == "127.0.0.1:1001"
+    assert config.node_id == "env"
+    assert config.timing.lease_ttl_s == 9.0
+    assert config.etcd.endpoints == ("http://a:2379", "b:2379")
+    assert not config.etcd.embedded
+
+
+def test_empty_metrics_listen_disables_metrics() -> None:
+    config = load_config(None, environ={"FAIRSHARE_METRICS_LISTEN": ""})
+    assert config.metrics_listen == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "path"),
+    [
+        pytest.param("bogus: 1\n", {}, "bogus", id="unknown-top-key"),
+        pytest.param("etcd: {endpoint: [a]}\n", {}, "etcd.endpoint", id="unknown-etcd-key"),
+        pytest.param(
+            "pools: [{name: a, capacity: 1}, {name: b, capacity: 2, shares: {team-a: -1}}]\n",
+            {},
+            "pools[1].shares.team-a",
+            id="negative-share",
+        ),
+        pytest.param(
+            "pools: [{name: a, capacity: 1, shares: {t: .nan}}]\n",
+            {},
+            "pools[0].shares.t",
+            id="nan",
+        ),
+        pytest.param("pools: [{name: a, capacity: 1.5}]\n", {}, "pools[0].capacity", id="float-c"),
+        pytest.param("pools: [{name: a, capacity: -1}]\n", {}, "pools[0].capacity", id="neg-c"),
+        pytest.param("pools: [{capacity: 1}]\n", {}, "pools[0].name", id="no-name"),
+        pytest.param(
+            "pools: [{name: a, capacity: 1}, {name: a, capacity: 1}]\n",
+            {},
+            "pools[1].name",
+            id="duplicate",
+        ),
+        pytest.param(
+            "pools: [{name: a, capacity: 1, colour: red}]\n", {}, "pools[0].colour", id="pool-key"
+        ),
+        pytest.param(
+            "pools: [{name: a, capacity: 1, degraded_mode: maybe}]\n",
+            {},
+            "pools[0].degraded_mode",
+            id="mode",
+        ),
+        pytest.param(
+            "pools: [{name: a, capacity: 1, max_request_s: 0}]\n",
+            {},
+            "pools[0].max_request_s",
+            id="max-request",
+        ),
+        pytest.param(
+            "pools: [{name: a, capacity: 1, max_request_s: 7200}]\n",
+            {},
+            "timing.release_memory_s",
+            id="release-memory-rule",
+        ),
+        pytest.param(
+            "timing: {snapshot_interval_s: 4}\n", {}, "timing.snapshot_interval_s", id="t"
+        ),
+        pytest.param("", {"FAIRSHARE_LEASE_TTL_S": "soon"}, "timing.lease_ttl_s", id="env-nan"),
+        pytest.param(
+            "",
+            {"FAIRSHARE_KEEPALIVE_INTERVAL_S": "3"},
+            "timing.keepalive_interval_s",
+            id="env-rule",
+        ),
+        pytest.param("", {"FAIRSHARE_LISTEN": "nowhere"}, "listen", id="env-listen"),
+        pytest.param("", {"FAIRSHARE_LOG_LEVEL": "loud"}, "log_level", id="env-level"),
+        pytest.param("tls: {cert_file: /nonexistent.pem}\n", {}, "tls.cert_file", id="no-cert"),
+        pytest.param("admin: {token_file: /nonexistent}\n", {}, "admin.token_file", id="no-token"),
+        pytest.param("pools: {a: 1}\n", {}, "pools", id="pools-not-list"),
+        pytest.param("- 1\n", {}, "config", id="not-mapping"),
+        pytest.param("a: [\n", {}, "config", id="bad-yaml"),
+    ],
+)
+def test_refusals_name_the_key(
+    tmp_path: pathlib.Path, text: str, env: dict[str, str], path: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), environ=env)
+    assert info.value.path == path, str(info.value)
+    assert str(info.value).startswith(path)
+
+
+def test_env_errors_say_where_the_value_came_from(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ConfigError, match="FAIRSHARE_LISTEN"):
+        load_config(None, environ={"FAIRSHARE_LISTEN": "nowhere"})
+
+
+def test_unknown_override_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={}, overrides={"colour": "red"})
+    assert info.value.path == "colour"
+
+
+def test_missing_file_refused(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "absent.yaml", environ={})
+    assert info.value.path == "config"
+
+
+def test_tls_pairs(tmp_path: pathlib.Path) -> None:
+    cert = tmp_path / "c.pem"
+    cert.write_text("x")
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, f"tls: {{cert_file: {cert}}}\n"), environ={})
+    assert info.value.path == "tls.key_file"
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            write(
+                tmp_path, f"tls: {{cert_file: {cert}, key_file: {cert}, admin_identities: [a]}}\n"
+            ),
+            environ={},
+        )
+    assert info.value.path == "tls.admin_identities"
