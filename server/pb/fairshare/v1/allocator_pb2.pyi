@@ -1,0 +1,210 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServiceClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTERACTIVE: _ClassVar[ServiceClass]
+    BATCH: _ClassVar[ServiceClass]
+
+class DegradedMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAIL_OPEN: _ClassVar[DegradedMode]
+    FAIL_CLOSED: _ClassVar[DegradedMode]
+INTERACTIVE: ServiceClass
+BATCH: ServiceClass
+FAIL_OPEN: DegradedMode
+FAIL_CLOSED: DegradedMode
+
+class AcquireRequest(_message.Message):
+    __slots__ = ("pool", "team", "service_class", "est_tokens", "holder", "request_id", "try_only", "epoch")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    EST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRY_ONLY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    team: str
+    service_class: ServiceClass
+    est_tokens: int
+    holder: str
+    request_id: str
+    try_only: bool
+    epoch: int
+    def __init__(self, pool: _Optional[str] = ..., team: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., est_tokens: _Optional[int] = ..., holder: _Optional[str] = ..., request_id: _Optional[str] = ..., try_only: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class AcquireResponse(_message.Message):
+    __slots__ = ("granted", "grant_id", "priority", "borrowing", "saturated", "degraded", "owner", "epoch")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    BORROWING_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    grant_id: str
+    priority: int
+    borrowing: bool
+    saturated: bool
+    degraded: bool
+    owner: str
+    epoch: int
+    def __init__(self, granted: _Optional[bool] = ..., grant_id: _Optional[str] = ..., priority: _Optional[int] = ..., borrowing: _Optional[bool] = ..., saturated: _Optional[bool] = ..., degraded: _Optional[bool] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("grant_id", "consumed")
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    grant_id: str
+    consumed: float
+    def __init__(self, grant_id: _Optional[str] = ..., consumed: _Optional[float] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HeldGrant(_message.Message):
+    __slots__ = ("grant_id", "team", "priority", "borrowing", "est_tokens")
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    BORROWING_FIELD_NUMBER: _ClassVar[int]
+    EST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    grant_id: str
+    team: str
+    priority: int
+    borrowing: bool
+    est_tokens: int
+    def __init__(self, grant_id: _Optional[str] = ..., team: _Optional[str] = ..., priority: _Optional[int] = ..., borrowing: _Optional[bool] = ..., est_tokens: _Optional[int] = ...) -> None: ...
+
+class AdoptRequest(_message.Message):
+    __slots__ = ("pool", "epoch", "holder", "grants", "complete")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    epoch: int
+    holder: str
+    grants: _containers.RepeatedCompositeFieldContainer[HeldGrant]
+    complete: bool
+    def __init__(self, pool: _Optional[str] = ..., epoch: _Optional[int] = ..., holder: _Optional[str] = ..., grants: _Optional[_Iterable[_Union[HeldGrant, _Mapping]]] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class AdoptResponse(_message.Message):
+    __slots__ = ("adopted", "phantoms_dropped", "owner", "epoch")
+    ADOPTED_FIELD_NUMBER: _ClassVar[int]
+    PHANTOMS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    adopted: int
+    phantoms_dropped: int
+    owner: str
+    epoch: int
+    def __init__(self, adopted: _Optional[int] = ..., phantoms_dropped: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
+
+class TeamStat(_message.Message):
+    __slots__ = ("team", "share", "reserved", "in_flight", "borrowing", "in_flight_tokens", "usage", "level_fairshare", "rank", "phantoms")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    BORROWING_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FAIRSHARE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PHANTOMS_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    share: float
+    reserved: int
+    in_flight: int
+    borrowing: int
+    in_flight_tokens: int
+    usage: float
+    level_fairshare: float
+    rank: int
+    phantoms: int
+    def __init__(self, team: _Optional[str] = ..., share: _Optional[float] = ..., reserved: _Optional[int] = ..., in_flight: _Optional[int] = ..., borrowing: _Optional[int] = ..., in_flight_tokens: _Optional[int] = ..., usage: _Optional[float] = ..., level_fairshare: _Optional[float] = ..., rank: _Optional[int] = ..., phantoms: _Optional[int] = ...) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ("pool", "capacity", "owner", "epoch", "teams")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TEAMS_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    capacity: int
+    owner: str
+    epoch: int
+    teams: _containers.RepeatedCompositeFieldContainer[TeamStat]
+    def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., teams: _Optional[_Iterable[_Union[TeamStat, _Mapping]]] = ...) -> None: ...
+
+class ListPoolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolInfo(_message.Message):
+    __slots__ = ("pool", "capacity", "owner", "owner_address", "epoch", "degraded_mode")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_MODE_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    capacity: int
+    owner: str
+    owner_address: str
+    epoch: int
+    degraded_mode: DegradedMode
+    def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ..., owner: _Optional[str] = ..., owner_address: _Optional[str] = ..., epoch: _Optional[int] = ..., degraded_mode: _Optional[_Union[DegradedMode, str]] = ...) -> None: ...
+
+class ListPoolsResponse(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ...) -> None: ...
+
+class SetCapacityRequest(_message.Message):
+    __slots__ = ("pool", "capacity")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    capacity: int
+    def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ...) -> None: ...
+
+class SetCapacityResponse(_message.Message):
+    __slots__ = ("previous",)
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    previous: int
+    def __init__(self, previous: _Optional[int] = ...) -> None: ...
+
+class SwitchoverRequest(_message.Message):
+    __slots__ = ("pool", "node")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    node: str
+    def __init__(self, pool: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class SwitchoverResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
