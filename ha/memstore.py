@@ -1,0 +1,304 @@
+"""Stores that live in this process: in memory (tests) and in a local file (embedded mode).
+
+Both honour the contract of ``ha.store.Store`` exactly: one revision counter, atomic
+conditional writes, leases that expire on the injected clock and take their keys with
+them, watches that replay from a revision.
+
+``FileStore`` keeps keys without a lease in a JSON file, replaced atomically and fsynced
+on every write, with the revision counter: epochs keep growing across restarts. Keys on
+leases are not written: like etcd's, they cannot outlive the process that kept the
+lease alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections import deque
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from ha.clock import Clock, SystemClock
+from ha.store import (
+    NO_LEASE,
+    EventKind,
+    KeyValue,
+    LeaseId,
+    LeaseNotFound,
+    StoreUnavailable,
+    WatchEvent,
+)
+
+logger = logging.getLogger(__name__)
+
+_HISTORY = 10_000  # events kept for watches that start from an older revision
+_EXPIRY_TICK_S = 0.05
+
+
+class MemoryStore:
+    """The store contract in memory, on an injected clock."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._revision = 0
+        self._keys: dict[str, KeyValue] = {}
+        self._leases: dict[LeaseId, tuple[float, float]] = {}  # id -> (ttl, expires_at)
+        self._next_lease = 0x1000
+        self._history: deque[WatchEvent] = deque(maxlen=_HISTORY)
+        self._watchers: list[tuple[str, asyncio.Queue[WatchEvent | None]]] = []
+        self._expirer: asyncio.Task[None] | None = None
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def grant_lease(self, ttl_s: float) -> LeaseId:
+        async with self._op():
+            self._next_lease += 1
+            lease = LeaseId(self._next_lease)
+            self._leases[lease] = (ttl_s, self._clock.monotonic() + ttl_s)
+            if self._expirer is None:
+                self._expirer = asyncio.create_task(self._expire_loop(), name="store-expirer")
+            return lease
+
+    async def keepalive(self, lease: LeaseId) -> float:
+        async with self._op():
+            entry = self._leases.get(lease)
+            if entry is None:
+                raise LeaseNotFound(f"lease {lease:x} not found")
+            ttl = entry[0]
+            self._leases[lease] = (ttl, self._clock.monotonic() + ttl)
+            return ttl
+
+    async def revoke(self, lease: LeaseId) -> None:
+        async with self._op():
+            if self._leases.pop(lease, None) is not None:
+                await self._drop_lease_keys(lease)
+
+    # -- reads ----------------------------------------------------------------------
+
+    async def get(self, key: str) -> KeyValue | None:
+        async with self._op():
+            return self._keys.get(key)
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        async with self._op():
+            return self._listing(prefix), self._revision
+
+    # -- writes ---------------------------------------------------------------------
+
+    async def put(self, key: str, value: bytes, *, lease: LeaseId = NO_LEASE) -> int:
+        async with self._op():
+            self._check_lease(lease)
+            await self._write(key, value, lease)
+            return self._revision
+
+    async def create(self, key: str, value: bytes, *, lease: LeaseId) -> KeyValue | None:
+        async with self._op():
+            self._check_lease(lease)
+            if key in self._keys:
+                return None
+            return await self._write(key, value, lease)
+
+    async def put_fenced(
+        self, key: str, value: bytes, *, fence_key: str, fence_revision: int
+    ) -> bool:
+        async with self._op():
+            fence = self._keys.get(fence_key)
+            if fence is None or fence.create_revision != fence_revision:
+                return False
+            await self._write(key, value, NO_LEASE)
+            return True
+
+    async def delete_fenced(self, key: str, *, create_revision: int) -> bool:
+        async with self._op():
+            kv = self._keys.get(key)
+            if kv is None or kv.create_revision != create_revision:
+                return False
+            await self._delete(key)
+            return True
+
+    # -- watches ----------------------------------------------------------------------
+
+    async def watch_prefix(self, prefix: str, *, start_revision: int) -> AsyncIterator[WatchEvent]:
+        queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
+        oldest = self._history[0].revision if self._history else self._revision + 1
+        if start_revision + 1 < oldest and start_revision < self._revision:
+            queue.put_nowait(
+                WatchEvent(
+                    EventKind.RESET,
+                    "",
+                    None,
+                    self._revision,
+                    tuple(self._listing(prefix)),
+                )
+            )
+        else:
+            for event in self._history:
+                if event.revision > start_revision and event.key.startswith(prefix):
+                    queue.put_nowait(event)
+        entry = (prefix, queue)
+        self._watchers.append(entry)
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            with contextlib.suppress(ValueError):
+                self._watchers.remove(entry)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._expirer is not None:
+            self._expirer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expirer
+        for _, queue in self._watchers:
+            queue.put_nowait(None)
+
+    # -- internals --------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _op(self) -> AsyncIterator[None]:
+        if self._closed:
+            raise StoreUnavailable("store is closed")
+        async with self._lock:
+            await self._expire()
+            yield
+
+    def _listing(self, prefix: str) -> list[KeyValue]:
+        return sorted(
+            (kv for k, kv in self._keys.items() if k.startswith(prefix)), key=lambda kv: kv.key
+        )
+
+    def _check_lease(self, lease: LeaseId) -> None:
+        if lease and lease not in self._leases:
+            raise LeaseNotFound(f"lease {lease:x} not found")
+
+    async def _write(self, key: str, value: bytes, lease: LeaseId) -> KeyValue:
+        self._revision += 1
+        old = self._keys.get(key)
+        created = old.create_revision if old is not None else self._revision
+        kv = KeyValue(key, bytes(value), created, self._revision, lease)
+        self._keys[key] = kv
+        await self._persist(key, kv.lease == 0 or (old is not None and old.lease == 0))
+        self._publish(WatchEvent(EventKind.PUT, key, kv, self._revision))
+        return kv
+
+    async def _delete(self, key: str) -> None:
+        old = self._keys.pop(key)
+        self._revision += 1
+        await self._persist(key, old.lease == 0)
+        self._publish(WatchEvent(EventKind.DELETE, key, None, self._revision))
+
+    def _publish(self, event: WatchEvent) -> None:
+        self._history.append(event)
+        for prefix, queue in self._watchers:
+            if event.key.startswith(prefix):
+                queue.put_nowait(event)
+
+    async def _drop_lease_keys(self, lease: LeaseId) -> None:
+        for key in [k for k, kv in self._keys.items() if kv.lease == lease]:
+            await self._delete(key)
+
+    async def _expire(self) -> None:
+        now = self._clock.monotonic()
+        for lease in [lid for lid, (_, at) in self._leases.items() if at <= now]:
+            del self._leases[lease]
+            await self._drop_lease_keys(lease)
+
+    async def _expire_loop(self) -> None:
+        while not self._closed:
+            await self._clock.sleep(_EXPIRY_TICK_S)
+            async with self._lock:
+                await self._expire()
+
+    async def _persist(self, key: str, durable: bool) -> None:
+        """Hook for FileStore: makes the write durable before it is acknowledged."""
+
+
+class FileStore(MemoryStore):
+    """The store contract for one process, durable in a local JSON file.
+
+    Every write that touches a key without a lease replaces the file atomically (write a
+    temporary file, fsync, rename, fsync the folder) before it is acknowledged.
+    """
+
+    FILE_NAME = "store.json"
+
+    def __init__(self, state_dir: Path, clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        self._path = Path(state_dir) / self.FILE_NAME
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            doc = json.loads(self._path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            raise StoreUnavailable(f"cannot read {self._path}: {e}") from e
+        self._revision = int(doc["revision"])
+        for item in doc["keys"]:
+            kv = KeyValue(
+                item["key"],
+                base64.b64decode(item["value"]),
+                int(item["create_revision"]),
+                int(item["mod_revision"]),
+            )
+            self._keys[kv.key] = kv
+        # Keys on leases died with the process that held the leases; their deletes take
+        # revisions like any delete, so a new owner's epoch is above every old one.
+        self._revision += 1
+        logger.info(
+            "restored %d keys at revision %d from %s", len(self._keys), self._revision, self._path
+        )
+
+    async def _persist(self, key: str, durable: bool) -> None:
+        if not durable:
+            return
+        doc = {
+            "revision": self._revision,
+            "keys": [
+                {
+                    "key": kv.key,
+                    "value": base64.b64encode(kv.value).decode("ascii"),
+                    "create_revision": kv.create_revision,
+                    "mod_revision": kv.mod_revision,
+                }
+                for kv in self._keys.values()
+                if kv.lease == 0
+            ],
+        }
+        data = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+        try:
+            await asyncio.to_thread(_atomic_write, self._path, data)
+        except OSError as e:
+            raise StoreUnavailable(f"cannot write {self._path}: {e}") from e
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

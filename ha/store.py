@@ -1,0 +1,181 @@
+"""The store contract: leases, conditional writes and watches, as etcd offers them.
+
+Three implementations honour it: ``ha.etcdstore.EtcdStore`` (replicated mode),
+``ha.memstore.FileStore`` (embedded single-node mode) and ``ha.memstore.MemoryStore``
+(fast tests under a fake clock).
+
+Guarantees every implementation gives:
+
+- One revision counter for the whole store. Every successful write (put, delete,
+  transaction) increments it by one; a key's ``create_revision`` is the revision of the
+  write that created it, so a key deleted and created again gets a larger one. That is
+  what makes ``create_revision`` usable as an epoch (fencing token).
+- Conditional writes are atomic: the condition is evaluated and the write applied with
+  no other write in between.
+- A key attached to a lease is deleted when the lease expires or is revoked, and watches
+  see that delete.
+- Watches deliver every change of their prefix after ``start_revision`` in revision order,
+  or a ``reset`` event carrying the whole prefix when they had to resume and cannot
+  prove that nothing was missed (after a reconnection or a compaction).
+
+Two kinds of failure:
+
+- ``False`` (or ``None``) from a conditional call means the condition did not hold: a
+  race was lost and nothing was written. It is an answer, never a guess.
+- ``StoreUnavailable`` means the outcome cannot be known (no answer in time, connection
+  lost). The caller must fail safe: an owner stops deciding for the pool.
+- ``LeaseNotFound`` means the lease has expired or was revoked (keys on it are gone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final, NewType, Protocol
+
+from ha.api import StoreUnavailable
+
+LeaseId = NewType("LeaseId", int)
+NO_LEASE: Final = LeaseId(0)
+"""The lease of keys that live until deleted."""
+
+__all__ = [
+    "NO_LEASE",
+    "EventKind",
+    "KeyValue",
+    "LeaseId",
+    "LeaseNotFound",
+    "Store",
+    "StoreUnavailable",
+    "WatchEvent",
+]
+
+
+class LeaseNotFound(Exception):
+    """The lease expired or was revoked; every key attached to it is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    """One key as stored."""
+
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: LeaseId = NO_LEASE
+
+
+class EventKind(Enum):
+    """What a watch event reports."""
+
+    PUT = "put"
+    DELETE = "delete"
+    RESET = "reset"
+    """The watch resumed: ``snapshot`` holds every key of the prefix as of ``revision``."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """A change seen by a watch.
+
+    Attributes:
+        kind: put, delete or reset.
+        key: the key (empty for reset).
+        kv: the new value for put; None for delete and reset.
+        revision: the store revision of the change (of the listing, for reset).
+        snapshot: every key of the watched prefix, for reset only.
+    """
+
+    kind: EventKind
+    key: str
+    kv: KeyValue | None
+    revision: int
+    snapshot: tuple[KeyValue, ...] = field(default=())
+
+
+class Store(Protocol):
+    """A strongly consistent key-value store with leases (etcd's data model).
+
+    Keys are ``str`` paths such as ``/fairshare/owners/gpu-a``; values are bytes.
+    Every method may raise StoreUnavailable; it says so only where it may also raise
+    something else.
+    """
+
+    async def grant_lease(self, ttl_s: float) -> LeaseId:
+        """Creates a lease that expires ``ttl_s`` seconds after its last renewal."""
+        ...
+
+    async def keepalive(self, lease: LeaseId) -> float:
+        """Renews the lease once; returns its TTL in seconds as renewed.
+
+        Raises:
+            LeaseNotFound: the lease already expired or was revoked.
+        """
+        ...
+
+    async def revoke(self, lease: LeaseId) -> None:
+        """Ends the lease at once and deletes its keys. Revoking a lease that is gone is
+        not an error."""
+        ...
+
+    async def get(self, key: str) -> KeyValue | None:
+        """The key, or None when absent."""
+        ...
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """Every key under ``prefix`` sorted by key, and the store revision of the read."""
+        ...
+
+    async def put(self, key: str, value: bytes, *, lease: LeaseId = NO_LEASE) -> int:
+        """Writes unconditionally; returns the new revision.
+
+        Raises:
+            LeaseNotFound: ``lease`` is not live.
+        """
+        ...
+
+    async def create(self, key: str, value: bytes, *, lease: LeaseId) -> KeyValue | None:
+        """Creates ``key`` only if it is absent (create_revision == 0), on ``lease``.
+
+        Returns:
+            The created key (its create_revision is the new epoch), or None when the key
+            already exists (the race was lost).
+
+        Raises:
+            LeaseNotFound: ``lease`` is not live.
+        """
+        ...
+
+    async def put_fenced(
+        self, key: str, value: bytes, *, fence_key: str, fence_revision: int
+    ) -> bool:
+        """Writes ``key`` only if ``fence_key`` exists with create_revision ``fence_revision``.
+
+        This is how an owner persists: its owner key's create_revision is its epoch, so a
+        deposed owner can never overwrite its successor's state.
+
+        Returns:
+            False when the fence did not hold (nothing was written).
+        """
+        ...
+
+    async def delete_fenced(self, key: str, *, create_revision: int) -> bool:
+        """Deletes ``key`` only if its create_revision is ``create_revision``.
+
+        Returns:
+            False when the key is absent or was created again since.
+        """
+        ...
+
+    def watch_prefix(self, prefix: str, *, start_revision: int) -> AsyncIterator[WatchEvent]:
+        """Every change under ``prefix`` after ``start_revision``, until the iterator is
+        closed (``aclose``) or the store is closed. Resumes by itself after a lost
+        connection, emitting a RESET event when it cannot replay what it missed."""
+        ...
+
+    async def close(self) -> None:
+        """Releases connections; leases are left to expire (the caller revokes first if
+        it wants them gone)."""
+        ...
