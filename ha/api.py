@@ -6,6 +6,8 @@ below to status codes in one table; nothing here knows about gRPC.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NewType, Protocol
@@ -23,17 +25,39 @@ Epoch = NewType("Epoch", int)
 _GRANT_ID_TAG = "g1"
 
 
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def _unb64(text: str) -> str:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("utf-8")
+
+
 @dataclass(frozen=True, slots=True)
 class GrantRef:
-    """What a grant id encodes: enough for any replica to route a release."""
+    """What a grant id encodes: enough for any replica to route and settle a release.
+
+    Epoch 0 marks a degraded grant, decided while no owner could be reached.
+    """
 
     pool: PoolName
     epoch: Epoch
     seq: int
+    team: str = ""
+    holder: str = ""
 
     def encode(self) -> str:
         """The opaque grant id string."""
-        return f"{_GRANT_ID_TAG}.{self.epoch:x}.{self.seq:x}.{self.pool}"
+        return ".".join(
+            (
+                _GRANT_ID_TAG,
+                f"{self.epoch:x}",
+                f"{self.seq:x}",
+                _b64(self.pool),
+                _b64(self.team),
+                _b64(self.holder),
+            )
+        )
 
     @classmethod
     def decode(cls, grant_id: str) -> GrantRef:
@@ -42,14 +66,17 @@ class GrantRef:
         Raises:
             InvalidArgument: not a grant id of this service.
         """
-        parts = grant_id.split(".", 3)
-        if len(parts) != 4 or parts[0] != _GRANT_ID_TAG or not parts[3]:
+        parts = grant_id.split(".")
+        if len(parts) != 6 or parts[0] != _GRANT_ID_TAG:
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id!r}")
         try:
             epoch, seq = int(parts[1], 16), int(parts[2], 16)
-        except ValueError:
+            pool, team, holder = (_unb64(p) for p in parts[3:])
+        except (ValueError, binascii.Error, UnicodeDecodeError):
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id!r}") from None
-        return cls(PoolName(parts[3]), Epoch(epoch), seq)
+        if not pool or epoch < 0 or seq < 0:
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id!r}")
+        return cls(PoolName(pool), Epoch(epoch), seq, team, holder)
 
 
 # -- results ------------------------------------------------------------------------------
