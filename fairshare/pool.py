@@ -34,6 +34,13 @@ RANK_STEP: Final = 10
 MAX_RANK: Final = 9
 """Ranks above this share its priority, so priorities stay small."""
 
+# Ordering keys are rounded to this many significant bits, so that level fairshare values
+# that are equal in exact arithmetic (shares 0.3 and 0.1 with usage 3 and 1) but differ in
+# the last bits of binary floating point share a rank, as SPEC.md says equal values do.
+# 2**-40 is far above the rounding error of a key (a few ulps of 2**-52) and far below
+# any difference in service that matters.
+_KEY_BITS: Final = 40
+
 # Once usage is stored scaled by more than e**_REBASE_EXPONENT, every team is rescaled to
 # the present (O(T), and rare: about every 90 half-lives).
 _REBASE_EXPONENT: Final = 64.0
@@ -579,13 +586,18 @@ class Pool:
 
         LF = (share / sum share) / (usage / sum usage); the normalisers are common to all
         teams, and so is the decay factor of stored usage, so share / stored orders teams
-        like LF, and it only changes when the team is charged.
+        like LF, and it only changes when the team is charged. The key is rounded to
+        ``_KEY_BITS`` significant bits so that equal LF values share a rank.
         """
         if state.share <= 0.0:
             return 0.0
         if state.stored <= 0.0:
             return math.inf
-        return state.share / state.stored
+        ratio = state.share / state.stored
+        if not ratio < math.inf:  # stored so small that the ratio overflows
+            return math.inf
+        mantissa, exponent = math.frexp(ratio)
+        return math.ldexp(round(mantissa * 2.0**_KEY_BITS), exponent - _KEY_BITS)
 
     def _rank(self, state: _Team) -> int:
         """Dense rank of the team's key: the number of distinct larger keys."""
