@@ -1,0 +1,346 @@
+"""``fairshare serve``: one replica's process, from configuration to clean exit.
+
+Start: load the configuration, bind the gRPC port (TLS / mTLS if configured), open the
+node (``ha.node.open_node``: embedded single-node mode without etcd endpoints), add the
+servicers, health (per service and overall) and reflection, start the node, the server
+and the metrics endpoint, then report SERVING.
+
+Stop (SIGTERM or SIGINT), in one fixed order: health NOT_SERVING → ``node.stop_deciding()``
+→ ``node.close()`` (final snapshot, release ownership) → ``server.stop(grace)`` → exit 0.
+A configuration error exits with status 2 and one line naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import pathlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health as grpc_health
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ha.api import Allocator, NodeId, Peers
+from ha.settings import ConfigError, PoolConfig, Timing
+from server.auth import AdminAuth, read_token
+from server.config import Config, load_config
+from server.metrics import Metrics
+from server.pb.fairshare.v1 import allocator_pb2 as pb
+from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from server.peers import GrpcPeers
+from server.servicer import AdminServicer, AllocatorServicer
+
+logger = logging.getLogger(__name__)
+
+ALLOCATOR_SERVICE: Final = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
+ADMIN_SERVICE: Final = pb.DESCRIPTOR.services_by_name["Admin"].full_name
+HEALTH_SERVICE: Final = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+OVERALL: Final = ""
+"""The health service name that stands for the whole server."""
+GRACE_S: Final = 5.0
+"""How long in-flight RPCs may finish once the server stops."""
+EXIT_CONFIG: Final = 2
+
+
+class Node(Allocator, Protocol):
+    """What the server needs of ``ha.node.Node`` beyond the Allocator."""
+
+    async def start(self) -> None:
+        """Starts membership, campaigns and background tasks."""
+        ...
+
+    async def stop_deciding(self) -> None:
+        """Stops deciding for every owned pool (requests then forward or degrade)."""
+        ...
+
+    async def close(self) -> None:
+        """Writes the final snapshots and releases ownership."""
+        ...
+
+
+class NodeFactory(Protocol):
+    """The signature of ``ha.node.open_node``."""
+
+    def __call__(
+        self,
+        *,
+        node_id: NodeId,
+        advertise: str,
+        pools: Sequence[PoolConfig],
+        timing: Timing,
+        state_dir: pathlib.Path,
+        etcd_endpoints: Sequence[str],
+        prefix: str,
+        peers: Peers,
+    ) -> Awaitable[Node]: ...
+
+
+def default_node_factory() -> NodeFactory:
+    """``ha.node.open_node``, imported when first needed.
+
+    Raises:
+        RuntimeError: the replication layer is not installed.
+    """
+    try:
+        module = importlib.import_module("ha.node")
+    except ImportError as e:
+        raise RuntimeError(f"the replication layer ha.node cannot be imported: {e}") from e
+    factory: NodeFactory = module.open_node
+    return factory
+
+
+def _read(path: str | None) -> bytes | None:
+    return pathlib.Path(path).read_bytes() if path else None
+
+
+def server_credentials(config: Config) -> grpc.ServerCredentials | None:
+    """TLS credentials of the gRPC port, or None for plaintext."""
+    tls = config.tls
+    if tls.cert_file is None or tls.key_file is None:
+        return None
+    return grpc.ssl_server_credentials(
+        [(_read(tls.key_file), _read(tls.cert_file))],
+        root_certificates=_read(tls.client_ca_file),
+        require_client_auth=tls.mutual,
+    )
+
+
+def peer_credentials(config: Config) -> grpc.ChannelCredentials | None:
+    """TLS credentials for calls to other replicas (our own certificate as client cert)."""
+    tls = config.tls
+    if not tls.enabled:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.client_ca_file),
+        private_key=_read(tls.key_file),
+        certificate_chain=_read(tls.cert_file),
+    )
+
+
+@dataclass
+class RunningServer:
+    """A started replica: its gRPC server, node and metrics."""
+
+    server: aio.Server
+    port: int
+    node: Node
+    health: grpc_health.aio.HealthServicer
+    metrics: Metrics
+    peers: GrpcPeers
+    stop_metrics: Callable[[], None] | None = None
+    metrics_port: int | None = None
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:<port>``: where a local client reaches the server."""
+        return f"127.0.0.1:{self.port}"
+
+    async def shutdown(self, grace_s: float = GRACE_S) -> None:
+        """Stops in DESIGN.md's fixed order; safe to call twice.
+
+        Health NOT_SERVING first, so load balancers and clients move away while the node
+        can still answer; then the node stops deciding, writes its final snapshot and
+        releases ownership; then the server stops, letting in-flight calls finish for
+        ``grace_s``.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        logger.info("shutting down: health NOT_SERVING")
+        await self.health.enter_graceful_shutdown()
+        try:
+            await self.node.stop_deciding()
+            logger.info("shutting down: stopped deciding; writing final snapshots")
+            await asyncio.shield(self.node.close())
+        except Exception:
+            # The server must still stop; a node that cannot close has already lost or
+            # will lose ownership when its lease expires.
+            logger.exception("shutting down: closing the node failed")
+        finally:
+            await self.server.stop(grace_s)
+            await self.peers.close()
+            if self.stop_metrics is not None:
+                self.stop_metrics()
+            logger.info("shut down")
+
+
+def _advertised(config: Config, port: int) -> str:
+    """The advertised address with the bound port when port 0 was configured."""
+    host, _, configured = config.advertise.rpartition(":")
+    return f"{host}:{port}" if configured == "0" else config.advertise
+
+
+async def start_server(
+    config: Config,
+    *,
+    node: Node | None = None,
+    node_factory: NodeFactory | None = None,
+    serve_metrics: bool = True,
+) -> RunningServer:
+    """Binds, opens the node and starts serving.
+
+    Args:
+        config: the loaded configuration.
+        node: an already opened node (tests); otherwise ``node_factory`` opens one.
+        node_factory: ``ha.node.open_node`` by default.
+        serve_metrics: serve ``/metrics`` on ``config.metrics_listen`` (if set).
+
+    Returns:
+        The running server; call ``shutdown`` to stop it.
+
+    Raises:
+        ConfigError: a configured file cannot be read or the port cannot be bound.
+    """
+    metrics = Metrics()
+    token = None
+    if config.admin.token_file is not None:
+        try:
+            token = read_token(config.admin.token_file)
+        except (OSError, ValueError) as e:
+            raise ConfigError("admin.token_file", str(e)) from e
+    peers = GrpcPeers(
+        credentials=peer_credentials(config),
+        admin_token=token,
+        observe=metrics.observe_forward,
+    )
+    server = aio.server(options=[("grpc.so_reuseport", 0)])
+    try:
+        credentials = server_credentials(config)
+    except OSError as e:
+        raise ConfigError("tls", f"cannot read a TLS file: {e}") from e
+    try:
+        if credentials is not None:
+            port = server.add_secure_port(config.listen, credentials)
+        else:
+            port = server.add_insecure_port(config.listen)
+    except RuntimeError as e:
+        raise ConfigError("listen", f"cannot listen on {config.listen}: {e}") from e
+    if node is None:
+        factory = node_factory if node_factory is not None else default_node_factory()
+        node = await factory(
+            node_id=config.node_id,
+            advertise=_advertised(config, port),
+            pools=config.pools,
+            timing=config.timing,
+            state_dir=config.state_dir,
+            etcd_endpoints=config.etcd.endpoints,
+            prefix=config.etcd.prefix,
+            peers=peers,
+        )
+    metrics.watch(node.status)
+    auth = AdminAuth(token=token, identities=config.tls.admin_identities)
+    pb_grpc.add_AllocatorServicer_to_server(
+        AllocatorServicer(node, pools=config.pools, metrics=metrics), server
+    )
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(node, auth=auth), server)
+    health = grpc_health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (ALLOCATOR_SERVICE, ADMIN_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server
+    )
+    running = RunningServer(
+        server=server, port=port, node=node, health=health, metrics=metrics, peers=peers
+    )
+    await node.start()
+    await server.start()
+    if serve_metrics and config.metrics_listen:
+        try:
+            running.stop_metrics = metrics.serve(config.metrics_listen)
+        except OSError as e:
+            await running.shutdown(0)
+            raise ConfigError(
+                "metrics_listen", f"cannot listen on {config.metrics_listen}: {e}"
+            ) from e
+    for service in (ALLOCATOR_SERVICE, ADMIN_SERVICE, OVERALL):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    logger.info(
+        "serving %d pools on %s as %s (%s)",
+        len(config.pools),
+        config.listen if not config.listen.endswith(":0") else f"port {port}",
+        config.node_id,
+        "embedded" if config.etcd.embedded else f"etcd {','.join(config.etcd.endpoints)}",
+    )
+    return running
+
+
+async def serve(config: Config, *, node_factory: NodeFactory | None = None) -> int:
+    """Serves until SIGTERM or SIGINT, then shuts down in order; returns the exit status."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        running = await start_server(config, node_factory=node_factory)
+        try:
+            await stop.wait()
+            logger.info("signal received; shutting down")
+        finally:
+            await running.shutdown()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``fairshare serve``."""
+    parser.add_argument("--config", required=True, help="YAML configuration file")
+    parser.add_argument("--listen", help="gRPC HOST:PORT (default 127.0.0.1:50051)")
+    parser.add_argument("--metrics-listen", help="Prometheus HOST:PORT; '' disables")
+    parser.add_argument("--state-dir", help="directory of the local state (default ./state)")
+    parser.add_argument("--etcd", help="etcd endpoints URL[,URL]; none = embedded mode")
+    parser.add_argument("--node-id", help="this replica's id (default: host name)")
+    parser.add_argument("--advertise", help="HOST:PORT peers and clients dial")
+    parser.add_argument("--prefix", help="etcd key prefix (default /fairshare)")
+
+
+def overrides_of(args: argparse.Namespace) -> Mapping[str, object]:
+    """The configuration overrides given on the command line."""
+    return {
+        "listen": args.listen,
+        "metrics_listen": args.metrics_listen,
+        "state_dir": args.state_dir,
+        "etcd.endpoints": args.etcd,
+        "node_id": args.node_id,
+        "advertise": args.advertise,
+        "etcd.prefix": args.prefix,
+    }
+
+
+def configure_logging(level: str) -> None:
+    """The process's one logging configuration."""
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``fairshare serve``: exit 0 after a clean shutdown, 2 on a configuration error."""
+    try:
+        config = load_config(args.config, overrides=overrides_of(args))
+        if not config.pools:
+            raise ConfigError("pools", "at least one pool is required")
+    except ConfigError as e:
+        print(f"fairshare: configuration error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(config.log_level)
+    try:
+        return asyncio.run(serve(config))
+    except ConfigError as e:
+        print(f"fairshare: configuration error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except RuntimeError as e:
+        logger.error("cannot start: %s", e)
+        return 1
