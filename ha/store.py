@@ -29,10 +29,11 @@ Two kinds of failure:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final, NewType, Protocol
+from typing import Final, NewType, Protocol, TypeVar
 
 from ha.api import StoreUnavailable
 
@@ -49,7 +50,19 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "WatchEvent",
+    "bounded",
 ]
+
+
+_T = TypeVar("_T")
+
+
+async def bounded(call: Awaitable[_T], timeout_s: float) -> _T:
+    """Awaits a store call for at most ``timeout_s``; no answer is StoreUnavailable."""
+    try:
+        return await asyncio.wait_for(call, timeout_s)
+    except TimeoutError as e:
+        raise StoreUnavailable(f"no answer from the store within {timeout_s:g}s") from e
 
 
 class LeaseNotFound(Exception):

@@ -1,0 +1,165 @@
+"""What this node knows of the others: members, pool owners (routes) and handovers.
+
+Kept by watches on the store, which resume by themselves; a watch that fails is listed
+again from scratch. Every change sets ``changed`` so the node reconciles at once.
+
+Guarantee: the view converges to the store's state once the store answers. Non-guarantee:
+it may lag the store by a watch round trip; decisions never rely on it for safety (the
+epoch carried by every forwarded call and the fenced writes do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Iterable
+
+from ha.api import NodeId, PoolName
+from ha.clock import Clock
+from ha.keys import Keys, Route, decode_handover, decode_member, decode_owner, pool_of
+from ha.store import EventKind, KeyValue, Store, StoreUnavailable, WatchEvent
+
+logger = logging.getLogger(__name__)
+
+_RETRY_S = 0.2
+
+
+def preferred_owner(pool: str, members: Iterable[str]) -> NodeId | None:
+    """The rendezvous-hash winner for ``pool`` among ``members`` (None if no member).
+
+    Every node computes the same answer from the same members, and when a member goes
+    only its own pools move.
+    """
+    best: tuple[bytes, str] | None = None
+    for node in members:
+        score = hashlib.sha256(f"{node}\x00{pool}".encode()).digest()
+        if best is None or (score, node) > best:
+            best = (score, node)
+    return NodeId(best[1]) if best is not None else None
+
+
+class ClusterView:
+    """Members, routes and handovers under one prefix, kept current by watches."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        keys: Keys,
+        clock: Clock,
+        on_owner_change: Callable[[PoolName, Route | None], None],
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._clock = clock
+        self._on_owner_change = on_owner_change
+        self.members: dict[NodeId, tuple[str, float]] = {}  # node -> (address, seen since)
+        self.routes: dict[PoolName, Route] = {}
+        self.handovers: dict[PoolName, tuple[NodeId, float, int]] = {}  # node, wall, rev
+        self.changed = asyncio.Event()
+        self.ready = asyncio.Event()
+        self._ready_parts: set[str] = set()
+
+    async def run(self) -> None:
+        """Watches members, owners and handovers until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._follow(self._keys.members, self._members), name="watch-members")
+            group.create_task(self._follow(self._keys.owners, self._owners), name="watch-owners")
+            group.create_task(
+                self._follow(self._keys.handovers, self._handovers), name="watch-handovers"
+            )
+
+    def route(self, pool: str) -> Route | None:
+        return self.routes.get(PoolName(pool))
+
+    def address_of(self, node: str) -> str | None:
+        entry = self.members.get(NodeId(node))
+        return entry[0] if entry is not None else None
+
+    # -- watch plumbing -----------------------------------------------------------------
+
+    async def _follow(
+        self,
+        prefix: str,
+        apply: Callable[[str, KeyValue | None, bool], None],
+    ) -> None:
+        while True:
+            try:
+                listing, revision = await self._store.get_prefix(prefix)
+                self._replace(prefix, listing, apply)
+                self._ready_parts.add(prefix)
+                if len(self._ready_parts) == 3:
+                    self.ready.set()
+                async for event in self._store.watch_prefix(prefix, start_revision=revision):
+                    self._event(prefix, event, apply)
+                logger.warning("watch on %s ended; listing again", prefix)
+            except StoreUnavailable as e:
+                logger.warning("watch on %s failed (%s); listing again", prefix, e)
+            except Exception:
+                logger.exception("BUG: watch on %s failed unexpectedly; listing again", prefix)
+            await self._clock.sleep(_RETRY_S)
+
+    def _event(
+        self, prefix: str, event: WatchEvent, apply: Callable[[str, KeyValue | None, bool], None]
+    ) -> None:
+        if event.kind is EventKind.RESET:
+            self._replace(prefix, list(event.snapshot), apply)
+            return
+        apply(pool_of(event.key, prefix), event.kv, False)
+        self.changed.set()
+
+    def _replace(
+        self,
+        prefix: str,
+        listing: list[KeyValue],
+        apply: Callable[[str, KeyValue | None, bool], None],
+    ) -> None:
+        present = {pool_of(kv.key, prefix): kv for kv in listing}
+        table: dict[PoolName, object] | dict[NodeId, object]
+        if prefix == self._keys.members:
+            table = dict.fromkeys(self.members)
+        elif prefix == self._keys.owners:
+            table = dict.fromkeys(self.routes)
+        else:
+            table = dict.fromkeys(self.handovers)
+        for name in list(table):
+            if name not in present:
+                apply(name, None, True)
+        for name, kv in present.items():
+            apply(name, kv, True)
+        self.changed.set()
+
+    # -- tables ---------------------------------------------------------------------
+
+    def _members(self, name: str, kv: KeyValue | None, _listing: bool) -> None:
+        node = NodeId(name)
+        if kv is None:
+            if self.members.pop(node, None) is not None:
+                logger.info("member %s left", node)
+            return
+        address = decode_member(kv.value)
+        old = self.members.get(node)
+        if old is None:
+            logger.info("member %s joined at %s", node, address)
+        since = old[1] if old is not None else self._clock.monotonic()
+        self.members[node] = (address, since)
+
+    def _owners(self, name: str, kv: KeyValue | None, _listing: bool) -> None:
+        pool = PoolName(name)
+        route = decode_owner(kv.value, kv.create_revision) if kv is not None else None
+        if route is None:
+            if self.routes.pop(pool, None) is not None:
+                self._on_owner_change(pool, None)
+            return
+        if self.routes.get(pool) != route:
+            self.routes[pool] = route
+            self._on_owner_change(pool, route)
+
+    def _handovers(self, name: str, kv: KeyValue | None, _listing: bool) -> None:
+        pool = PoolName(name)
+        decoded = decode_handover(kv.value) if kv is not None else None
+        if kv is None or decoded is None:
+            self.handovers.pop(pool, None)
+            return
+        self.handovers[pool] = (decoded[0], decoded[1], kv.create_revision)

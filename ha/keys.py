@@ -1,0 +1,105 @@
+"""The layout of the store and the records kept in it.
+
+```
+<prefix>/members/<node>    {"address": ...}          on the node's lease
+<prefix>/owners/<pool>     {"node": ..., "address": ...}  on the owner's lease;
+                           its create_revision is the pool's epoch
+<prefix>/handover/<pool>   {"node": ..., "wall": ...}  a planned switchover's target
+<prefix>/state/<pool>      the owner's snapshot (see ha.snapshot), written fenced
+```
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ha.api import Epoch, NodeId, PoolName
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names under one prefix."""
+
+    prefix: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", "/" + self.prefix.strip("/"))
+
+    @property
+    def members(self) -> str:
+        return f"{self.prefix}/members/"
+
+    @property
+    def owners(self) -> str:
+        return f"{self.prefix}/owners/"
+
+    @property
+    def handovers(self) -> str:
+        return f"{self.prefix}/handover/"
+
+    @property
+    def states(self) -> str:
+        return f"{self.prefix}/state/"
+
+    def member(self, node: str) -> str:
+        return self.members + node
+
+    def owner(self, pool: str) -> str:
+        return self.owners + pool
+
+    def handover(self, pool: str) -> str:
+        return self.handovers + pool
+
+    def state(self, pool: str) -> str:
+        return self.states + pool
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a pool is decided: its owner, the owner's address and epoch."""
+
+    node: NodeId
+    address: str
+    epoch: Epoch
+
+
+def encode_owner(node: str, address: str) -> bytes:
+    return json.dumps({"node": node, "address": address}).encode()
+
+
+def decode_owner(value: bytes, epoch: int) -> Route | None:
+    """The route an owner key describes; None if the value is unreadable."""
+    try:
+        doc = json.loads(value)
+        return Route(NodeId(str(doc["node"])), str(doc["address"]), Epoch(epoch))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def encode_member(address: str) -> bytes:
+    return json.dumps({"address": address}).encode()
+
+
+def decode_member(value: bytes) -> str:
+    try:
+        return str(json.loads(value)["address"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def encode_handover(node: str, wall: float) -> bytes:
+    return json.dumps({"node": node, "wall": wall}).encode()
+
+
+def decode_handover(value: bytes) -> tuple[NodeId, float] | None:
+    try:
+        doc = json.loads(value)
+        return NodeId(str(doc["node"])), float(doc["wall"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def pool_of(key: str, under: str) -> PoolName:
+    """The pool (or node) name at the end of ``key``."""
+    return PoolName(key[len(under) :])

@@ -1,0 +1,126 @@
+"""This node's lease: its membership in the cluster and the basis of self-fencing.
+
+Guarantees:
+- ``fenced()`` (may decide) holds only while ``monotonic() < t_sent + T - margin``, where
+  ``t_sent`` is when the last renewal that the store acknowledged was *sent*. The store
+  expires the lease no earlier than T after it received that renewal, which came after
+  ``t_sent``, so an owner stops deciding at least ``margin`` before anyone else can own
+  its pools, however long this process was paused.
+- A failed renewal is retried until that deadline; one failure is not a loss.
+- When the store says the lease is gone, every key on it is gone: the node gets a new
+  lease and re-registers as a member, and ``on_lost`` tells the owner of the loss.
+
+Non-guarantee: clocks are not compared across machines; only this node's monotonic
+clock and the store's TTL are trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ha.clock import Clock
+from ha.keys import Keys, encode_member
+from ha.settings import Timing
+from ha.store import LeaseId, LeaseNotFound, Store, StoreUnavailable, bounded
+
+logger = logging.getLogger(__name__)
+
+
+class NodeLease:
+    """Keeps one lease alive and tells how long this node may still decide."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        clock: Clock,
+        timing: Timing,
+        keys: Keys,
+        node: str,
+        address: str,
+        on_lost: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._timing = timing
+        self._keys = keys
+        self._node = node
+        self._address = address
+        self._on_lost = on_lost
+        self.lease = LeaseId(0)
+        self.valid_until = float("-inf")
+        self.renewals = 0
+
+    def fenced(self) -> bool:
+        """True while this node may decide (its lease is surely live)."""
+        return self._clock.monotonic() < self.valid_until
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.valid_until - self._clock.monotonic())
+
+    async def acquire(self) -> None:
+        """Grants a new lease and registers this node as a member on it.
+
+        Raises:
+            StoreUnavailable: the store did not answer.
+        """
+        t_sent = self._clock.monotonic()
+        lease = await bounded(
+            self._store.grant_lease(self._timing.lease_ttl_s), self._timing.rpc_timeout_s
+        )
+        await bounded(
+            self._store.put(
+                self._keys.member(self._node), encode_member(self._address), lease=lease
+            ),
+            self._timing.rpc_timeout_s,
+        )
+        self.lease = lease
+        self.valid_until = t_sent + self._timing.lease_ttl_s - self._timing.fence_margin_s
+        logger.info("node %s joined with lease %x", self._node, lease)
+
+    async def run(self) -> None:
+        """Renews the lease every keepalive interval, for ever."""
+        interval = self._timing.keepalive_interval_s
+        failures = 0
+        while True:
+            await self._clock.sleep(interval if failures == 0 else interval / 3)
+            t_sent = self._clock.monotonic()
+            try:
+                if self.lease == 0:
+                    await self.acquire()
+                else:
+                    await bounded(self._store.keepalive(self.lease), self._timing.rpc_timeout_s)
+                    self.valid_until = (
+                        t_sent + self._timing.lease_ttl_s - self._timing.fence_margin_s
+                    )
+                self.renewals += 1
+                if failures:
+                    logger.info("node %s renewed its lease after %d failures", self._node, failures)
+                failures = 0
+            except LeaseNotFound:
+                logger.warning(
+                    "node %s lost its lease %x: its keys are gone; joining again",
+                    self._node,
+                    self.lease,
+                )
+                self.lease = LeaseId(0)
+                self.valid_until = float("-inf")
+                self._on_lost()
+                failures = 1
+            except StoreUnavailable as e:
+                failures += 1
+                logger.warning(
+                    "node %s: lease renewal failed (attempt %d, %.2fs left before fencing): %s",
+                    self._node,
+                    failures,
+                    self.seconds_left(),
+                    e,
+                )
+
+    async def revoke(self) -> None:
+        """Ends the lease now: its member and owner keys go at once."""
+        if self.lease:
+            lease, self.lease = self.lease, LeaseId(0)
+            self.valid_until = float("-inf")
+            await bounded(self._store.revoke(lease), self._timing.rpc_timeout_s)

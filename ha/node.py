@@ -1,0 +1,797 @@
+"""A replica: owns some pools, forwards the rest, and fails over.
+
+Guarantees:
+- One epoch decides at a time: a node decides for a pool only while it holds the pool's
+  owner key (watched) and its lease is within the self-fencing deadline; every durable
+  write is fenced on the epoch.
+- A new owner restores the usage of the previous one (decayed to now) and counts its
+  in-flight requests as phantoms until they are re-reported or ``max_request_s`` passes.
+- Any replica accepts every call: a non-owner forwards with the epoch it expects and
+  refreshes its route on FAILED_PRECONDITION; when no owner answers within
+  ``degraded_after_s`` it applies the pool's degraded mode.
+
+Non-guarantees: availability while the store is unreachable for longer than the fencing
+deadline (pools then run degraded); decisions made in degraded mode are not counted until
+adopted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pathlib
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fairshare import BORROW_BASE, MAX_RANK, RANK_STEP, Class, Grant
+from ha.api import (
+    AdoptResult,
+    Decision,
+    Epoch,
+    GrantRef,
+    HeldGrant,
+    NodeId,
+    NoOwner,
+    Peers,
+    PeerUnavailable,
+    PoolInfo,
+    PoolName,
+    PoolStatus,
+    PoolView,
+    UnknownNode,
+    UnknownPool,
+    WrongEpoch,
+)
+from ha.clock import Clock, SystemClock
+from ha.cluster import ClusterView, preferred_owner
+from ha.keys import Keys, Route, encode_handover, encode_owner
+from ha.lease import NodeLease
+from ha.owner import NotDeciding, OwnedPool, degraded_grant_id
+from ha.settings import DegradedMode, PoolConfig, Timing
+from ha.snapshot import PoolSnapshot
+from ha.store import LeaseNotFound, Store, StoreUnavailable, bounded
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_TICK_S = 0.05
+_ROUTE_POLL_S = 0.01
+
+
+@dataclass(slots=True)
+class _Stub:
+    """A grant this replica obtained for its caller from another owner (or degraded)."""
+
+    grant: Grant
+    held: HeldGrant
+    pool: PoolName
+    epoch: Epoch
+    wall: float
+
+
+class Node:
+    """One allocator replica; implements ``ha.api.Allocator``."""
+
+    def __init__(
+        self,
+        *,
+        node_id: NodeId,
+        advertise: str,
+        pools: Sequence[PoolConfig],
+        timing: Timing,
+        store: Store,
+        peers: Peers,
+        prefix: str = "/fairshare",
+        clock: Clock | None = None,
+        embedded: bool = False,
+    ) -> None:
+        self.node_id = node_id
+        self.address = advertise
+        self.timing = timing
+        self.embedded = embedded
+        self._configs = {PoolName(p.name): p for p in pools}
+        self._store = store
+        self._peers = peers
+        self._keys = Keys(prefix)
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._lease = NodeLease(
+            store=store,
+            clock=self._clock,
+            timing=timing,
+            keys=self._keys,
+            node=node_id,
+            address=advertise,
+            on_lost=self._lease_lost,
+        )
+        self.view = ClusterView(
+            store=store, keys=self._keys, clock=self._clock, on_owner_change=self._owner_changed
+        )
+        self._owned: dict[PoolName, OwnedPool] = {}
+        self._campaigns: dict[PoolName, asyncio.Task[None]] = {}
+        self._absent_since: dict[PoolName, float] = {}
+        self._transitions: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
+        self._degraded: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
+        self._stubs: dict[str, _Stub] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._started = 0.0
+        self._closing = False
+        self._request_seq = 0
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self, *, ready_timeout_s: float = 10.0) -> None:
+        """Joins the cluster and starts the background loops.
+
+        In embedded mode it returns once this node owns every pool.
+        """
+        deadline = self._clock.monotonic() + ready_timeout_s
+        while True:
+            try:
+                await self._lease.acquire()
+                break
+            except StoreUnavailable as e:
+                if self._clock.monotonic() >= deadline:
+                    raise
+                logger.warning("node %s cannot reach the store yet: %s", self.node_id, e)
+                await self._clock.sleep(0.2)
+        self._started = self._clock.monotonic()
+        for name, coro in (
+            ("lease", self._lease.run()),
+            ("cluster-view", self.view.run()),
+            ("reconcile", self._reconcile_loop()),
+            ("snapshots", self._snapshot_loop()),
+        ):
+            self._tasks.append(asyncio.create_task(self._guard(name, coro), name=name))
+        if self.embedded:
+            while len(self._owned) < len(self._configs):
+                if self._clock.monotonic() >= deadline:
+                    raise StoreUnavailable("embedded node could not take its pools")
+                await self._clock.sleep(_ROUTE_POLL_S)
+
+    async def stop_deciding(self) -> None:
+        """Stops deciding for every pool (first step of a graceful shutdown)."""
+        self._closing = True
+        for owned in self._owned.values():
+            owned.deciding = False
+
+    async def close(self) -> None:
+        """Final snapshots, then gives up ownership at once so successors campaign."""
+        self._closing = True
+        for owned in self._owned.values():
+            owned.deciding = False
+        for task in self._campaigns.values():
+            task.cancel()
+        finals = [self._final_snapshot(owned) for owned in list(self._owned.values())]
+        await asyncio.gather(*finals)
+        for owned in self._owned.values():
+            logger.info("released pool %s at epoch %d: shutting down", owned.name, owned.epoch)
+        self._owned.clear()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        try:
+            # Revoking deletes the member key and every owner key of this node at once.
+            await self._lease.revoke()
+        except (StoreUnavailable, LeaseNotFound) as e:
+            logger.warning(
+                "node %s could not revoke its lease (%s); it will expire", self.node_id, e
+            )
+
+    async def _guard(self, name: str, coro: Coroutine[object, object, None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("BUG: background task %s of node %s failed", name, self.node_id)
+            raise
+        else:
+            if not self._closing:
+                logger.error("BUG: background task %s of node %s ended", name, self.node_id)
+
+    # -- Allocator ------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        *,
+        pool: str,
+        team: str,
+        cls: Class,
+        est_tokens: int,
+        holder: str = "",
+        request_id: str = "",
+        try_only: bool = False,
+        epoch: Epoch | None = None,
+    ) -> Decision:
+        config = self._config(pool)
+        name = PoolName(pool)
+        if epoch is not None:  # forwarded by a peer: answer from our own state only
+            owned = self._owner_at(name, epoch)
+            try:
+                return await owned.acquire(
+                    team=team,
+                    cls=cls,
+                    est_tokens=est_tokens,
+                    holder=holder,
+                    request_id=request_id,
+                    try_only=try_only,
+                )
+            except NotDeciding:
+                raise self._wrong_epoch(name) from None
+        if not request_id:
+            # Forwarding may retry: a request id makes the owner answer a retry alike.
+            self._request_seq += 1
+            request_id = f"{self.node_id}:{self._request_seq}"
+        deadline = self._clock.monotonic() + self.timing.degraded_after_s
+        while True:
+            local = self._owned.get(name)
+            if local is not None and local.can_decide():
+                try:
+                    return await local.acquire(
+                        team=team,
+                        cls=cls,
+                        est_tokens=est_tokens,
+                        holder=holder,
+                        request_id=request_id,
+                        try_only=try_only,
+                    )
+                except NotDeciding:
+                    pass
+            route = self.view.route(name)
+            if route is not None and route.node != self.node_id:
+                try:
+                    decision = await self._peers.acquire(
+                        route.address,
+                        pool=pool,
+                        team=team,
+                        cls=cls,
+                        est_tokens=est_tokens,
+                        holder=holder,
+                        request_id=request_id,
+                        try_only=try_only,
+                        epoch=route.epoch,
+                        timeout=max(self.timing.rpc_timeout_s, deadline - self._clock.monotonic()),
+                    )
+                except (WrongEpoch, PeerUnavailable) as e:
+                    logger.debug("forward of %s to %s failed: %s", pool, route.node, e)
+                else:
+                    if decision.granted:
+                        self._keep_stub(name, team, cls, est_tokens, decision)
+                    return decision
+            if self._clock.monotonic() >= deadline:
+                return self._degrade(
+                    config,
+                    team=team,
+                    cls=cls,
+                    est_tokens=est_tokens,
+                    holder=holder,
+                    try_only=try_only,
+                )
+            await self._clock.sleep(_ROUTE_POLL_S)
+
+    async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
+        ref = GrantRef.decode(grant_id)
+        self._config(ref.pool)
+        owned = self._owned.get(ref.pool)
+        if owned is not None and not owned.lost and ref.epoch <= owned.epoch:
+            owned.release(ref, grant_id, consumed)
+            self._stubs.pop(grant_id, None)
+            return
+        if forwarded:
+            raise self._wrong_epoch(ref.pool)
+        stub = self._stubs.pop(grant_id, None)
+        try:
+            await self._to_owner(
+                ref.pool,
+                lambda address: self._peers.release(
+                    address, grant_id, consumed, self.timing.rpc_timeout_s
+                ),
+            )
+        except BaseException:
+            if stub is not None:
+                self._stubs[grant_id] = stub
+            raise
+
+    async def adopt(
+        self,
+        *,
+        pool: str,
+        epoch: Epoch,
+        holder: str,
+        grants: Sequence[HeldGrant],
+        complete: bool,
+        forwarded: bool = False,
+    ) -> AdoptResult:
+        self._config(pool)
+        name = PoolName(pool)
+        owned = self._owned.get(name)
+        if owned is not None and owned.can_decide() and epoch in (0, owned.epoch):
+            return owned.adopt(holder=holder, grants=grants, complete=complete)
+        if forwarded:
+            raise self._wrong_epoch(name)
+        return await self._to_owner(
+            name,
+            lambda address: self._peers.adopt(
+                address,
+                pool=pool,
+                epoch=Epoch(0),
+                holder=holder,
+                grants=grants,
+                complete=complete,
+                timeout=self.timing.rpc_timeout_s,
+            ),
+        )
+
+    async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
+        self._config(pool)
+        name = PoolName(pool)
+        owned = self._owned.get(name)
+        if owned is not None and not owned.lost:
+            return owned.view()
+        if forwarded:
+            raise self._wrong_epoch(name)
+        return await self._to_owner(
+            name,
+            lambda address: self._peers.snapshot(address, pool, self.timing.rpc_timeout_s),
+        )
+
+    async def list_pools(self) -> list[PoolInfo]:
+        result = []
+        for name, config in sorted(self._configs.items()):
+            route = self.view.route(name)
+            owned = self._owned.get(name)
+            capacity = owned.pool.capacity if owned is not None else config.capacity
+            result.append(
+                PoolInfo(
+                    name,
+                    capacity,
+                    route.node if route else NodeId(""),
+                    route.address if route else "",
+                    route.epoch if route else Epoch(0),
+                )
+            )
+        return result
+
+    async def set_capacity(self, pool: str, capacity: int, *, forwarded: bool = False) -> int:
+        self._config(pool)
+        name = PoolName(pool)
+        owned = self._owned.get(name)
+        if owned is not None and owned.can_decide():
+            previous = owned.set_capacity(capacity)
+            try:
+                await owned.committer.sync()
+            except Exception as e:
+                raise StoreUnavailable(f"capacity of {pool} not persisted: {e}") from e
+            logger.info(
+                "pool %s at epoch %d: capacity changed from %d to %d",
+                pool,
+                owned.epoch,
+                previous,
+                capacity,
+            )
+            return previous
+        if forwarded:
+            raise self._wrong_epoch(name)
+        return await self._to_owner(
+            name,
+            lambda address: self._peers.set_capacity(
+                address, pool, capacity, self.timing.rpc_timeout_s
+            ),
+        )
+
+    async def switchover(self, pool: str, node: str, *, forwarded: bool = False) -> None:
+        self._config(pool)
+        name = PoolName(pool)
+        if NodeId(node) not in self.view.members:
+            raise UnknownNode(node)
+        owned = self._owned.get(name)
+        if owned is not None:
+            if node != self.node_id:
+                await self._handover(owned, NodeId(node), why="planned switchover")
+            return
+        if forwarded:
+            raise self._wrong_epoch(name)
+        await self._to_owner(
+            name,
+            lambda address: self._peers.switchover(
+                address, pool, node, self.timing.forward_deadline_s
+            ),
+        )
+
+    def status(self) -> list[PoolStatus]:
+        result = []
+        for name in sorted(self._configs):
+            owned = self._owned.get(name)
+            route = self.view.route(name)
+            owning = owned is not None and owned.can_decide()
+            age = -1.0
+            if owned is not None and owned.last_snapshot_mono >= 0:
+                age = self._clock.monotonic() - owned.last_snapshot_mono
+            result.append(
+                PoolStatus(
+                    pool=name,
+                    owned=owning,
+                    owner=route.node if route else NodeId(""),
+                    epoch=route.epoch if route else Epoch(0),
+                    transitions=self._transitions[name],
+                    fence_left_s=self._lease.seconds_left() if owning else 0.0,
+                    snapshot_age_s=age,
+                    teams=owned.pool.snapshot() if owning and owned is not None else (),
+                    degraded_decisions=self._degraded[name],
+                )
+            )
+        return result
+
+    # -- routing helpers --------------------------------------------------------------
+
+    def _config(self, pool: str) -> PoolConfig:
+        config = self._configs.get(PoolName(pool))
+        if config is None:
+            raise UnknownPool(pool)
+        return config
+
+    def _owner_at(self, pool: PoolName, epoch: Epoch) -> OwnedPool:
+        owned = self._owned.get(pool)
+        if owned is None or owned.epoch != epoch or not owned.can_decide():
+            raise self._wrong_epoch(pool)
+        return owned
+
+    def _wrong_epoch(self, pool: PoolName) -> WrongEpoch:
+        route = self.view.route(pool)
+        if route is None or route.node == self.node_id:
+            return WrongEpoch(pool, NodeId(""), "", Epoch(0))
+        return WrongEpoch(pool, route.node, route.address, route.epoch)
+
+    async def _to_owner(self, pool: PoolName, call: Callable[[str], Awaitable[_T]]) -> _T:
+        """Runs ``call(address)`` on the pool's owner, refreshing the route on refusal.
+
+        Raises:
+            NoOwner: no owner answered within the forward deadline.
+        """
+        deadline = self._clock.monotonic() + self.timing.forward_deadline_s
+        while True:
+            route = self.view.route(pool)
+            if route is not None and route.node != self.node_id:
+                try:
+                    return await call(route.address)
+                except (WrongEpoch, PeerUnavailable) as e:
+                    logger.debug("call for %s to %s failed: %s", pool, route.node, e)
+            if self._clock.monotonic() >= deadline:
+                raise NoOwner(pool)
+            await self._clock.sleep(_ROUTE_POLL_S * 5)
+
+    def _keep_stub(
+        self, pool: PoolName, team: str, cls: Class, est_tokens: int, decision: Decision
+    ) -> None:
+        """Remembers a grant made elsewhere, to release it and re-report it on failover."""
+        grant_id = decision.grant_id
+
+        def release(consumed: float) -> None:
+            self._stubs.pop(grant_id, None)
+
+        held = HeldGrant(grant_id, team, decision.priority, decision.borrowing, est_tokens)
+        grant = Grant.remote(
+            team, decision.priority, decision.borrowing, decision.saturated, release
+        )
+        self._stubs[grant_id] = _Stub(grant, held, pool, decision.epoch, self._clock.time())
+        del cls
+
+    def _degrade(
+        self,
+        config: PoolConfig,
+        *,
+        team: str,
+        cls: Class,
+        est_tokens: int,
+        holder: str,
+        try_only: bool,
+    ) -> Decision:
+        name = PoolName(config.name)
+        if config.degraded_mode is DegradedMode.FAIL_CLOSED:
+            raise NoOwner(config.name)
+        self._degraded[name] += 1
+        if try_only:
+            # Without an owner nobody knows whether the pool has room.
+            return Decision(False, "", 0, False, True, True, NodeId(""), Epoch(0))
+        priority = BORROW_BASE + RANK_STEP * MAX_RANK + int(cls)
+        decision = Decision(
+            True,
+            degraded_grant_id(config.name, team, holder),
+            priority,
+            True,
+            False,
+            True,
+            NodeId(""),
+            Epoch(0),
+        )
+        self._keep_stub(name, team, cls, est_tokens, decision)
+        logger.warning("pool %s: no owner reachable; granted %s degraded", config.name, team)
+        return decision
+
+    # -- ownership ----------------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            sleeper = asyncio.ensure_future(self._clock.sleep(_TICK_S))
+            waiter = asyncio.ensure_future(self.view.changed.wait())
+            try:
+                await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waiter.cancel()
+            self.view.changed.clear()
+            if not self._closing:
+                self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Campaigns for ownerless pools, gives up lost ones, and rebalances."""
+        now = self._clock.monotonic()
+        for name, owned in list(self._owned.items()):
+            if owned.lost or not self._lease.fenced():
+                self._drop(owned, "its fenced write failed" if owned.lost else "self-fenced")
+                self._spawn(f"resign-{name}", self._resign(owned))
+        if not self._lease.fenced() or not self.view.ready.is_set():
+            return
+        members = list(self.view.members) or [self.node_id]
+        settling = not self.embedded and now - self._started < self.timing.campaign_delay_s
+        for name in self._configs:
+            route = self.view.route(name)
+            preferred = preferred_owner(name, members)
+            mine = self._owned.get(name)
+            if mine is not None:
+                if preferred is not None and preferred != self.node_id and not settling:
+                    since = self.view.members.get(preferred, ("", now))[1]
+                    if now - since >= self.timing.lease_ttl_s and mine.can_decide():
+                        self._spawn(
+                            f"rebalance-{name}",
+                            self._handover(mine, preferred, why="rebalancing"),
+                        )
+                continue
+            if route is not None:
+                self._absent_since.pop(name, None)
+                continue
+            if name in self._campaigns or settling:
+                continue
+            since = self._absent_since.setdefault(name, now)
+            target = preferred
+            hint = self.view.handovers.get(name)
+            fresh = hint is not None and self._clock.time() - hint[1] < 2 * self.timing.lease_ttl_s
+            if hint is not None and fresh and hint[0] in self.view.members:
+                target = hint[0]
+            delay = 0.0 if target == self.node_id else self.timing.campaign_delay_s
+            if now - since >= delay:
+                self._campaigns[name] = asyncio.create_task(
+                    self._campaign(name), name=f"campaign-{name}"
+                )
+
+    async def _campaign(self, name: PoolName) -> None:
+        try:
+            await self._take(name)
+        except (StoreUnavailable, LeaseNotFound) as e:
+            logger.warning("node %s: campaign for pool %s failed: %s", self.node_id, name, e)
+        except Exception:
+            logger.exception("BUG: campaign for pool %s failed", name)
+        finally:
+            self._campaigns.pop(name, None)
+            self.view.changed.set()
+
+    async def _take(self, name: PoolName) -> None:
+        config = self._configs[name]
+        rpc = self.timing.rpc_timeout_s
+        lease = self._lease.lease
+        key = self._keys.owner(name)
+        try:
+            kv = await bounded(
+                self._store.create(key, encode_owner(self.node_id, self.address), lease=lease), rpc
+            )
+        except StoreUnavailable:
+            # The outcome is unknown: read it back rather than retrying blindly.
+            kv = await bounded(self._store.get(key), rpc)
+            if kv is None or kv.lease != lease:
+                raise
+        if kv is None:
+            return  # another node won; the watch will route to it
+        epoch = Epoch(kv.create_revision)
+        owned = OwnedPool(
+            config=config,
+            epoch=epoch,
+            node=self.node_id,
+            clock=self._clock,
+            fenced=self._lease.fenced,
+            write=lambda data: self._write_state(name, epoch, data),
+            commit_window_s=self.timing.commit_window_s,
+            release_memory_s=self.timing.release_memory_s,
+        )
+        state = await bounded(self._store.get(self._keys.state(name)), rpc)
+        snapshot = PoolSnapshot.decode(state.value) if state is not None else None
+        teams, phantoms = owned.restore(snapshot)
+        route = self.view.route(name)
+        if self._closing or (route is not None and route.epoch != epoch):
+            return
+        self._owned[name] = owned
+        self._transitions[name] += 1
+        logger.info(
+            "acquired pool %s at epoch %d: restored usage of %d teams, %d phantoms",
+            name,
+            epoch,
+            teams,
+            phantoms,
+        )
+        hint = self.view.handovers.get(name)
+        if hint is not None:
+            with contextlib.suppress(StoreUnavailable):
+                await bounded(
+                    self._store.delete_fenced(self._keys.handover(name), create_revision=hint[2]),
+                    rpc,
+                )
+        self._spawn(f"first-snapshot-{name}", self._sync(owned))
+
+    async def _write_state(self, name: PoolName, epoch: Epoch, data: bytes) -> None:
+        ok = await bounded(
+            self._store.put_fenced(
+                self._keys.state(name),
+                data,
+                fence_key=self._keys.owner(name),
+                fence_revision=epoch,
+            ),
+            self.timing.rpc_timeout_s,
+        )
+        if not ok:
+            raise WrongEpoch(name, NodeId(""), "", epoch)
+
+    async def _handover(self, owned: OwnedPool, to: NodeId, *, why: str) -> None:
+        """Stops deciding, writes the final snapshot, names the successor, lets go."""
+        if self._owned.get(owned.name) is not owned:
+            return
+        owned.deciding = False
+        await self._final_snapshot(owned)
+        rpc = self.timing.rpc_timeout_s
+        try:
+            await bounded(
+                self._store.put(
+                    self._keys.handover(owned.name), encode_handover(to, self._clock.time())
+                ),
+                rpc,
+            )
+        except StoreUnavailable as e:
+            logger.warning("pool %s: could not name successor %s: %s", owned.name, to, e)
+        self._owned.pop(owned.name, None)
+        self._transitions[owned.name] += 1
+        await self._resign(owned)
+        logger.info("handed pool %s over to %s at epoch %d (%s)", owned.name, to, owned.epoch, why)
+
+    async def _final_snapshot(self, owned: OwnedPool) -> None:
+        try:
+            await owned.committer.sync()
+        except Exception as e:
+            logger.warning("pool %s: final snapshot failed: %s", owned.name, e)
+        await owned.committer.close()
+
+    async def _resign(self, owned: OwnedPool) -> None:
+        """Deletes our owner key (if it is still ours) so a successor can campaign."""
+        for attempt in range(1, 4):
+            try:
+                await bounded(
+                    self._store.delete_fenced(
+                        self._keys.owner(owned.name), create_revision=owned.epoch
+                    ),
+                    self.timing.rpc_timeout_s,
+                )
+                return
+            except StoreUnavailable as e:
+                logger.warning(
+                    "pool %s: resigning epoch %d failed (attempt %d of 3): %s",
+                    owned.name,
+                    owned.epoch,
+                    attempt,
+                    e,
+                )
+                await self._clock.sleep(self.timing.rpc_timeout_s)
+
+    def _drop(self, owned: OwnedPool, why: str) -> None:
+        if self._owned.get(owned.name) is owned:
+            del self._owned[owned.name]
+            owned.deciding = False
+            self._transitions[owned.name] += 1
+            logger.warning("lost pool %s at epoch %d: %s", owned.name, owned.epoch, why)
+
+    def _owner_changed(self, pool: PoolName, route: Route | None) -> None:
+        owned = self._owned.get(pool)
+        if owned is not None and (route is None or route.epoch != owned.epoch):
+            self._drop(owned, "its owner key was deleted" if route is None else "another owner")
+        if route is not None and route.node != self.node_id:
+            self._spawn(f"readopt-{pool}", self._readopt(pool, route))
+
+    def _lease_lost(self) -> None:
+        for owned in list(self._owned.values()):
+            self._drop(owned, "the lease expired")
+
+    async def _readopt(self, pool: PoolName, route: Route) -> None:
+        """Re-reports the grants this replica holds for its callers to a new owner."""
+        stubs = [s for s in self._stubs.values() if s.pool == pool and s.epoch < route.epoch]
+        if not stubs:
+            return
+        try:
+            await self._peers.adopt(
+                route.address,
+                pool=pool,
+                epoch=route.epoch,
+                holder=f"replica:{self.node_id}",
+                grants=[s.held for s in stubs],
+                complete=False,
+                timeout=self.timing.rpc_timeout_s,
+            )
+        except Exception as e:
+            logger.info("pool %s: re-report to %s failed: %s", pool, route.node, e)
+
+    # -- background ---------------------------------------------------------------------
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await self._clock.sleep(self.timing.snapshot_interval_s)
+            for owned in list(self._owned.values()):
+                if owned.can_decide():
+                    self._spawn(f"snapshot-{owned.name}", self._sync(owned))
+            self._forget_stubs()
+
+    async def _sync(self, owned: OwnedPool) -> None:
+        with contextlib.suppress(Exception):
+            await owned.committer.sync()
+        if owned.lost:
+            self.view.changed.set()
+
+    def _forget_stubs(self) -> None:
+        horizon = self._clock.time() - max(c.max_request_s for c in self._configs.values())
+        for grant_id in [g for g, s in self._stubs.items() if s.wall < horizon]:
+            del self._stubs[grant_id]
+
+    def _spawn(self, name: str, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+async def open_node(
+    *,
+    node_id: NodeId,
+    advertise: str,
+    pools: Sequence[PoolConfig],
+    timing: Timing,
+    state_dir: pathlib.Path,
+    etcd_endpoints: Sequence[str],
+    prefix: str,
+    peers: Peers,
+    clock: Clock | None = None,
+) -> Node:
+    """Builds a node: embedded on a local file store when no etcd endpoint is given.
+
+    The caller starts it with ``await node.start()``.
+    """
+    store: Store
+    if etcd_endpoints:
+        from ha.etcdstore import connect
+
+        store = await connect(etcd_endpoints, rpc_timeout_s=timing.rpc_timeout_s)
+        embedded = False
+    else:
+        from ha.memstore import FileStore
+
+        store = FileStore(state_dir, clock)
+        embedded = True
+    return Node(
+        node_id=node_id,
+        advertise=advertise,
+        pools=pools,
+        timing=timing,
+        store=store,
+        peers=peers,
+        prefix=prefix,
+        clock=clock,
+        embedded=embedded,
+    )
