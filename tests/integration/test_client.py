@@ -1,0 +1,137 @@
+"""The gateway client library against a real server: retries, degraded mode, releases, adopt."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from fairshare import Class
+from ha.api import NoOwner, UnknownPool
+from server.app import RunningServer, start_server
+from server.client import AllocatorClient, SyncAllocatorClient
+from server.config import Config
+
+from .fakes import FakeAllocator
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def start_on(config: Config, port: int, fake: FakeAllocator) -> RunningServer:
+    moved = Config(
+        **{**{f: getattr(config, f) for f in config.__slots__}, "listen": f"127.0.0.1:{port}"}
+    )
+    return await start_server(moved, node=fake, serve_metrics=False)
+
+
+async def eventually(check: object, *, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_acquire_release(running: RunningServer, fake: FakeAllocator) -> None:
+    async with AllocatorClient([running.address], holder="gw-1") as client:
+        grant = await client.acquire("gpu-a", "inst-b", Class.BATCH, 10)
+        assert (grant.priority, grant.borrowing, grant.degraded, grant.epoch) == (
+            1,
+            False,
+            False,
+            1,
+        )
+        assert client.live_grants == [grant]
+        await grant.release(3.0)
+        await grant.release(3.0)
+        assert client.live_grants == [] and client.pending_releases == 0
+        assert fake.pools["gpu-a"].usage()[0]["inst-b"] == pytest.approx(3.0)
+        with pytest.raises(UnknownPool):
+            await client.acquire("nope", "inst-b")
+        for _ in range(10):
+            assert await client.try_acquire("gpu-a", "inst-a") is not None
+        assert await client.try_acquire("gpu-a", "inst-a") is None
+
+
+async def test_retries_on_the_next_target(running: RunningServer) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    async with AllocatorClient([dead, running.address], holder="gw", deadline_s=2.0) as client:
+        grant = await client.acquire("gpu-a", "inst-a")
+        assert not grant.degraded and grant.owner == "test-0"
+        await grant.release()
+
+
+async def test_degraded_modes_when_no_replica_answers(config: Config, fake: FakeAllocator) -> None:
+    port = free_port()
+    server = await start_on(config, port, fake)
+    async with AllocatorClient([f"127.0.0.1:{port}"], holder="gw", deadline_s=0.2) as client:
+        await client.refresh_pools()
+        await server.shutdown(0)
+        started = asyncio.get_running_loop().time()
+        grant = await client.acquire("gpu-a", "inst-a", Class.BATCH)
+        assert asyncio.get_running_loop().time() - started < 1.0
+        assert (grant.degraded, grant.priority, grant.borrowing) == (True, 101, True)
+        with pytest.raises(NoOwner):
+            await client.acquire("gpu-b", "research")
+        await grant.release(1.0)
+        assert client.pending_releases == 1
+        await client.close(flush_timeout_s=0.3)
+
+
+async def test_releases_are_buffered_until_acknowledged(config: Config) -> None:
+    port = free_port()
+    first = FakeAllocator(config.pools, node_id="test-0")
+    server = await start_on(config, port, first)
+    client = AllocatorClient(
+        [f"127.0.0.1:{port}"], holder="gw", deadline_s=0.2, release_retry_s=0.05
+    )
+    try:
+        grant = await client.acquire("gpu-a", "inst-a")
+        await server.shutdown(0)
+        await grant.release(2.0)
+        assert client.pending_releases == 1
+        # The same replica comes back (same grants: a restart that kept its state).
+        server = await start_on(config, port, first)
+        await eventually(lambda: client.pending_releases == 0)
+        assert grant.grant_id in first.released
+    finally:
+        await client.close()
+        await server.shutdown(0)
+
+
+async def test_new_epoch_triggers_adopt_of_live_grants(config: Config) -> None:
+    port = free_port()
+    old = FakeAllocator(config.pools, node_id="test-0", epoch=1)
+    server = await start_on(config, port, old)
+    client = AllocatorClient([f"127.0.0.1:{port}"], holder="gw", deadline_s=0.5)
+    try:
+        held = await client.acquire("gpu-a", "inst-a")
+        await server.shutdown(0)
+        new = FakeAllocator(config.pools, node_id="test-1", epoch=2)
+        server = await start_on(config, port, new)
+        fresh = await client.acquire("gpu-a", "inst-a")
+        assert fresh.epoch == 2
+        await eventually(lambda: held.grant_id in new.grants)
+        assert new.pools["gpu-a"].snapshot()[0].in_flight == 2
+    finally:
+        await client.close()
+        await server.shutdown(0)
+
+
+async def test_sync_client(running: RunningServer, fake: FakeAllocator) -> None:
+    # The server runs on this test's loop: drive the blocking client from a thread.
+    def work() -> int:
+        with SyncAllocatorClient([running.address], holder="sync-gw", deadline_s=2.0) as client:
+            grant = client.acquire("gpu-a", "inst-b")
+            priority = int(grant.priority)  # type: ignore[call-overload]
+            grant.release(1.5)
+            return priority
+
+    assert await asyncio.to_thread(work) == 0
+    assert fake.pools["gpu-a"].usage()[0]["inst-b"] == pytest.approx(1.5)
