@@ -418,3 +418,63 @@ def test_timing_configs_that_break_the_rules_are_refused(
     with pytest.raises(ConfigError) as err:
         Timing(**base).validate(max_request_s=600.0)  # type: ignore[arg-type]
     assert path in err.value.path
+
+
+async def test_capacity_changes_survive_failover(cluster: Cluster) -> None:
+    owner = cluster.owner("pool-3")
+    assert owner is not None
+    assert await cluster.nodes[0].set_capacity("pool-3", 20) == 10
+    cluster.crash(owner)
+    await cluster.clock.advance(TIMING.lease_ttl_s + 0.2)
+    await cluster.settle_owners()
+    view = await cluster.nodes[0].snapshot("pool-3")
+    assert view.capacity == 20
+    assert {s.team: s.reserved for s in view.teams} == {"a": 10, "b": 6, "c": 4}
+
+
+async def test_a_returning_preferred_replica_gets_its_pools_back_by_handover(
+    cluster: Cluster,
+) -> None:
+    from ha.cluster import preferred_owner
+
+    victim = cluster.nodes[2]
+    mine = [p.name for p in POOLS if cluster.owner(p.name) is victim]
+    assert mine, "the test needs a replica that owns a pool"
+    await victim.close()
+    cluster.nodes.remove(victim)
+    await cluster.settle_owners()
+    assert all(cluster.owner(p) is not None for p in mine)
+    back = cluster.make(victim.node_id)
+    cluster.peers.down.discard(back.address)
+    cluster.nodes.append(back)
+    await back.start()
+    # After it has been a member for T, the pools it is preferred for move back to it.
+    await cluster.clock.advance(TIMING.lease_ttl_s + 1.0)
+    members = [n.node_id for n in cluster.nodes]
+    for pool in POOLS:
+        owner = cluster.owner(pool.name)
+        assert owner is not None
+        assert owner.node_id == preferred_owner(pool.name, members)
+
+
+async def test_a_grant_reported_twice_is_adopted_once(cluster: Cluster) -> None:
+    owner = cluster.owner("pool-0")
+    assert owner is not None
+    via = cluster.other("pool-0")
+    held = await acquire(via, "pool-0", "b", holder="gw1")
+    cluster.crash(owner)
+    await cluster.clock.advance(TIMING.lease_ttl_s + 0.5)
+    await cluster.settle_owners()
+    report = [HeldGrant(held.grant_id, "b", held.priority, held.borrowing, 1)]
+    node = cluster.nodes[0]
+    first = await node.adopt(
+        pool="pool-0", epoch=Epoch(0), holder="gw1", grants=report, complete=False
+    )
+    second = await node.adopt(
+        pool="pool-0", epoch=Epoch(0), holder="gw1", grants=report, complete=True
+    )
+    # The forwarding replica may have re-reported it already; either way it counts once.
+    assert first.adopted + second.adopted <= 1
+    view = await node.snapshot("pool-0")
+    stat = next(s for s in view.teams if s.team == "b")
+    assert stat.in_flight == 1 and stat.phantoms == 0
