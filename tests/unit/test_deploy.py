@@ -24,6 +24,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
+from server import app
 from server import config as server_config
 from server.config import load_config
 
@@ -421,14 +422,15 @@ def test_container_runs_the_image_command_the_cli_accepts(capsys: pytest.Capture
 def handover_budget_s(cfg: server_config.Config) -> float:
     """The longest a graceful SIGTERM handover may take (docs/deploy.md, "Grace period").
 
-    Per owned pool, worst case one after another: the final fenced snapshot and the
-    owner-key delete, one etcd call each (rpc_timeout_s). Then the lease revoke (one
-    call), then the gRPC server's grace for calls in flight, which are bounded by
-    forward_deadline_s (a forwarded call, retries included). A replica may own every pool.
+    Every owned pool's final snapshot runs concurrently: a group-commit write may be in
+    flight (rpc_timeout_s), the window closes (commit_window_s) and the final fenced write
+    follows (rpc_timeout_s). Then the lease revoke, which deletes the member key and
+    every owner key at once so successors campaign (rpc_timeout_s). Then the gRPC server
+    lets calls in flight finish for its grace period (server.app.GRACE_S).
     """
     t = cfg.timing
-    per_pool = 2 * t.rpc_timeout_s
-    return len(cfg.pools) * per_pool + t.rpc_timeout_s + t.forward_deadline_s
+    snapshot = t.rpc_timeout_s + t.commit_window_s + t.rpc_timeout_s
+    return snapshot + t.rpc_timeout_s + app.GRACE_S
 
 
 # Interpreter exit, logging flush, a slow node: the grace period keeps this much spare.
@@ -683,3 +685,47 @@ def test_build_context_holds_the_packages_and_nothing_else() -> None:
         "state/pools.json",
     ):
         assert _docker_excluded(rel, rules), f"{rel} would be sent to the build"
+
+
+# -- docs ---------------------------------------------------------------------------------
+
+
+def _exported_metric_names() -> set[str]:
+    """The metric families one replica exports, with every state gauge populated."""
+    from prometheus_client import generate_latest
+
+    from fairshare import TeamStat
+    from ha.api import Epoch, NodeId, PoolName, PoolStatus
+    from server.metrics import Metrics, Outcome
+
+    team = TeamStat("t", 1.0, 1, 1, 0, 10, 1.0, 1.0, 0, 0)
+    status = PoolStatus(
+        pool=PoolName("p"),
+        owned=True,
+        owner=NodeId("allocator-0"),
+        epoch=Epoch(7),
+        transitions=1,
+        fence_left_s=3.0,
+        snapshot_age_s=0.5,
+        teams=[team],
+        degraded_decisions=0,
+    )
+    metrics = Metrics(lambda: [status])
+    metrics.count("p", "t", Outcome.WITHIN, 0.001)
+    metrics.observe_forward("Acquire", 0.001)
+    text = generate_latest(metrics.registry).decode()
+    names = set(re.findall(r"^# TYPE (\w+) ", text, flags=re.MULTILINE))
+    samples = set(re.findall(r"^(fairshare_\w+)[{ ]", text, flags=re.MULTILINE))
+    return names | samples
+
+
+def test_docs_name_only_metrics_the_server_exports() -> None:
+    exported = _exported_metric_names()
+    text = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"\b(fairshare_[a-z_]+)\b", text))
+    assert named, "docs/deploy.md names no metric"
+    assert named - exported == set(), f"not exported by server/metrics.py: {named - exported}"
+    # And every exported family is documented.
+    families = {n for n in exported if not n.endswith(("_bucket", "_count", "_sum", "_created"))}
+    families -= {n.removesuffix("_total") for n in families if n.endswith("_total")}
+    assert families - named == set(), f"undocumented metrics: {families - named}"
