@@ -323,7 +323,7 @@ def test_config_loads_with_the_server_loader_in_each_pod(target: str, tmp_path: 
     assert cfg.etcd.endpoints, "Kubernetes runs the replicated mode: etcd endpoints are needed"
     assert cfg.pools, "the config declares no pool"
     assert cfg.admin.token_file is not None, "the admin service needs a token"
-    assert (target == "overlays/tls") == cfg.tls.enabled
+    assert (target == "overlays/tls") == cfg.tls.enabled == cfg.tls.mutual
 
 
 def test_environment_names_are_settings_of_the_server() -> None:
