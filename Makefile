@@ -51,5 +51,9 @@ bench: venv
 proto: venv
 	$(PY) -m server.genproto
 
+# Runs every scenario of the vLLM scheduling simulator; writes docs/simulation.md and its plots.
+simulate: venv
+	$(PY) -m server.sim --scenario all --out docs/simulation
+
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

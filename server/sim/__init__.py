@@ -1,0 +1,11 @@
+"""A vLLM scheduling simulator that shows what each team gets from fairshare priorities.
+
+- ``engine``: a discrete-event model of vLLM's priority scheduler (min-heap on
+  ``(priority, arrival)``, C slots, KV-block budget with recompute preemption).
+- ``workloads``: arrival processes (Poisson, bursts, floods) and request shapes.
+- ``scenarios``: the scenarios of ``docs/simulation.md``, with figures and targets.
+- ``report``: PNG plots (matplotlib, imported lazily) and the markdown report.
+- ``cli``: ``fairshare simulate`` / ``python -m server.sim``.
+
+Importing this package needs only ``fairshare``; plotting needs matplotlib.
+"""
