@@ -737,6 +737,7 @@ class Node:
             await self._clock.sleep(self.timing.snapshot_interval_s)
             for owned in list(self._owned.values()):
                 if owned.can_decide():
+                    owned.expire()
                     self._spawn(f"snapshot-{owned.name}", self._sync(owned))
             self._forget_stubs()
 

@@ -23,6 +23,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fairshare import Class, Grant, Pool
 from ha.api import (
@@ -44,6 +45,7 @@ from ha.snapshot import PoolSnapshot
 
 logger = logging.getLogger(__name__)
 
+_K = TypeVar("_K")
 _REQUEST_MEMORY = 100_000  # answered request ids kept for retries
 
 
@@ -56,6 +58,7 @@ class _Held:
     grant: Grant
     holder: str
     team: str
+    wall: float  # when it was issued or adopted
 
 
 class OwnedPool:
@@ -191,7 +194,7 @@ class OwnedPool:
         else:
             self._seq += 1
             ref = GrantRef(self.name, self.epoch, self._seq, team, holder)
-            self._grants[self._seq] = _Held(grant, holder, team)
+            self._grants[self._seq] = _Held(grant, holder, team, self._clock.time())
             decision = Decision(
                 True,
                 ref.encode(),
@@ -261,7 +264,7 @@ class OwnedPool:
                 )
             except ValueError as e:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
-            self._adopted[held.grant_id] = _Held(grant, ref.holder, grant.team)
+            self._adopted[held.grant_id] = _Held(grant, ref.holder, grant.team, self._clock.time())
             adopted += 1
             if ref.epoch > 0 and self._drop_attributed(ref.holder, grant.team):
                 dropped += 1
@@ -271,6 +274,27 @@ class OwnedPool:
                     if self.pool.drop_phantom(team):
                         dropped += 1
         return AdoptResult(adopted, dropped, self.node, self.epoch)
+
+    def expire(self) -> int:
+        """Ends grants older than ``max_request_s``; returns how many.
+
+        No request lives longer than that, so such a grant belongs to a holder that died
+        without releasing it. Without this a dead gateway would keep its team's slots for
+        ever; with it, it keeps them no longer than a phantom would. Nothing is charged.
+        """
+        horizon = self._clock.time() - self.config.max_request_s
+        expired = _expire(self._grants, horizon) + _expire(self._adopted, horizon)
+        if expired:
+            logger.warning(
+                "pool %s at epoch %d: %d grants outlived max_request_s (%gs) unreleased; "
+                "their holders are presumed dead",
+                self.name,
+                self.epoch,
+                expired,
+                self.config.max_request_s,
+            )
+            self.committer.nudge()
+        return expired
 
     def set_capacity(self, capacity: int) -> int:
         try:
@@ -336,6 +360,20 @@ class OwnedPool:
         oldest = next(iter(self._settled.values()))
         if oldest < horizon:
             self._settled = {g: t for g, t in self._settled.items() if t >= horizon}
+
+
+def _expire(table: dict[_K, _Held], horizon: float) -> int:
+    """Releases the grants of ``table`` issued before ``horizon``; the table is in issue
+    order, so the scan stops at the first live one."""
+    expired = 0
+    for key in list(table):
+        held = table[key]
+        if held.wall > horizon:
+            break
+        del table[key]
+        held.grant.release(0.0)
+        expired += 1
+    return expired
 
 
 def degraded_grant_id(pool: str, team: str, holder: str) -> str:

@@ -478,3 +478,18 @@ async def test_a_grant_reported_twice_is_adopted_once(cluster: Cluster) -> None:
     view = await node.snapshot("pool-0")
     stat = next(s for s in view.teams if s.team == "b")
     assert stat.in_flight == 1 and stat.phantoms == 0
+
+
+async def test_grants_of_a_dead_holder_end_after_max_request_s() -> None:
+    pools = [PoolConfig("p", 4, {"a": 1.0}, max_request_s=5.0)]
+    c = Cluster(1, pools)
+    await c.start()
+    node = c.nodes[0]
+    for _ in range(4):
+        await acquire(node, "p", "a", holder="dead-gateway")
+    assert (await acquire(node, "p", "a")).borrowing
+    await c.clock.advance(5.0 + TIMING.snapshot_interval_s * 2)
+    view = await node.snapshot("p")
+    assert view.teams[0].in_flight == 0
+    assert not (await acquire(node, "p", "a")).borrowing
+    await c.close()
