@@ -555,6 +555,13 @@ class Node:
                 continue
             if route is not None:
                 self._absent_since.pop(name, None)
+                if route.node == self.node_id and name not in self._campaigns:
+                    # Our key, but this process does not decide from it (it self-fenced, a
+                    # write failed, or an earlier process of ours held it): let it go so
+                    # that a fresh epoch restores from the last snapshot.
+                    self._campaigns[name] = asyncio.create_task(
+                        self._let_go(name, route.epoch), name=f"let-go-{name}"
+                    )
                 continue
             if name in self._campaigns or settling:
                 continue
@@ -672,6 +679,19 @@ class Node:
         except Exception as e:
             logger.warning("pool %s: final snapshot failed: %s", owned.name, e)
         await owned.committer.close()
+
+    async def _let_go(self, name: PoolName, epoch: Epoch) -> None:
+        try:
+            await bounded(
+                self._store.delete_fenced(self._keys.owner(name), create_revision=epoch),
+                self.timing.rpc_timeout_s,
+            )
+            logger.info("let go of stale owner key of pool %s at epoch %d", name, epoch)
+        except StoreUnavailable as e:
+            logger.warning("pool %s: letting go of epoch %d failed: %s", name, epoch, e)
+            await self._clock.sleep(self.timing.rpc_timeout_s)
+        finally:
+            self._campaigns.pop(name, None)
 
     async def _resign(self, owned: OwnedPool) -> None:
         """Deletes our owner key (if it is still ours) so a successor can campaign."""

@@ -493,3 +493,19 @@ async def test_grants_of_a_dead_holder_end_after_max_request_s() -> None:
     assert view.teams[0].in_flight == 0
     assert not (await acquire(node, "p", "a")).borrowing
     await c.close()
+
+
+async def test_an_owner_that_self_fenced_takes_its_pools_back_when_the_store_returns(
+    cluster: Cluster,
+) -> None:
+    owner = cluster.owner("pool-0")
+    assert owner is not None
+    before = next(s.epoch for s in owner.status() if s.pool == "pool-0")
+    cluster.store.refuse_keepalive = True
+    await cluster.clock.advance(TIMING.lease_ttl_s - TIMING.fence_margin_s + 0.1)
+    assert cluster.owner("pool-0") is None
+    cluster.store.refuse_keepalive = False  # the lease itself never expired
+    await cluster.settle_owners()
+    after = cluster.owner("pool-0")
+    assert after is not None
+    assert next(s.epoch for s in after.status() if s.pool == "pool-0") > before
