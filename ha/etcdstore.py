@@ -10,9 +10,9 @@ Guarantees (beyond those of ``ha.store``):
   refused, no leader, deadline exceeded → ``StoreUnavailable``; lease not found →
   ``LeaseNotFound``; a request etcd calls malformed → ``ValueError`` (a bug here).
 - Endpoints are tried in order at ``connect``. Later, a connection error or a deadline
-  moves the store to the next endpoint for the calls that follow (the failing call
-  still raises); with one endpoint gRPC reconnects the same channel, with a backoff
-  bounded at one second.
+  moves the store to the next endpoint for the calls that follow. Idempotent calls
+  (reads, keepalive, revoke) try the next endpoint within the same deadline; writes
+  raise. With one endpoint gRPC reconnects the same channel, its backoff bounded at 1 s.
 - A watch resumes by itself after its stream is lost: it watches again from the
   revision after the last event it delivered, so etcd replays what was missed. Only when
   that revision has been compacted does it emit a ``RESET`` with the prefix as listed at
@@ -178,6 +178,8 @@ def _channel_options(rpc_timeout_s: float) -> dict[str, int]:
         "grpc.keepalive_time_ms": _KEEPALIVE_PING_MS,
         "grpc.keepalive_timeout_ms": max(1000, math.ceil(rpc_timeout_s * 1000)),
         "grpc.http2.max_pings_without_data": 0,
+        # Without this one, grpcio 1.85 waits a minute for an unanswered ping.
+        "grpc.http2.ping_timeout_ms": max(1000, math.ceil(rpc_timeout_s * 1000)),
         "grpc.keepalive_permit_without_calls": 0,
         "grpc.max_receive_message_length": _MAX_MESSAGE_BYTES,
     }

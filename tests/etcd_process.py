@@ -11,6 +11,7 @@ etcd's minimum lease TTL to 1 s (with the defaults a 1 s lease is granted 2 s).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -22,6 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import IO
 
@@ -29,6 +31,17 @@ _MISSING_HINT = (
     "the etcd binary was not found on PATH: run `make test`, which installs "
     "Debian's etcd-server (etcd 3.4) before running the tests"
 )
+
+
+_LIVE: weakref.WeakSet[EtcdProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A safety net for a test run that ends without its fixtures' teardown."""
+    for etcd in list(_LIVE):
+        with contextlib.suppress(Exception):
+            etcd.close()
 
 
 class EtcdNotInstalled(RuntimeError):
@@ -240,6 +253,7 @@ class EtcdProcess:
         self._proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
+        _LIVE.add(self)
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
