@@ -7,8 +7,11 @@ from collections.abc import Iterable, Mapping
 
 # A product such as 0.29 * 100 comes out of binary floating point as 28.999999999999996.
 # Quotas this close to a whole number are taken as that number, so no slot is lost to
-# representation error; real fractional parts are never this small in practice.
-_SNAP_RELATIVE = 1e-9
+# representation error; real fractional parts are never this small in practice. The
+# representation error of share * scale * C is a few ulps (about 1e-16 relative); 2**-40
+# (about 1e-12) leaves a wide margin yet keeps a quota's real fractional part intact up
+# to C of about 5e11 (1e-9 rounded the quota x.5 to x from C of about 5e8).
+_SNAP_RELATIVE = 2.0**-40
 
 
 def _snap(x: float) -> float:
@@ -57,7 +60,8 @@ def apportion(capacity: int, names: Iterable[str], shares: Mapping[str, float]) 
     total_share = _snap(math.fsum(raw.values()))
     scale = 1.0 / total_share if total_share > 1.0 else 1.0
 
-    quotas = {name: _snap(share * scale * capacity) for name, share in raw.items()}
+    exact = {name: share * scale * capacity for name, share in raw.items()}
+    quotas = {name: _snap(quota) for name, quota in exact.items()}
     result = {name: math.floor(quota) for name, quota in quotas.items()}
     slots = min(capacity, math.floor(_snap(math.fsum(quotas.values()))))
     left = slots - sum(result.values())
@@ -68,4 +72,15 @@ def apportion(capacity: int, names: Iterable[str], shares: Mapping[str, float]) 
             if quotas[name] - result[name] <= 0.0:
                 break
             result[name] += 1
+    elif left < 0:
+        # Snapping is relative, so with a huge C (about 1e12 and more) it can round several
+        # quotas up by a real fraction, and above 2**53 floats round C itself: take the
+        # excess back from the names most above their quota, the last name first on ties,
+        # so that the sum never exceeds C.
+        by_surplus = sorted(unique, key=lambda n: (result[n] - exact[n], n), reverse=True)
+        while left < 0:
+            for name in by_surplus:
+                if left < 0 and result[name] > 0:
+                    result[name] -= 1
+                    left += 1
     return result

@@ -141,6 +141,13 @@ from fairshare import apportion
             id="float-0.7x10-alone-is-7",
         ),
         pytest.param(
+            1_781_045_877,
+            ["a", "b"],
+            {"a": 0.5, "b": 0.5},
+            {"a": 890_522_939, "b": 890_522_938},
+            id="large-capacity-half-slot-not-lost",
+        ),
+        pytest.param(
             10,
             [],
             {"a": 1.0},
@@ -239,3 +246,51 @@ def test_apportion_whole_percent_quotas_are_exact(capacity: int, percents: list[
     shares = {n: p / 100 for n, p in zip(names, percents, strict=True)}
     result = apportion(c, names, shares)
     assert result == {n: p * capacity for n, p in zip(names, percents, strict=True)}
+
+
+@pytest.mark.parametrize(
+    ("capacity", "expected"),
+    [
+        pytest.param(3_000_000_002, [1_000_000_001, 1_000_000_001, 1_000_000_000], id="3e9+2"),
+        pytest.param(10**12 + 2, [333_333_333_334] * 3, id="1e12+2"),
+        pytest.param(
+            2**53 + 3,
+            [3_002_399_751_580_332, 3_002_399_751_580_332, 3_002_399_751_580_331],
+            id="2^53+3",
+        ),
+    ],
+)
+def test_apportion_thirds_of_a_huge_capacity_never_exceed_it(
+    capacity: int, expected: list[int]
+) -> None:
+    result = apportion(capacity, ["a", "b", "c"], {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+    assert [result[n] for n in "abc"] == expected
+    assert sum(result.values()) == capacity
+
+
+def test_apportion_whole_huge_capacity_above_float_precision() -> None:
+    assert apportion(2**53 + 3, ["a"], {"a": 1.0}) == {"a": 2**53 + 3}
+
+
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.integers(min_value=0, max_value=2**62), data=st.data())
+def test_apportion_never_exceeds_a_huge_capacity(capacity: int, data: st.DataObject) -> None:
+    names = data.draw(_names)
+    shares = {n: data.draw(_share) for n in names}
+    result = apportion(capacity, names, shares)
+    assert all(v >= 0 for v in result.values())
+    assert sum(result.values()) <= capacity
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    capacity=st.integers(min_value=0, max_value=10**11),
+    weights=st.lists(st.integers(min_value=1, max_value=1000), min_size=1, max_size=12),
+)
+def test_apportion_fills_a_large_capacity_when_shares_sum_to_1(
+    capacity: int, weights: list[int]
+) -> None:
+    total = sum(weights)
+    names = [f"t{i:02d}" for i in range(len(weights))]
+    shares = {n: w / total for n, w in zip(names, weights, strict=True)}
+    assert sum(apportion(capacity, names, shares).values()) == capacity
