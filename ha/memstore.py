@@ -100,9 +100,9 @@ class MemoryStore:
 
     async def create(self, key: str, value: bytes, *, lease: LeaseId) -> KeyValue | None:
         async with self._op():
-            self._check_lease(lease)
-            if key in self._keys:
+            if key in self._keys:  # as etcd: the compare fails before the lease is looked at
                 return None
+            self._check_lease(lease)
             return await self._write(key, value, lease)
 
     async def put_fenced(
@@ -126,6 +126,8 @@ class MemoryStore:
     # -- watches ----------------------------------------------------------------------
 
     async def watch_prefix(self, prefix: str, *, start_revision: int) -> AsyncIterator[WatchEvent]:
+        if self._closed:
+            return
         queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
         oldest = self._history[0].revision if self._history else self._revision + 1
         if start_revision + 1 < oldest and start_revision < self._revision:

@@ -279,9 +279,15 @@ class Node:
         ref = GrantRef.decode(grant_id)
         self._config(ref.pool)
         owned = self._owned.get(ref.pool)
-        if owned is not None and not owned.lost and ref.epoch <= owned.epoch:
+        if owned is not None and owned.can_decide() and ref.epoch <= owned.epoch:
             owned.release(ref, grant_id, consumed)
             self._stubs.pop(grant_id, None)
+            # Usage is what fairness stands on: a release is acknowledged only once a
+            # fenced write covers it, so no owner loses an acknowledged consumption.
+            try:
+                await owned.durable()
+            except NotDeciding as e:
+                raise StoreUnavailable(f"release of {grant_id} not persisted: {e}") from e
             return
         if forwarded:
             raise self._wrong_epoch(ref.pool)

@@ -179,7 +179,7 @@ class OwnedPool:
         if request_id:
             answered = self._answers.get(key)
             if answered is not None:
-                await self._durable()  # the first answer may still be in its commit
+                await self.durable()  # the first answer may still be in its commit
                 return answered
         try:
             grant = (
@@ -210,7 +210,7 @@ class OwnedPool:
             if len(self._answers) > _REQUEST_MEMORY:
                 self._answers.popitem(last=False)
         if grant is not None and not grant.borrowing:
-            await self._durable()
+            await self.durable()
         return decision
 
     def release(self, ref: GrantRef, grant_id: str, consumed: float) -> None:
@@ -223,7 +223,6 @@ class OwnedPool:
             held = self._grants.pop(ref.seq, None)
             if held is not None:
                 held.grant.release(consumed)
-                self.committer.nudge()
             return
         if ref.epoch > self.epoch:
             raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
@@ -238,7 +237,6 @@ class OwnedPool:
                 self._drop_attributed(ref.holder, ref.team)
         self._settled[grant_id] = self._clock.time()
         self._forget_settled()
-        self.committer.nudge()
 
     def adopt(self, *, holder: str, grants: Sequence[HeldGrant], complete: bool) -> AdoptResult:
         """Counts a holder's live grants of earlier epochs again.
@@ -336,7 +334,12 @@ class OwnedPool:
         await self._write(self.snapshot().encode())
         self.last_snapshot_mono = self._clock.monotonic()
 
-    async def _durable(self) -> None:
+    async def durable(self) -> None:
+        """Returns once a fenced write covers the state as of the call.
+
+        Raises:
+            NotDeciding: the write failed; the pool is lost.
+        """
         try:
             await self.committer.sync()
         except CommitFailed as e:
