@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 import threading
 import time
 import uuid
@@ -126,7 +127,7 @@ class AllocatorClient:
         targets: Sequence[str],
         *,
         holder: str,
-        deadline_s: float = 0.2,
+        deadline_s: float = 0.75,
         credentials: grpc.ChannelCredentials | None = None,
         release_retry_s: float = 0.5,
         release_batch: int = 1000,
@@ -137,7 +138,9 @@ class AllocatorClient:
             targets: replica addresses ``host:port``; any replica serves every pool.
             holder: this gateway's id (stable across its restarts is best).
             deadline_s: how long an acquire may look for a replica before the pool's
-                degraded mode applies.
+                degraded mode applies. Keep a third of it above the replicas'
+                ``degraded_after_s`` (0.2 s by default), so that a replica's own degraded
+                answer, counted in its metrics, arrives before the client gives up.
             credentials: TLS credentials; None uses plaintext.
             release_retry_s: period of the background retry of unacknowledged releases.
             release_batch: most releases retried per period.
@@ -154,7 +157,8 @@ class AllocatorClient:
         self._targets = list(targets)
         self._credentials = credentials
         self._channels: dict[str, aio.Channel] = {}
-        self._preferred = 0
+        # Gateways start on different replicas so that one hung replica stalls few.
+        self._preferred = random.randrange(len(self._targets))
         self._modes: dict[str, DegradedMode] = {}
         self._epochs: dict[str, int] = {}
         self._live: dict[str, ClientGrant] = {}
@@ -236,6 +240,10 @@ class AllocatorClient:
             with trying:
                 index = self._preferred + next(attempt)
                 left = max(deadline_s - (time.monotonic() - start), 0.001)
+                # One attempt may take a third of the deadline: a replica that hangs
+                # (paused, partitioned) must leave time to try another one.
+                if len(self._targets) > 1:
+                    left = min(left, max(deadline_s / 3, 0.05))
                 response: T = await getattr(self._stub(index), method)(request, timeout=left)
                 self._preferred = index % len(self._targets)
                 return response
@@ -469,7 +477,7 @@ class SyncGrant:
 class SyncAllocatorClient:
     """A blocking wrapper: runs an ``AllocatorClient`` on a private event loop thread."""
 
-    def __init__(self, targets: Sequence[str], *, holder: str, deadline_s: float = 0.2) -> None:
+    def __init__(self, targets: Sequence[str], *, holder: str, deadline_s: float = 0.75) -> None:
         """Starts the loop thread; see ``AllocatorClient`` for the arguments."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
