@@ -6,6 +6,8 @@ Guarantees:
   answers a retry with the same grant; when no replica answers in time it applies the
   pool's degraded mode (learnt from ``ListPools``; ``fail_open`` when unknown): a grant at
   the lowest borrowing priority marked ``degraded``, or ``NoOwner`` for ``fail_closed``.
+- An acquire it gave up on is not left counted at the owner: the same request is sent
+  again in the background and the grant it names is released at no cost.
 - A release is sent at least once: it is buffered until a replica acknowledges it, and a
   background task retries the buffer. The server makes releases idempotent.
 - The client keeps its live grants; when a response shows a pool at a new epoch it
@@ -60,6 +62,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRYABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_ABANDON_DEADLINE_S: Final = 2.0
+"""How long the client tries to release the grant of an acquire it gave up on."""
 _MODES: Final = {pb.FAIL_OPEN: DegradedMode.FAIL_OPEN, pb.FAIL_CLOSED: DegradedMode.FAIL_CLOSED}
 
 
@@ -305,6 +309,7 @@ class AllocatorClient:
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise to_allocator_error(e, address="", pool=pool) from e
+            self._spawn(self._abandon(request), f"abandon {pool} {request.request_id}")
             return self._degraded(pool, team, service_class, est_tokens, e)
         self._saw_epoch(pool, r.epoch)
         if not r.granted:
@@ -325,6 +330,30 @@ class AllocatorClient:
         )
         self._live[grant.grant_id] = grant
         return grant
+
+    async def _abandon(self, request: pb.AcquireRequest) -> None:
+        """Releases what an owner decided for an acquire this client gave up on.
+
+        An answer that came too late still counts a grant at the owner, and nobody would
+        release it: the team would lose a slot until ``max_request_s``. The same request
+        id makes the owner answer with that grant (or decide one now), which is then
+        released at no cost.
+        """
+        try:
+            r: pb.AcquireResponse = await self._call(
+                "Acquire", request, deadline_s=max(self.deadline_s, _ABANDON_DEADLINE_S)
+            )
+        except aio.AioRpcError as e:
+            logger.info(
+                "pool %s: an acquire given up on may hold a slot until it expires: %s",
+                request.pool,
+                e.code(),
+            )
+            return
+        if r.granted:
+            self._pending[r.grant_id] = 0.0
+            if not await self._send_release(r.grant_id, 0.0):
+                self._ensure_flusher()
 
     def _degraded(
         self, pool: str, team: str, service_class: Class, est_tokens: int, error: Exception
