@@ -14,6 +14,7 @@ help:
 	@echo "make check     lint, format check, mypy --strict, import layers"
 	@echo "make bench     run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make proto     regenerate the gRPC stubs from proto/"
+	@echo "make drill     randomized failover drill (MINUTES=5 SEED=1)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,8 +46,16 @@ pytest: venv etcd
 
 test: check pytest
 
-bench: venv
+# Each benchmark writes its own section of docs/benchmarks.md (about 4 minutes in all).
+bench: venv etcd
 	$(PY) bench/core.py
+	$(PY) bench/grpc_service.py
+	$(PY) bench/replicated.py
+
+MINUTES ?= 5
+SEED ?= 1
+drill: venv etcd
+	$(PY) tests/drills/schedule.py --minutes $(MINUTES) --seed $(SEED)
 
 proto: venv
 	$(PY) -m server.genproto

@@ -295,6 +295,7 @@ class Gateway:
         self.workers = workers
         self.random = random.Random(seed)
         self.stop = asyncio.Event()
+        self.dead = False
         self.tasks: list[asyncio.Task[None]] = []
         self.errors: list[str] = []
 
@@ -350,6 +351,8 @@ class Gateway:
 
     async def kill(self) -> None:
         """The gateway dies: its held grants are never released."""
+        self.dead = True
+        self.stop.set()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -428,11 +431,38 @@ class DrillCluster:
             self.replicas.append(replica)
         await asyncio.gather(*(wait_serving(r.address) for r in self.replicas))
         await self.wait_owned()
-        for i in range(self.gateway_count):
-            gw = Gateway(f"gw-{i}", self.targets, self.ledger, workers=self.workers, seed=i)
-            gw.start()
-            self.gateways.append(gw)
+        for _ in range(self.gateway_count):
+            self.add_gateway()
         self.poll_task = asyncio.create_task(self._poll(), name="drill-poller")
+
+    def add_gateway(self) -> Gateway:
+        """Starts one more simulated gateway (a new holder)."""
+        i = len(self.gateways)
+        gw = Gateway(f"gw-{i}", self.targets, self.ledger, workers=self.workers, seed=i)
+        gw.start()
+        self.gateways.append(gw)
+        return gw
+
+    def live_gateway(self) -> Gateway:
+        return next(g for g in self.gateways if not g.dead)
+
+    def window(self, name: str, at: float, end: float, until: float) -> DrillResult:
+        """One event's row in a longer run: what happened between ``at`` and ``until``."""
+        zero = next(
+            (t - end for t, n in self.phantom_samples if end <= t <= until and n == 0), None
+        )
+        return DrillResult(
+            name=name,
+            unavailability_s=self.ledger.unavailability(at, until),
+            degraded=sum(1 for g in self.ledger.grants if g.degraded and at <= g.issued_at < until),
+            phantoms_zero_s=None if zero is None else max(0.0, zero),
+            over_admissions=sum(
+                1 for v in self.ledger.violations if v.startswith("over-admission")
+            ),
+            usage_error=0.0,
+            grants=sum(1 for g in self.ledger.grants if at <= g.issued_at < until),
+            violations=[],
+        )
 
     async def owners(self) -> dict[str, tuple[str, int]]:
         """pool -> (owner node, epoch) as the first answering replica sees it."""
@@ -507,7 +537,7 @@ class DrillCluster:
     async def finish(self, *, nemesis_at: float, nemesis_end: float) -> DrillResult:
         """Drains the gateways and checks everything; returns the drill's row."""
         for gw in self.gateways:
-            if not gw.stop.is_set():
+            if not gw.dead:
                 await gw.drain()
         # Phantoms must reach 0 (re-reports, or expiry for an abandoned gateway).
         deadline = time.monotonic() + MAX_REQUEST_S + 4 * LEASE_TTL_S
@@ -569,7 +599,7 @@ class DrillCluster:
 
     async def close(self) -> None:
         for gw in self.gateways:
-            if not gw.stop.is_set():
+            if not gw.dead:
                 with contextlib.suppress(Exception):
                     await gw.kill()
         for replica in self.replicas:

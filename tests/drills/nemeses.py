@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
-from drill_harness import LEASE_TTL_S, DrillCluster, wait_serving
+from drill_harness import LEASE_TTL_S, DrillCluster, Replica, wait_serving
 
 Nemesis = Callable[[DrillCluster], Awaitable[tuple[float, float]]]
 
@@ -26,9 +26,7 @@ async def sigkill_owner(cluster: DrillCluster) -> tuple[float, float]:
     victim.signal(signal.SIGKILL)
     await cluster.wait_owned(exclude=victim.node)
     end = time.monotonic()
-    victim.wait(5.0)
-    victim.start()  # a supervisor brings it back
-    await wait_serving(victim.address)
+    await restart(victim)
     return at, end
 
 
@@ -91,11 +89,20 @@ async def empty_state_dir(cluster: DrillCluster) -> tuple[float, float]:
 async def killed_gateway(cluster: DrillCluster) -> tuple[float, float]:
     """A gateway dies holding grants, and the owner dies too: its phantoms must expire."""
     at = time.monotonic()
-    await cluster.gateways[0].kill()
+    await cluster.live_gateway().kill()
     victim = cluster.replica(await owner_of(cluster, "gpu-a"))
     victim.signal(signal.SIGKILL)
     await cluster.wait_owned(exclude=victim.node)
-    return at, time.monotonic()
+    end = time.monotonic()
+    await restart(victim)
+    return at, end
+
+
+async def restart(replica: Replica) -> None:
+    """A supervisor brings a killed replica back."""
+    replica.wait(5.0)
+    replica.start()
+    await wait_serving(replica.address)
 
 
 NEMESES: dict[str, Nemesis] = {
