@@ -135,6 +135,7 @@ class AllocatorClient:
         credentials: grpc.ChannelCredentials | None = None,
         release_retry_s: float = 0.5,
         release_batch: int = 1000,
+        epoch_check_s: float = 1.0,
     ) -> None:
         """Creates the client; channels connect lazily.
 
@@ -148,6 +149,9 @@ class AllocatorClient:
             credentials: TLS credentials; None uses plaintext.
             release_retry_s: period of the background retry of unacknowledged releases.
             release_batch: most releases retried per period.
+            epoch_check_s: while it holds grants, how often the client reads ListPools to
+                notice a new owner it would not otherwise see (a gateway that only
+                releases), so its re-report closes the new owner's phantoms early.
 
         Raises:
             ValueError: no targets, or a deadline <= 0.
@@ -172,6 +176,8 @@ class AllocatorClient:
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._epoch_check_s = epoch_check_s
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -191,7 +197,7 @@ class AllocatorClient:
             await asyncio.wait_for(self._flush(until_empty=True), flush_timeout_s)
         except TimeoutError:
             logger.warning("closing with %d releases unacknowledged", len(self._pending))
-        tasks = [*self._tasks, *([self._flusher] if self._flusher else [])]
+        tasks = [*self._tasks, *(t for t in (self._flusher, self._watcher) if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -260,6 +266,7 @@ class AllocatorClient:
         )
         for info in listing.pools:
             self._modes[info.pool] = _MODES.get(info.degraded_mode, DegradedMode.FAIL_OPEN)
+            self._saw_epoch(info.pool, info.epoch)
         return list(listing.pools)
 
     async def acquire(
@@ -329,6 +336,7 @@ class AllocatorClient:
             _client=self,
         )
         self._live[grant.grant_id] = grant
+        self._ensure_watcher()
         return grant
 
     async def _abandon(self, request: pb.AcquireRequest) -> None:
@@ -378,6 +386,7 @@ class AllocatorClient:
             _client=self,
         )
         self._live[grant_id] = grant
+        self._ensure_watcher()
         return grant
 
     def _saw_epoch(self, pool: str, epoch: int) -> None:
@@ -413,8 +422,14 @@ class AllocatorClient:
             r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0)
         except aio.AioRpcError as e:
             logger.warning(
-                "pool %s: re-reporting %d grants failed: %s", pool, len(grants), e.code()
+                "pool %s: re-reporting %d grants failed: %s; will retry",
+                pool,
+                len(grants),
+                e.code(),
             )
+            # Forget the epoch so that the next answer (or ListPools) naming it retries.
+            if self._epochs.get(pool) == epoch:
+                self._epochs[pool] = epoch - 1
             return
         logger.info(
             "pool %s: re-reported %d live grants to %s at epoch %d (%d adopted)",
@@ -461,6 +476,22 @@ class AllocatorClient:
                 return
             if self._pending:
                 await asyncio.sleep(self._release_retry_s)
+
+    def _ensure_watcher(self) -> None:
+        if self._closed or (self._watcher is not None and not self._watcher.done()):
+            return
+        self._watcher = asyncio.get_running_loop().create_task(
+            self._watch_epochs(), name=f"fairshare-client-{self.holder}-epochs"
+        )
+
+    async def _watch_epochs(self) -> None:
+        """Reads ListPools now and then while grants are live (see ``epoch_check_s``)."""
+        while self._live and not self._closed:
+            await asyncio.sleep(self._epoch_check_s)
+            try:
+                await self.refresh_pools()
+            except aio.AioRpcError as e:
+                logger.debug("epoch check failed: %s", e.code())
 
     def _ensure_flusher(self) -> None:
         if self._closed or (self._flusher is not None and not self._flusher.done()):

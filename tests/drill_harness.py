@@ -357,8 +357,9 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.client._closed = True  # no flush: a dead process sends nothing
-        for task in [*self.client._tasks]:
-            task.cancel()
+        for task in [*self.client._tasks, self.client._watcher, self.client._flusher]:
+            if task is not None:
+                task.cancel()
         for channel in self.client._channels.values():
             await channel.close()
 

@@ -425,3 +425,29 @@ async def test_the_client_library_closes_phantoms_after_a_restart(node_config: C
     finally:
         await client.close(flush_timeout_s=1.0)
         await server.shutdown(0)
+
+
+async def test_a_client_that_only_holds_grants_still_re_reports_after_a_restart(
+    node_config: Config,
+) -> None:
+    config = on_port(node_config, free_port())
+    server = await start_server(config, serve_metrics=False)
+    client = AllocatorClient([config.listen], holder="gw-quiet", epoch_check_s=0.1)
+    try:
+        held = [await client.acquire("gpu-a", "inst-b") for _ in range(2)]
+        await server.shutdown(0)
+        server = await start_server(config, serve_metrics=False)
+        async with aio.insecure_channel(config.listen) as ch:
+            stub = pb_grpc.AllocatorStub(ch)
+            # No acquire: the client notices the new epoch through ListPools on its own.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while (stat := (await table(stub))["inst-b"]).phantoms:
+                assert loop.time() < deadline, f"phantoms not closed: {stat}"
+                await asyncio.sleep(0.05)
+            assert stat.in_flight == 2
+        for grant in held:
+            await grant.release(0.5)
+    finally:
+        await client.close(flush_timeout_s=1.0)
+        await server.shutdown(0)
