@@ -280,7 +280,7 @@ class Node:
         self._config(ref.pool)
         owned = self._owned.get(ref.pool)
         if owned is not None and owned.can_decide() and ref.epoch <= owned.epoch:
-            owned.release(ref, grant_id, consumed)
+            owned.release(ref, consumed)
             self._stubs.pop(grant_id, None)
             # Usage is what fairness stands on: a release is acknowledged only once a
             # fenced write covers it, so no owner loses an acknowledged consumption.
@@ -653,7 +653,9 @@ class Node:
                 fence_key=self._keys.owner(name),
                 fence_revision=epoch,
             ),
-            self.timing.rpc_timeout_s,
+            # A write whose answer is late has an unknown outcome and costs the pool, so
+            # it may take as long as this node may still decide, not just one RPC timeout.
+            max(self.timing.rpc_timeout_s, self._lease.seconds_left()),
         )
         if not ok:
             raise WrongEpoch(name, NodeId(""), "", epoch)

@@ -41,7 +41,7 @@ from ha.api import (
 from ha.clock import Clock
 from ha.commit import CommitFailed, GroupCommitter
 from ha.settings import PoolConfig
-from ha.snapshot import PoolSnapshot
+from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +102,16 @@ class OwnedPool:
         )
         self.deciding = True
         self._seq = 0
-        self._grants: dict[int, _Held] = {}
-        self._adopted: dict[str, _Held] = {}  # earlier epoch's grant id -> adopted grant
-        self._settled: dict[str, float] = {}  # earlier epoch's grant ids released, at wall
+        self._grants: dict[int, _Held] = {}  # this epoch's grants by sequence number
+        self._adopted: dict[GrantKey, _Held] = {}  # earlier grants counted again
+        # Earlier grants the previous owner counted, each standing for one phantom.
+        self._phantoms: dict[GrantKey, str] = {}
+        self._phantoms_until = 0.0
+        # Epoch -> (sequence, since): grants above it were never counted (see ha.snapshot).
+        self._unknown_after: dict[int, tuple[int, float]] = {}
+        self._uncounted: dict[GrantKey, float] = {}  # known, not counted, still chargeable
+        self._settled: dict[GrantKey, float] = {}  # unknown-window grants settled, at wall
         self._answers: OrderedDict[tuple[str, str], Decision] = OrderedDict()
-        # holder -> team -> phantoms of the previous owner attributed to that holder
-        self._attributed: dict[str, dict[str, int]] = {}
         self._release_memory_s = release_memory_s
         self._write = write
         self.last_snapshot_mono = -1.0
@@ -131,21 +135,17 @@ class OwnedPool:
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
         for team, usage in snapshot.usage.items():
             self.pool.set_usage(team, usage * decay)
-        until = now + self.config.max_request_s
-        phantoms = 0
-        for team, n in snapshot.in_flight.items():
-            if n > 0:
-                self.pool.add_phantoms(team, n, until)
-                phantoms += n
-        # Attribute phantoms to holders, never more than the team has.
-        left = dict(snapshot.in_flight)
-        for holder, teams in sorted(snapshot.holders.items()):
-            for team, n in teams.items():
-                take = min(n, left.get(team, 0))
-                if take > 0:
-                    self._attributed.setdefault(holder, {})[team] = take
-                    left[team] -= take
-        return len(snapshot.usage), phantoms
+        self._phantoms_until = now + self.config.max_request_s
+        for grant in snapshot.live:
+            self._phantoms[grant.key] = grant.team
+        for team, n in snapshot.in_flight().items():
+            self.pool.add_phantoms(team, n, self._phantoms_until)
+        self._unknown_after = dict(snapshot.unknown_after)
+        self._unknown_after[snapshot.epoch] = (snapshot.issued, now)
+        self._uncounted = dict(snapshot.uncounted)
+        self._settled = dict(snapshot.settled)
+        self._forget(now)
+        return len(snapshot.usage), len(snapshot.live)
 
     def can_decide(self) -> bool:
         return self.deciding and not self.committer.failed and self._fenced()
@@ -213,8 +213,8 @@ class OwnedPool:
             await self.durable()
         return decision
 
-    def release(self, ref: GrantRef, grant_id: str, consumed: float) -> None:
-        """Ends a grant of this epoch or an earlier one; idempotent.
+    def release(self, ref: GrantRef, consumed: float) -> None:
+        """Ends a grant of this epoch or an earlier one; idempotent across owners.
 
         Raises:
             WrongEpoch: the grant is of a later epoch than this owner's (it is stale).
@@ -226,23 +226,32 @@ class OwnedPool:
             return
         if ref.epoch > self.epoch:
             raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
-        adopted = self._adopted.pop(grant_id, None)
+        key = GrantKey(ref.epoch, ref.seq, ref.holder)
+        adopted = self._adopted.pop(key, None)
         if adopted is not None:
             adopted.grant.release(consumed)
-        elif grant_id not in self._settled:
-            # A request this owner never counted: charge its team, and close the phantom
-            # that stood for it when its holder had one.
+            self._settle(key)
+            return
+        team = self._phantoms.pop(key, None)
+        if team is not None:
+            # The previous owner counted it: charge it and close its phantom.
+            self.pool.charge(team, consumed)
+            self.pool.drop_phantom(team)
+            self._settle(key)
+        elif self._chargeable(key) and key not in self._settled:
+            # No owner ever counted it (made after a crashed owner's last write, or
+            # degraded): charge it, once.
             self.pool.charge(ref.team or "unknown", consumed)
-            if ref.epoch > 0:
-                self._drop_attributed(ref.holder, ref.team)
-        self._settled[grant_id] = self._clock.time()
-        self._forget_settled()
+            self._settle(key)
+        # Otherwise it was settled before the snapshot this owner restored: its
+        # consumption is already in the usage.
 
     def adopt(self, *, holder: str, grants: Sequence[HeldGrant], complete: bool) -> AdoptResult:
         """Counts a holder's live grants of earlier epochs again.
 
-        Every grant adopted closes one phantom of its holder and team; a complete
-        inventory closes every phantom still attributed to ``holder``.
+        A grant the previous owner counted closes its own phantom; a grant nobody counted
+        (see ``release``) is simply counted; a grant already settled is ignored. A
+        complete inventory closes every phantom of ``holder`` it did not claim.
         """
         adopted = 0
         dropped = 0
@@ -250,27 +259,31 @@ class OwnedPool:
             ref = GrantRef.decode(held.grant_id)
             if ref.pool != self.name:
                 raise InvalidArgument("grants", f"grant {held.grant_id} is of pool {ref.pool}")
-            if (
-                ref.epoch >= self.epoch
-                or held.grant_id in self._adopted
-                or held.grant_id in self._settled
-            ):
+            key = GrantKey(ref.epoch, ref.seq, ref.holder)
+            if ref.epoch >= self.epoch or key in self._adopted or key in self._settled:
                 continue
+            counted = key in self._phantoms
+            if not counted and not self._chargeable(key):
+                continue  # settled or expired before the snapshot
             try:
                 grant = self.pool.adopt(
                     held.team or ref.team, held.priority, held.borrowing, held.est_tokens
                 )
             except ValueError as e:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
-            self._adopted[held.grant_id] = _Held(grant, ref.holder, grant.team, self._clock.time())
+            self._adopted[key] = _Held(grant, ref.holder, grant.team, self._clock.time())
             adopted += 1
-            if ref.epoch > 0 and self._drop_attributed(ref.holder, grant.team):
+            team = self._phantoms.pop(key, None)
+            if team is not None and self.pool.drop_phantom(team):
                 dropped += 1
         if complete:
-            for team, n in list(self._attributed.pop(holder, {}).items()):
-                for _ in range(n):
-                    if self.pool.drop_phantom(team):
-                        dropped += 1
+            # The holder does not hold these any more: their releases may still be on the
+            # way, so they stay chargeable, but they no longer count in flight.
+            now = self._clock.time()
+            for key in [k for k in self._phantoms if k.holder == holder]:
+                if self.pool.drop_phantom(self._phantoms.pop(key)):
+                    dropped += 1
+                self._uncounted[key] = now
         return AdoptResult(adopted, dropped, self.node, self.epoch)
 
     def expire(self) -> int:
@@ -307,27 +320,26 @@ class OwnedPool:
 
     def snapshot(self) -> PoolSnapshot:
         """The state to persist now."""
-        usage, in_flight = self.pool.usage()
-        holders: dict[str, dict[str, int]] = {}
-        for held in (*self._grants.values(), *self._adopted.values()):
-            teams = holders.setdefault(held.holder, {})
-            teams[held.team] = teams.get(held.team, 0) + 1
-        phantoms = {s.team: s.phantoms for s in self.pool.snapshot() if s.phantoms}
-        for holder, teams in self._attributed.items():
-            for team, n in teams.items():
-                live = min(n, phantoms.get(team, 0))
-                if live > 0:
-                    mine = holders.setdefault(holder, {})
-                    mine[team] = mine.get(team, 0) + live
-                    phantoms[team] -= live
+        now = self._clock.time()
+        self._forget(now)
+        usage, _ = self.pool.usage()
+        live = [
+            LiveGrant(GrantKey(self.epoch, seq, held.holder), held.team)
+            for seq, held in self._grants.items()
+        ]
+        live += [LiveGrant(key, held.team) for key, held in self._adopted.items()]
+        live += [LiveGrant(key, team) for key, team in self._phantoms.items()]
         return PoolSnapshot(
             pool=self.name,
             epoch=self.epoch,
-            wall=self._clock.time(),
+            wall=now,
             capacity=self.pool.capacity,
             usage=usage,
-            in_flight={t: n for t, n in in_flight.items() if n > 0},
-            holders={h: t for h, t in holders.items() if t},
+            issued=self._seq,
+            live=live,
+            unknown_after=dict(self._unknown_after),
+            uncounted=dict(self._uncounted),
+            settled=dict(self._settled),
         )
 
     async def _persist(self) -> None:
@@ -347,22 +359,29 @@ class OwnedPool:
 
     # -- internals --------------------------------------------------------------------
 
-    def _drop_attributed(self, holder: str, team: str) -> bool:
-        teams = self._attributed.get(holder)
-        if not teams or teams.get(team, 0) <= 0:
-            return False
-        teams[team] -= 1
-        if teams[team] == 0:
-            del teams[team]
-        return self.pool.drop_phantom(team)
+    def _chargeable(self, key: GrantKey) -> bool:
+        """True for a grant of an unknown window: no owner ever counted it."""
+        if key.epoch == 0 or key in self._uncounted:
+            return True  # degraded, or closed by its holder's complete re-report
+        window = self._unknown_after.get(key.epoch)
+        return window is not None and key.seq > window[0]
 
-    def _forget_settled(self) -> None:
-        if len(self._settled) < 1024:
-            return
-        horizon = self._clock.time() - self._release_memory_s
-        oldest = next(iter(self._settled.values()))
-        if oldest < horizon:
-            self._settled = {g: t for g, t in self._settled.items() if t >= horizon}
+    def _settle(self, key: GrantKey) -> None:
+        if self._chargeable(key):
+            self._settled[key] = self._clock.time()
+
+    def _forget(self, now: float) -> None:
+        """Drops what no request can outlive: phantoms, windows and settled entries older
+        than ``max_request_s``."""
+        if self._phantoms and now >= self._phantoms_until:
+            self._phantoms.clear()  # the pool's phantoms expired at the same moment
+        horizon = now - max(self.config.max_request_s, self._release_memory_s)
+        if self._unknown_after:
+            self._unknown_after = {e: w for e, w in self._unknown_after.items() if w[1] >= horizon}
+        if self._settled:
+            self._settled = {k: w for k, w in self._settled.items() if w >= horizon}
+        if self._uncounted:
+            self._uncounted = {k: w for k, w in self._uncounted.items() if w >= horizon}
 
 
 def _expire(table: dict[_K, _Held], horizon: float) -> int:

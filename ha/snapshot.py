@@ -1,9 +1,23 @@
 """What an owner persists for its successor, and how a successor reads it.
 
-A snapshot holds the wall time it was taken, the writer's epoch, the pool's capacity,
-every team's decayed usage and in-flight count (grants and phantoms), and the in-flight
-counts per holder (gateway), so that a holder's complete re-report can close its
-phantoms early.
+A snapshot says, as of its wall time: the pool's capacity, every team's decayed usage, and
+*which* requests are in flight, by grant identity (epoch, sequence, holder) with their team.
+Identities, rather than counts, let a successor settle every later release exactly once:
+
+- a grant in ``live`` was counted: the successor holds a phantom for it, and its release
+  is charged once and closes exactly that phantom;
+- a grant of an epoch listed in ``unknown_after`` with a sequence number above the one given
+  there was never counted by any owner (a borrowing grant made after the last write of a
+  crashed owner, or a degraded grant of epoch 0): its release is charged, once;
+- ``uncounted`` lists other grants known not to be counted (a phantom closed by its holder's
+  complete re-report while the release was on its way): their release is charged, once;
+- ``settled`` lists the grants of those windows (and of ``uncounted``) already released or
+  re-counted, so a retried release is not charged twice;
+- any other grant of an earlier epoch was settled before the snapshot: its release is
+  already in ``usage`` and charges nothing more.
+
+Windows and settled entries older than the pool's ``max_request_s`` are dropped, since no
+request lives that long.
 """
 
 from __future__ import annotations
@@ -11,12 +25,29 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
-_VERSION = 1
+_VERSION = 2
+
+
+class GrantKey(NamedTuple):
+    """A grant's identity across owners: degraded grants (epoch 0) are only unique per
+    holder, so the holder is part of it."""
+
+    epoch: int
+    seq: int
+    holder: str
+
+
+class LiveGrant(NamedTuple):
+    """A request counted in flight when the snapshot was taken."""
+
+    key: GrantKey
+    team: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +60,12 @@ class PoolSnapshot:
         wall: wall-clock seconds when it was taken (usage is decayed to this time).
         capacity: the pool's C at that time (SetCapacity survives failover).
         usage: team -> decayed usage.
-        in_flight: team -> requests in flight (grants and phantoms).
-        holders: holder -> team -> requests in flight that holder can re-report.
+        issued: the highest sequence number the writer had issued.
+        live: every request counted in flight (grants, re-counted grants, phantoms).
+        unknown_after: epoch -> (sequence, wall since when the window is open): grants of
+            that epoch above that sequence were never counted.
+        uncounted: grants not counted whose release must still be charged, with wall time.
+        settled: grants of unknown windows already settled, with the wall time.
     """
 
     pool: str
@@ -38,8 +73,18 @@ class PoolSnapshot:
     wall: float
     capacity: int
     usage: Mapping[str, float] = field(default_factory=dict)
-    in_flight: Mapping[str, int] = field(default_factory=dict)
-    holders: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    issued: int = 0
+    live: Sequence[LiveGrant] = ()
+    unknown_after: Mapping[int, tuple[int, float]] = field(default_factory=dict)
+    uncounted: Mapping[GrantKey, float] = field(default_factory=dict)
+    settled: Mapping[GrantKey, float] = field(default_factory=dict)
+
+    def in_flight(self) -> dict[str, int]:
+        """Team -> requests in flight."""
+        counts: dict[str, int] = {}
+        for grant in self.live:
+            counts[grant.team] = counts.get(grant.team, 0) + 1
+        return counts
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -50,11 +95,13 @@ class PoolSnapshot:
                 "wall": self.wall,
                 "capacity": self.capacity,
                 "usage": dict(self.usage),
-                "in_flight": dict(self.in_flight),
-                "holders": {h: dict(t) for h, t in self.holders.items()},
+                "issued": self.issued,
+                "live": [[g.key.epoch, g.key.seq, g.key.holder, g.team] for g in self.live],
+                "unknown_after": {str(e): [s, w] for e, (s, w) in self.unknown_after.items()},
+                "uncounted": [[k.epoch, k.seq, k.holder, w] for k, w in self.uncounted.items()],
+                "settled": [[k.epoch, k.seq, k.holder, w] for k, w in self.settled.items()],
             },
             separators=(",", ":"),
-            sort_keys=True,
         ).encode()
 
     @classmethod
@@ -71,12 +118,22 @@ class PoolSnapshot:
                 wall=float(doc["wall"]),
                 capacity=int(doc["capacity"]),
                 usage={t: u for t, u in usage.items() if math.isfinite(u) and u >= 0},
-                in_flight={str(t): max(0, int(n)) for t, n in doc["in_flight"].items()},
-                holders={
-                    str(h): {str(t): max(0, int(n)) for t, n in teams.items()}
-                    for h, teams in doc["holders"].items()
+                issued=int(doc["issued"]),
+                live=[
+                    LiveGrant(GrantKey(int(e), int(s), str(h)), str(t))
+                    for e, s, h, t in doc["live"]
+                ],
+                unknown_after={
+                    int(e): (int(s), float(w)) for e, (s, w) in doc["unknown_after"].items()
                 },
+                uncounted=_keys(doc["uncounted"]),
+                settled=_keys(doc["settled"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             logger.error("ignoring an unreadable pool snapshot: %s", e)
             return None
+
+
+def _keys(rows: list[list[Any]]) -> dict[GrantKey, float]:
+    """Grant keys with their wall times, as ``encode`` writes them."""
+    return {GrantKey(int(e), int(s), str(h)): float(w) for e, s, h, w in rows}

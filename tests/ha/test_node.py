@@ -509,3 +509,39 @@ async def test_an_owner_that_self_fenced_takes_its_pools_back_when_the_store_ret
     after = cluster.owner("pool-0")
     assert after is not None
     assert next(s.epoch for s in after.status() if s.pool == "pool-0") > before
+
+
+async def test_every_release_is_charged_exactly_once_across_a_crash(cluster: Cluster) -> None:
+    owner = cluster.owner("pool-5")
+    assert owner is not None
+    pool = "pool-5"
+    settled = await acquire(owner, pool, "a", holder="gw")
+    await owner.release(settled.grant_id, 3.0)  # durable, then the answer is "lost"
+    for _ in range(5):  # "a" holds its 5 slots, so the next grant borrows
+        await acquire(owner, pool, "a", holder="gw")
+    late = await acquire(owner, pool, "a", holder="gw")
+    assert late.borrowing  # not covered by any write before the crash
+    cluster.crash(owner)
+    await cluster.clock.advance(TIMING.lease_ttl_s + 0.5)
+    await cluster.settle_owners()
+    node = cluster.nodes[0]
+    for _ in range(2):  # each release arrives twice (retries)
+        await node.release(settled.grant_id, 3.0)
+        await node.release(late.grant_id, 2.0)
+    view = await node.snapshot(pool)
+    stat = next(s for s in view.teams if s.team == "a")
+    assert 4.5 < stat.usage <= 5.0  # 5 decayed over a few seconds; twice would be >= 7
+    assert stat.phantoms == 5  # the five held grants, still counted
+    # A second crash: the successor's successor must not charge them again either.
+    second = cluster.owner(pool)
+    assert second is not None
+    cluster.crash(second)
+    await cluster.clock.advance(TIMING.lease_ttl_s + 0.5)
+    await cluster.settle_owners()
+    node = cluster.nodes[0]
+    await node.release(settled.grant_id, 3.0)
+    await node.release(late.grant_id, 2.0)
+    view = await node.snapshot(pool)
+    stat = next(s for s in view.teams if s.team == "a")
+    assert 4.5 < stat.usage <= 5.0  # 5 decayed over a few seconds; twice would be >= 7
+    assert stat.phantoms == 5

@@ -441,12 +441,12 @@ async def test_a_server_killed_under_load_restarts_with_its_usage_and_no_overcom
             # A within-share grant is durable before it is returned: every one the
             # gateways held at the kill is in the in-flight count the successor restores.
             held = ledger.within_live(team)[epoch0]
-            assert state.in_flight.get(team, 0) >= held, (
+            assert state.in_flight().get(team, 0) >= held, (
                 f"{team}: {held} within-share grants held at the kill, only "
-                f"{state.in_flight.get(team, 0)} persisted in flight\n{context()}"
+                f"{state.in_flight().get(team, 0)} persisted in flight\n{context()}"
             )
         unanswered_count = sum(unanswered(e) for e in ledger.entries.values())
-        restored_phantoms = sum(state.in_flight.values())
+        restored_phantoms = sum(state.in_flight().values())
         server.start()
         epoch1 = await server.ready(channel)
         restarted = time.time()
