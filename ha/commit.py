@@ -4,6 +4,11 @@ Guarantee: when ``sync()`` returns, a write that started after ``sync()`` was ca
 has completed, so the state as of the call is durable. When that write fails, every
 waiter it covered gets the failure, and so does every later ``sync()``: a pool whose
 fenced write failed is lost, and its owner must not answer from it again.
+
+Writes start at most once per window, counted from the start of the previous write: a
+request that finds no write started within the last window is written at once (a lone
+caller pays no gathering delay), and the requests that arrive meanwhile are covered
+together by the next write, which waits only for what is left of the window.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ class GroupCommitter:
     ) -> None:
         """Args:
         write: writes the current state durably; raises on failure.
-        window_s: how long to gather requests before a write starts.
+        window_s: least time between the starts of two writes; requests gather
+            meanwhile.
         clock: for the gathering window.
         name: names the background task.
         """
@@ -43,6 +49,7 @@ class GroupCommitter:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._last_start: float | None = None  # monotonic start of the latest write
         self.writes = 0
 
     @property
@@ -83,8 +90,11 @@ class GroupCommitter:
 
     async def _run(self) -> None:
         while self._durable < self._requested and self._failure is None:
-            if self._window_s > 0:
-                await self._clock.sleep(self._window_s)
+            if self._window_s > 0 and self._last_start is not None:
+                left = self._last_start + self._window_s - self._clock.monotonic()
+                if left > 0:
+                    await self._clock.sleep(left)
+            self._last_start = self._clock.monotonic()
             generation = self._requested
             try:
                 await self._write()
