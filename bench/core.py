@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
-import platform
 import pstats
 import random
-import re
 import statistics
 import sys
 import time
@@ -39,17 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from bench._common import machine, machine_lines, write_section  # noqa: E402
 from fairshare import Class, Grant, Pool  # noqa: E402
 
 SIZES = (10, 100, 1_000, 10_000)
 WITHIN_SHARE_FRACTION = 0.1
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Decision core"
-INTRO = """# Benchmarks
-
-Figures measured on one machine with the commands given in each section. Each section is
-written by its own benchmark; rerun the command to refresh it.
-"""
 
 
 @dataclass(frozen=True)
@@ -116,24 +108,6 @@ def measure(teams: int, pairs: int, repeats: int) -> Result:
     )
 
 
-def machine() -> dict[str, str]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "CPU": model,
-        "nproc": str(cpus),
-        "Python": f"{platform.python_implementation()} {platform.python_version()}",
-        "OS": f"{platform.system()} {platform.release()}",
-    }
-
-
 def table(results: list[Result]) -> str:
     base = results[0].median_us
     lines = [
@@ -161,7 +135,6 @@ def verdict(results: list[Result]) -> str:
 
 
 def section(results: list[Result], pairs: int, repeats: int, info: dict[str, str]) -> str:
-    machine_lines = "\n".join(f"- {k}: {v}" for k, v in info.items())
     return f"""{SECTION}
 
 Cost of one `Pool.acquire` + `Grant.release` pair, the hot path of every request.
@@ -177,24 +150,12 @@ and one-week half-life, garbage collector on. {pairs:,} pairs per repeat, {repea
 repeats; the figure is the median of the repeats, Python loop overhead included.
 
 Machine:
-{machine_lines}
+{machine_lines(info)}
 
 {table(results)}
 
 {verdict(results)}
 """
-
-
-def write_doc(text: str) -> None:
-    """Replaces this benchmark's section of docs/benchmarks.md, keeping every other one."""
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    current = DOC.read_text() if DOC.exists() else INTRO
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text.rstrip("\n") + "\n\n", current, count=1)
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    DOC.write_text(updated.rstrip("\n") + "\n")
 
 
 def profile(teams: int, pairs: int) -> None:
@@ -231,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         for teams in (SIZES[0], SIZES[-1]):
             profile(teams, min(args.pairs, 100_000))
     if not args.no_write:
-        write_doc(section(results, args.pairs, args.repeats, info))
-        print(f"\nwrote the {SECTION!r} section of {DOC.relative_to(ROOT)}")
+        write_section(SECTION, section(results, args.pairs, args.repeats, info))
+        print(f"\nwrote the {SECTION!r} section of docs/benchmarks.md")
     return 0
 
 
