@@ -5,7 +5,10 @@
 - ``workloads``: arrival processes (Poisson, bursts, floods) and request shapes.
 - ``scenarios``: the scenarios of ``docs/simulation.md``, with figures and targets.
 - ``report``: PNG plots (matplotlib, imported lazily) and the markdown report.
+- ``remote``: ``GrpcAllocator``, priorities from a running allocator over gRPC
+  (``--allocator``), instead of the in-process pool.
 - ``cli``: ``fairshare simulate`` / ``python -m server.sim``.
 
-Importing this package needs only ``fairshare``; plotting needs matplotlib.
+Importing this package needs only ``fairshare``; plotting needs matplotlib; ``remote``
+needs the gRPC client (``server.client``).
 """

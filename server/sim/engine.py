@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -155,6 +155,46 @@ class PoolAllocator:
 
     def set_capacity(self, capacity: int) -> None:
         self.pool.set_capacity(capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """The pool a scenario's fairshare run decides on.
+
+    Attributes:
+        name: the pool's name (a running allocator must have a pool of that name).
+        capacity: C at the start of the run.
+        shares: team -> share.
+        half_life_s: the usage half-life, in simulated seconds (in-process only: a
+            running allocator uses the half-life of its own configuration).
+        resizes: the scenario changes the pool's capacity mid-run (``set_capacity``).
+    """
+
+    name: str
+    capacity: int
+    shares: Mapping[str, float]
+    half_life_s: float
+    resizes: bool = False
+
+
+AllocatorFactory = Callable[[PoolSpec, "Simulator"], Allocator]
+"""Builds the allocator of a scenario's fairshare run for a new simulator."""
+
+
+class SetupError(Exception):
+    """A scenario cannot run with the allocator it was given; the message says why."""
+
+
+def in_process(spec: PoolSpec, sim: Simulator) -> PoolAllocator:
+    """The default fairshare side: a ``fairshare.Pool`` whose clock is the simulated time."""
+    pool = Pool(
+        spec.name,
+        spec.capacity,
+        spec.shares,
+        half_life_s=spec.half_life_s,
+        clock=lambda: sim.now,
+    )
+    return PoolAllocator(pool)
 
 
 def degraded_priority(cls: Class) -> int:

@@ -258,6 +258,37 @@ def section(result: ScenarioResult, images: Sequence[Path], base: Path) -> str:
     return "\n".join(lines)
 
 
+LIVE_ALLOCATOR = """\
+## Priorities from a running allocator
+
+`fairshare simulate --scenario NAME --out DIR --allocator HOST:PORT [--pool POOL] \
+[--token-file FILE]` runs the fairshare side of one scenario against a running allocator \
+over gRPC instead of an in-process `fairshare.Pool`, through the gateway client library \
+(`SyncAllocatorClient`, holder `simulator`): every request sent is an `Acquire`, every \
+request that ends a `Release` with its cost (`server/sim/remote.py`). The FCFS comparison \
+stays in-process.
+
+- The allocator's pools come from its own configuration: the pool named like the scenario \
+(or `--pool`) must exist there with the scenario's capacity and the same teams and shares. \
+The simulator checks this with `ListPools` and `Snapshot` before the run and otherwise \
+refuses, naming what is missing and the YAML to configure.
+- `elastic` changes the capacity mid-run with the admin `SetCapacity`: it needs \
+`--token-file` (refused without it); the capacity found at the start is restored at the \
+end.
+- `failover` crashes and rebuilds the owner on simulated time: in-process only, refused \
+under `--allocator` (so is `--scenario all`).
+- Requests still in flight at the end of the run are released at no cost, so the run \
+leaves nothing in flight on the allocator.
+- The figures are **not comparable** with the in-process ones: the allocator decays usage \
+on wall time with the half-life of its configuration while the simulation runs on \
+simulated time (a 30-minute scenario takes seconds, so usage barely decays); usage left by \
+earlier runs counts; every decision includes a network round trip. The report of such a \
+run says so under each scenario and adds `live_*` figures (grants, degraded grants, grants \
+released at the end, usage found at the start).
+"""
+"""The report's last section: how to take priorities from a running allocator."""
+
+
 def document(sections: Sequence[str], command: str) -> str:
     """The whole report."""
     head = [
@@ -285,4 +316,4 @@ def document(sections: Sequence[str], command: str) -> str:
         "1); in FCFS runs the pool still records that standing, but vLLM ignores it.",
         "",
     ]
-    return "\n".join(head) + "\n" + "\n".join(sections)
+    return "\n".join(head) + "\n" + "\n".join(sections) + "\n" + LIVE_ALLOCATOR

@@ -6,6 +6,11 @@ a failover), and returns a ``ScenarioResult``: the runs, a flat ``figures`` dict
 tests and the report read, and the targets checked against those figures.
 
 ``scale`` shortens the horizon (tests use 0.2-0.3); the report uses 1.0.
+
+``fairshare`` builds the allocator of the fairshare run (``engine.AllocatorFactory``);
+None, the default, is the in-process ``fairshare.Pool`` on simulated time. ``_run`` is
+the one place that applies it; the comparison runs (FCFS) always stay in-process. The
+failover scenario builds its own owners and refuses any other fairshare side.
 """
 
 from __future__ import annotations
@@ -17,14 +22,17 @@ from dataclasses import dataclass, field
 from fairshare import Class, Pool
 from server.sim.engine import (
     Allocator,
+    AllocatorFactory,
     FcfsAllocator,
     Hardware,
     Policy,
-    PoolAllocator,
+    PoolSpec,
     Request,
+    SetupError,
     SimResult,
     Simulator,
     degraded_priority,
+    in_process,
 )
 from server.sim.workloads import BATCH, INTERACTIVE, Bursts, Flood, Poisson, Source, start_all
 
@@ -110,8 +118,22 @@ class _Setup:
     horizon_s: float
     seed: int
     half_life_s: float
+    pool: str
+    """The pool's name: a running allocator must have a pool of that name."""
     controls: Callable[[Simulator], None] | None = None
     """Schedules capacity changes and the like on a new simulator."""
+    resizes: bool = False
+    """``controls`` changes the pool's capacity (``set_capacity``)."""
+
+    def spec(self) -> PoolSpec:
+        """The pool the fairshare run decides on."""
+        return PoolSpec(
+            name=self.pool,
+            capacity=self.capacity,
+            shares=self.shares,
+            half_life_s=self.half_life_s,
+            resizes=self.resizes,
+        )
 
 
 def _run(
@@ -119,8 +141,13 @@ def _run(
     *,
     policy: Policy = Policy.PRIORITY,
     allocator: Callable[[Simulator], Allocator] | None = None,
+    fairshare: AllocatorFactory | None = None,
 ) -> SimResult:
-    """One run; ``allocator`` builds a custom allocator (the pool's by default)."""
+    """One run; ``allocator`` builds a custom allocator, else ``fairshare`` (the pool's).
+
+    ``fairshare`` applies to PRIORITY runs only: the FCFS run keeps an in-process pool,
+    only to know which requests would have been within share; vLLM ignores it.
+    """
     sim = Simulator(
         capacity=setup.capacity,
         hardware=HARDWARE,
@@ -131,16 +158,8 @@ def _run(
     if allocator is not None:
         sim.allocator = allocator(sim)
     else:
-        # The pool's clock is the simulated time. The FCFS run keeps the pool too, only
-        # to know which requests would have been within share; vLLM ignores it.
-        pool = Pool(
-            "sim",
-            setup.capacity,
-            setup.shares,
-            half_life_s=setup.half_life_s,
-            clock=lambda: sim.now,
-        )
-        sim.allocator = PoolAllocator(pool)
+        make = fairshare if fairshare is not None and policy is Policy.PRIORITY else in_process
+        sim.allocator = make(setup.spec(), sim)
     if setup.controls is not None:
         setup.controls(sim)
     start_all(sim, setup.sources, setup.seed)
@@ -158,7 +177,9 @@ def _served_fractions(
 # -- 1. two institutions --------------------------------------------------------------
 
 
-def two_institutions(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
+def two_institutions(
+    *, seed: int = 1, scale: float = 1.0, fairshare: AllocatorFactory | None = None
+) -> ScenarioResult:
     """81.25 % / 18.75 % of C = 16: the larger floods, the smaller sends bursts."""
     capacity = 16
     shares = {"large": 0.8125, "small": 0.1875}
@@ -174,8 +195,9 @@ def two_institutions(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
         horizon_s=horizon,
         seed=seed,
         half_life_s=600.0,
+        pool="two-institutions",
     )
-    fair = _run(setup)
+    fair = _run(setup, fairshare=fairshare)
     fcfs = _run(setup, policy=Policy.FCFS)
     mean_s = fair.mean_service_s()
     p99_fair = percentile(fair.waits("small", within_share=True), 99)
@@ -231,7 +253,9 @@ def two_institutions(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
 # -- 2. three teams -------------------------------------------------------------------
 
 
-def three_teams(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
+def three_teams(
+    *, seed: int = 1, scale: float = 1.0, fairshare: AllocatorFactory | None = None
+) -> ScenarioResult:
     """0.5 / 0.25 / 0.25 of C = 20; a and b flood, c is almost idle."""
     capacity = 20
     shares = {"a": 0.5, "b": 0.25, "c": 0.25}
@@ -249,8 +273,9 @@ def three_teams(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
         horizon_s=horizon,
         seed=seed,
         half_life_s=300.0 * scale,
+        pool="three-teams",
     )
-    fair = _run(setup)
+    fair = _run(setup, fairshare=fairshare)
     fcfs = _run(setup, policy=Policy.FCFS)
     a, b = fair.served_s("a", warmup), fair.served_s("b", warmup)
     fa, fb = fcfs.served_s("a", warmup), fcfs.served_s("b", warmup)
@@ -304,7 +329,9 @@ def three_teams(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
 # -- 3. elastic -------------------------------------------------------------------------
 
 
-def elastic(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
+def elastic(
+    *, seed: int = 1, scale: float = 1.0, fairshare: AllocatorFactory | None = None
+) -> ScenarioResult:
     """C = 16, shrinks to 8 a third of the way, grows to 24 at two thirds."""
     shares = {"a": 0.5, "b": 0.3, "c": 0.2}
     horizon = 1800.0 * scale
@@ -327,9 +354,11 @@ def elastic(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
         horizon_s=horizon,
         seed=seed,
         half_life_s=600.0,
+        pool="elastic",
         controls=controls,
+        resizes=True,
     )
-    fair = _run(setup)
+    fair = _run(setup, fairshare=fairshare)
     fcfs = _run(setup, policy=Policy.FCFS)
     mean_s = fair.mean_service_s()
     figures: dict[str, float] = {"mean_service_s": mean_s}
@@ -544,8 +573,20 @@ FAILOVER_SEEDS = 4
 0.3 s from that alone."""
 
 
-def failover(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
-    """An owner crash mid-run, against the same runs without it."""
+def failover(
+    *, seed: int = 1, scale: float = 1.0, fairshare: AllocatorFactory | None = None
+) -> ScenarioResult:
+    """An owner crash mid-run, against the same runs without it.
+
+    In-process only: the crash, the restore and the adoptions are modelled with the core
+    API on simulated time, so ``fairshare`` must be None.
+    """
+    if fairshare is not None:
+        raise SetupError(
+            "the failover scenario is in-process only: it crashes and rebuilds the owner "
+            "itself on simulated time, which a running allocator cannot do; run it "
+            "without --allocator"
+        )
     capacity = 20
     shares = {"a": 0.5, "b": 0.3, "c": 0.2}
     horizon = 1800.0 * scale
@@ -570,6 +611,7 @@ def failover(*, seed: int = 1, scale: float = 1.0) -> ScenarioResult:
             horizon_s=horizon,
             seed=run_seed,
             half_life_s=half_life,
+            pool="failover",
         )
         allocators: list[FailoverAllocator] = []
 
@@ -728,4 +770,5 @@ SCENARIOS: dict[str, Callable[..., ScenarioResult]] = {
     "elastic": elastic,
     "failover": failover,
 }
-"""Command-line name -> scenario function (keyword arguments ``seed`` and ``scale``)."""
+"""Command-line name -> scenario function (keyword arguments ``seed``, ``scale`` and
+``fairshare``)."""
