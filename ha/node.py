@@ -86,11 +86,13 @@ class Node:
         prefix: str = "/fairshare",
         clock: Clock | None = None,
         embedded: bool = False,
+        owns_store: bool = False,
     ) -> None:
         self.node_id = node_id
         self.address = advertise
         self.timing = timing
         self.embedded = embedded
+        self._owns_store = owns_store  # close() closes it too
         self._configs = {PoolName(p.name): p for p in pools}
         self._store = store
         self._peers = peers
@@ -182,6 +184,8 @@ class Node:
             logger.warning(
                 "node %s could not revoke its lease (%s); it will expire", self.node_id, e
             )
+        if self._owns_store:
+            await self._store.close()
 
     async def _guard(self, name: str, coro: Coroutine[object, object, None]) -> None:
         try:
@@ -823,4 +827,5 @@ async def open_node(
         prefix=prefix,
         clock=clock,
         embedded=embedded,
+        owns_store=True,
     )

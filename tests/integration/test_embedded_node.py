@@ -247,7 +247,7 @@ async def test_adopt_counts_a_degraded_grant_until_released(stub: pb_grpc.Alloca
 
 async def persisted_usage(config: Config) -> dict[str, float]:
     """The usage in the pool snapshot on disk: what a restart after a crash restores."""
-    store = FileStore(config.state_dir)
+    store = FileStore(config.state_dir, read_only=True)
     try:
         kv = await store.get(Keys(config.etcd.prefix).state("gpu-a"))
     finally:

@@ -348,7 +348,7 @@ class Poller:
 
 async def persisted(state_dir: pathlib.Path) -> PoolSnapshot:
     """The pool's snapshot in the embedded store's file, as a successor reads it."""
-    store = FileStore(state_dir)
+    store = FileStore(state_dir, read_only=True)
     try:
         kv = await store.get(Keys("/fairshare").state(POOL))
     finally:
