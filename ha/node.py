@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import pathlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -215,36 +216,30 @@ class Node:
     ) -> Decision:
         config = self._config(pool)
         name = PoolName(pool)
-        if epoch is not None:  # forwarded by a peer: answer from our own state only
-            owned = self._owner_at(name, epoch)
-            try:
-                return await owned.acquire(
-                    team=team,
-                    cls=cls,
-                    est_tokens=est_tokens,
-                    holder=holder,
-                    request_id=request_id,
-                    try_only=try_only,
-                )
-            except NotDeciding:
-                raise self._wrong_epoch(name) from None
-        if not request_id:
+        if not request_id and epoch is None:
             # Forwarding may retry: a request id makes the owner answer a retry alike.
             self._request_seq += 1
             request_id = f"{self.node_id}:{self._request_seq}"
+        decide = functools.partial(
+            OwnedPool.acquire,
+            team=team,
+            cls=cls,
+            est_tokens=est_tokens,
+            holder=holder,
+            request_id=request_id,
+            try_only=try_only,
+        )
+        if epoch is not None:  # forwarded by a peer: answer from our own state only
+            try:
+                return await decide(self._owner_at(name, epoch))
+            except NotDeciding:
+                raise self._wrong_epoch(name) from None
         deadline = self._clock.monotonic() + self.timing.degraded_after_s
         while True:
             local = self._owned.get(name)
             if local is not None and local.can_decide():
                 try:
-                    return await local.acquire(
-                        team=team,
-                        cls=cls,
-                        est_tokens=est_tokens,
-                        holder=holder,
-                        request_id=request_id,
-                        try_only=try_only,
-                    )
+                    return await decide(local)
                 except NotDeciding:
                     pass
             route = self.view.route(name)
