@@ -74,7 +74,7 @@ TIMING = {
     "rpc_timeout_s": 0.25,
     "fence_margin_s": 0.5,
     "snapshot_interval_s": 0.5,
-    "commit_window_s": 0.0,
+    "commit_window_s": 0.001,
     "campaign_delay_s": 0.3,
     "degraded_after_s": 0.2,
     "forward_deadline_s": 1.0,
