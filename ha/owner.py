@@ -105,8 +105,11 @@ class OwnedPool:
         self._grants: dict[int, _Held] = {}  # this epoch's grants by sequence number
         self._adopted: dict[GrantKey, _Held] = {}  # earlier grants counted again
         # Earlier grants the previous owner counted, each standing for one phantom.
-        self._phantoms: dict[GrantKey, str] = {}
-        self._phantoms_until = 0.0
+        # Earlier grants the previous owner counted, each standing for one phantom, with
+        # the wall time after which it cannot be running any more. The pool's phantoms
+        # never expire by themselves: this map ends them, one by one, so that the pool's
+        # count and these identities always agree.
+        self._phantoms: dict[GrantKey, tuple[str, float]] = {}
         # Epoch -> (sequence, since): grants above it were never counted (see ha.snapshot).
         self._unknown_after: dict[int, tuple[int, float]] = {}
         self._uncounted: dict[GrantKey, float] = {}  # known, not counted, still chargeable
@@ -135,17 +138,23 @@ class OwnedPool:
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
         for team, usage in snapshot.usage.items():
             self.pool.set_usage(team, usage * decay)
-        self._phantoms_until = now + self.config.max_request_s
+        # Each phantom lasts as long as its request could still be running, and never
+        # beyond max_request_s from now: chained failovers do not stretch it.
+        latest = now + self.config.max_request_s
+        counts: dict[str, int] = {}
         for grant in snapshot.live:
-            self._phantoms[grant.key] = grant.team
-        for team, n in snapshot.in_flight().items():
-            self.pool.add_phantoms(team, n, self._phantoms_until)
+            until = min(grant.until, latest)
+            if until > now:
+                self._phantoms[grant.key] = (grant.team, until)
+                counts[grant.team] = counts.get(grant.team, 0) + 1
+        for team, n in counts.items():
+            self.pool.add_phantoms(team, n, math.inf)
         self._unknown_after = dict(snapshot.unknown_after)
         self._unknown_after[snapshot.epoch] = (snapshot.issued, now)
         self._uncounted = dict(snapshot.uncounted)
         self._settled = dict(snapshot.settled)
         self._forget(now)
-        return len(snapshot.usage), len(snapshot.live)
+        return len(snapshot.usage), len(self._phantoms)
 
     def can_decide(self) -> bool:
         return self.deciding and not self.committer.failed and self._fenced()
@@ -232,9 +241,10 @@ class OwnedPool:
             adopted.grant.release(consumed)
             self._settle(key)
             return
-        team = self._phantoms.pop(key, None)
-        if team is not None:
+        phantom = self._phantoms.pop(key, None)
+        if phantom is not None:
             # The previous owner counted it: charge it and close its phantom.
+            team = phantom[0]
             self.pool.charge(team, consumed)
             self.pool.drop_phantom(team)
             self._settle(key)
@@ -273,15 +283,15 @@ class OwnedPool:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
             self._adopted[key] = _Held(grant, ref.holder, grant.team, self._clock.time())
             adopted += 1
-            team = self._phantoms.pop(key, None)
-            if team is not None and self.pool.drop_phantom(team):
+            phantom = self._phantoms.pop(key, None)
+            if phantom is not None and self.pool.drop_phantom(phantom[0]):
                 dropped += 1
         if complete:
             # The holder does not hold these any more: their releases may still be on the
             # way, so they stay chargeable, but they no longer count in flight.
             now = self._clock.time()
             for key in [k for k in self._phantoms if k.holder == holder]:
-                if self.pool.drop_phantom(self._phantoms.pop(key)):
+                if self.pool.drop_phantom(self._phantoms.pop(key)[0]):
                     dropped += 1
                 self._uncounted[key] = now
         return AdoptResult(adopted, dropped, self.node, self.epoch)
@@ -293,7 +303,9 @@ class OwnedPool:
         without releasing it. Without this a dead gateway would keep its team's slots for
         ever; with it, it keeps them no longer than a phantom would. Nothing is charged.
         """
-        horizon = self._clock.time() - self.config.max_request_s
+        now = self._clock.time()
+        self._forget(now)  # phantoms end here too: the pool's never expire by themselves
+        horizon = now - self.config.max_request_s
         expired = _expire(self._grants, horizon) + _expire(self._adopted, horizon)
         if expired:
             logger.warning(
@@ -323,12 +335,15 @@ class OwnedPool:
         now = self._clock.time()
         self._forget(now)
         usage, _ = self.pool.usage()
+        limit = self.config.max_request_s
         live = [
-            LiveGrant(GrantKey(self.epoch, seq, held.holder), held.team)
+            LiveGrant(GrantKey(self.epoch, seq, held.holder), held.team, held.wall + limit)
             for seq, held in self._grants.items()
         ]
-        live += [LiveGrant(key, held.team) for key, held in self._adopted.items()]
-        live += [LiveGrant(key, team) for key, team in self._phantoms.items()]
+        live += [
+            LiveGrant(key, held.team, held.wall + limit) for key, held in self._adopted.items()
+        ]
+        live += [LiveGrant(key, team, until) for key, (team, until) in self._phantoms.items()]
         return PoolSnapshot(
             pool=self.name,
             epoch=self.epoch,
@@ -373,8 +388,8 @@ class OwnedPool:
     def _forget(self, now: float) -> None:
         """Drops what no request can outlive: phantoms, windows and settled entries older
         than ``max_request_s``."""
-        if self._phantoms and now >= self._phantoms_until:
-            self._phantoms.clear()  # the pool's phantoms expired at the same moment
+        for key in [k for k, (_, until) in self._phantoms.items() if until <= now]:
+            self.pool.drop_phantom(self._phantoms.pop(key)[0])
         horizon = now - max(self.config.max_request_s, self._release_memory_s)
         if self._unknown_after:
             self._unknown_after = {e: w for e, w in self._unknown_after.items() if w[1] >= horizon}

@@ -44,10 +44,12 @@ class GrantKey(NamedTuple):
 
 
 class LiveGrant(NamedTuple):
-    """A request counted in flight when the snapshot was taken."""
+    """A request counted in flight when the snapshot was taken, and the wall time after
+    which it cannot be running any more (issued or re-counted + ``max_request_s``)."""
 
     key: GrantKey
     team: str
+    until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +98,9 @@ class PoolSnapshot:
                 "capacity": self.capacity,
                 "usage": dict(self.usage),
                 "issued": self.issued,
-                "live": [[g.key.epoch, g.key.seq, g.key.holder, g.team] for g in self.live],
+                "live": [
+                    [g.key.epoch, g.key.seq, g.key.holder, g.team, g.until] for g in self.live
+                ],
                 "unknown_after": {str(e): [s, w] for e, (s, w) in self.unknown_after.items()},
                 "uncounted": [[k.epoch, k.seq, k.holder, w] for k, w in self.uncounted.items()],
                 "settled": [[k.epoch, k.seq, k.holder, w] for k, w in self.settled.items()],
@@ -120,8 +124,8 @@ class PoolSnapshot:
                 usage={t: u for t, u in usage.items() if math.isfinite(u) and u >= 0},
                 issued=int(doc["issued"]),
                 live=[
-                    LiveGrant(GrantKey(int(e), int(s), str(h)), str(t))
-                    for e, s, h, t in doc["live"]
+                    LiveGrant(GrantKey(int(e), int(s), str(h)), str(t), float(u))
+                    for e, s, h, t, u in doc["live"]
                 ],
                 unknown_after={
                     int(e): (int(s), float(w)) for e, (s, w) in doc["unknown_after"].items()

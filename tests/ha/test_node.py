@@ -545,3 +545,31 @@ async def test_every_release_is_charged_exactly_once_across_a_crash(cluster: Clu
     stat = next(s for s in view.teams if s.team == "a")
     assert 4.5 < stat.usage <= 5.0  # 5 decayed over a few seconds; twice would be >= 7
     assert stat.phantoms == 5
+
+
+async def test_chained_failovers_do_not_stretch_the_phantoms_of_a_dead_holder() -> None:
+    pools = [PoolConfig("p", 4, {"a": 1.0}, max_request_s=20.0)]
+    c = Cluster(3, pools)
+    await c.start()
+    owner = c.owner("p")
+    assert owner is not None
+    for _ in range(3):
+        await acquire(owner, "p", "a", holder="dead-gateway")  # never released nor re-reported
+    issued = c.clock.time()
+    for _ in range(2):  # two owners die one after the other
+        victim = c.owner("p")
+        assert victim is not None
+        c.crash(victim)
+        await c.clock.advance(TIMING.lease_ttl_s + 0.3)
+        await c.settle_owners()
+    survivor = c.owner("p")
+    assert survivor is not None
+    assert (await survivor.snapshot("p")).teams[0].phantoms == 3
+    # They end when the requests could no longer be running: issue + max_request_s (and a
+    # snapshot interval), not max_request_s after the last failover.
+    await c.clock.advance(issued + 20.0 - 0.5 - c.clock.time())
+    assert (await survivor.snapshot("p")).teams[0].phantoms == 3
+    await c.clock.advance(0.5 + TIMING.snapshot_interval_s + 0.2)
+    assert (await survivor.snapshot("p")).teams[0].phantoms == 0
+    assert not (await acquire(survivor, "p", "a")).borrowing
+    await c.close()
