@@ -71,6 +71,14 @@ def _retryable(error: BaseException) -> bool:
     return isinstance(error, aio.AioRpcError) and error.code() in RETRYABLE
 
 
+def _pool_of(grant_id: str) -> str:
+    """The pool a grant id names ('' when it is not one of ours: the server says why)."""
+    try:
+        return GrantRef.decode(grant_id).pool
+    except AllocatorError:
+        return ""
+
+
 def degraded_priority(service_class: Class) -> int:
     """The priority of a ``fail_open`` grant: the lowest borrower's."""
     return BORROW_BASE + RANK_STEP * MAX_RANK + int(service_class)
@@ -136,6 +144,7 @@ class AllocatorClient:
         release_retry_s: float = 0.5,
         release_batch: int = 1000,
         epoch_check_s: float = 1.0,
+        route_to_owner: bool = True,
     ) -> None:
         """Creates the client; channels connect lazily.
 
@@ -149,6 +158,9 @@ class AllocatorClient:
             credentials: TLS credentials; None uses plaintext.
             release_retry_s: period of the background retry of unacknowledged releases.
             release_batch: most releases retried per period.
+            route_to_owner: send each pool's calls straight to its owner (its address is
+                learnt from ListPools whenever a new epoch shows up), falling back to
+                ``targets`` when the owner does not answer; saves the forwarding hop.
             epoch_check_s: while it holds grants, how often the client reads ListPools to
                 notice a new owner it would not otherwise see (a gateway that only
                 releases), so its re-report closes the new owner's phantoms early.
@@ -178,6 +190,9 @@ class AllocatorClient:
         self._flusher: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._epoch_check_s = epoch_check_s
+        self._route_to_owner = route_to_owner
+        self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
+        self._learning: asyncio.Task[None] | None = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -197,7 +212,10 @@ class AllocatorClient:
             await asyncio.wait_for(self._flush(until_empty=True), flush_timeout_s)
         except TimeoutError:
             logger.warning("closing with %d releases unacknowledged", len(self._pending))
-        tasks = [*self._tasks, *(t for t in (self._flusher, self._watcher) if t is not None)]
+        tasks = [
+            *self._tasks,
+            *(t for t in (self._flusher, self._watcher, self._learning) if t is not None),
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -217,8 +235,7 @@ class AllocatorClient:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def _stub(self, index: int) -> pb_grpc.AllocatorStub:
-        target = self._targets[index % len(self._targets)]
+    def _stub(self, target: str) -> pb_grpc.AllocatorStub:
         channel = self._channels.get(target)
         if channel is None:
             if self._credentials is not None:
@@ -228,14 +245,16 @@ class AllocatorClient:
             self._channels[target] = channel
         return pb_grpc.AllocatorStub(channel)
 
-    async def _call(self, method: str, request: object, *, deadline_s: float) -> T:
-        """Calls ``method`` on the targets in turn until one answers or the deadline passes.
+    async def _call(self, method: str, request: object, *, deadline_s: float, pool: str = "") -> T:
+        """Calls ``method`` on the pool's owner first (when known), then on the targets in
+        turn, until one answers or the deadline passes.
 
         Raises:
             aio.AioRpcError: the last error (retryable ones only after the deadline).
         """
         start = time.monotonic()
         attempt = itertools.count()
+        owner = self._owners.get(pool) if self._route_to_owner and pool else None
 
         def log_retry(state: RetryCallState) -> None:
             logger.debug("%s: attempt %d failed; retrying", method, state.attempt_number)
@@ -248,13 +267,22 @@ class AllocatorClient:
             reraise=True,
         ):
             with trying:
-                index = self._preferred + next(attempt)
+                number = next(attempt)
                 left = max(deadline_s - (time.monotonic() - start), 0.001)
                 # One attempt may take a third of the deadline: a replica that hangs
                 # (paused, partitioned) must leave time to try another one.
-                if len(self._targets) > 1:
+                if len(self._targets) > 1 or owner is not None:
                     left = min(left, max(deadline_s / 3, 0.05))
-                response: T = await getattr(self._stub(index), method)(request, timeout=left)
+                if owner is not None and number == 0:
+                    try:
+                        return await getattr(self._stub(owner), method)(request, timeout=left)  # type: ignore[no-any-return]
+                    except aio.AioRpcError as e:
+                        if e.code() in RETRYABLE and self._owners.get(pool) == owner:
+                            del self._owners[pool]  # learnt again at the next epoch
+                        raise
+                index = self._preferred + number - (1 if owner is not None else 0)
+                target = self._targets[index % len(self._targets)]
+                response: T = await getattr(self._stub(target), method)(request, timeout=left)
                 self._preferred = index % len(self._targets)
                 return response
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
@@ -266,6 +294,10 @@ class AllocatorClient:
         )
         for info in listing.pools:
             self._modes[info.pool] = _MODES.get(info.degraded_mode, DegradedMode.FAIL_OPEN)
+            if info.owner_address:
+                self._owners[info.pool] = info.owner_address
+            else:
+                self._owners.pop(info.pool, None)
             self._saw_epoch(info.pool, info.epoch)
         return list(listing.pools)
 
@@ -312,7 +344,9 @@ class AllocatorClient:
             try_only=try_only,
         )
         try:
-            r: pb.AcquireResponse = await self._call("Acquire", request, deadline_s=self.deadline_s)
+            r: pb.AcquireResponse = await self._call(
+                "Acquire", request, deadline_s=self.deadline_s, pool=pool
+            )
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise to_allocator_error(e, address="", pool=pool) from e
@@ -349,7 +383,10 @@ class AllocatorClient:
         """
         try:
             r: pb.AcquireResponse = await self._call(
-                "Acquire", request, deadline_s=max(self.deadline_s, _ABANDON_DEADLINE_S)
+                "Acquire",
+                request,
+                deadline_s=max(self.deadline_s, _ABANDON_DEADLINE_S),
+                pool=request.pool,
             )
         except aio.AioRpcError as e:
             logger.info(
@@ -395,6 +432,8 @@ class AllocatorClient:
         self._epochs[pool] = max(epoch, known or 0)
         if epoch == 0 or (known is not None and epoch <= known):
             return
+        if self._route_to_owner:
+            self._learn_routes()
         older = any(g.pool == pool and g.epoch != epoch for g in self._live.values())
         if known is None and not older:
             return
@@ -419,7 +458,7 @@ class AllocatorClient:
             ],
         )
         try:
-            r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0)
+            r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
         except aio.AioRpcError as e:
             logger.warning(
                 "pool %s: re-reporting %d grants failed: %s; will retry",
@@ -455,6 +494,7 @@ class AllocatorClient:
                 "Release",
                 pb.ReleaseRequest(grant_id=grant_id, consumed=consumed),
                 deadline_s=self.deadline_s,
+                pool=_pool_of(grant_id),
             )
         except aio.AioRpcError as e:
             if e.code() in RETRYABLE:
@@ -476,6 +516,21 @@ class AllocatorClient:
                 return
             if self._pending:
                 await asyncio.sleep(self._release_retry_s)
+
+    def _learn_routes(self) -> None:
+        """Reads ListPools in the background (once at a time) to learn owners' addresses."""
+        if self._closed or (self._learning is not None and not self._learning.done()):
+            return
+
+        async def learn() -> None:
+            try:
+                await self.refresh_pools()
+            except aio.AioRpcError as e:
+                logger.debug("learning the owners failed: %s", e.code())
+
+        self._learning = asyncio.get_running_loop().create_task(
+            learn(), name=f"fairshare-client-{self.holder}-routes"
+        )
 
     def _ensure_watcher(self) -> None:
         if self._closed or (self._watcher is not None and not self._watcher.done()):

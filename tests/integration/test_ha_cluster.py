@@ -158,3 +158,30 @@ async def test_etcd_restarted_under_load_recovers_without_restarting_a_replica(
         assert not answer.degraded and answer.epoch > 0
     assert [r.proc.pid for r in cluster.replicas if r.proc is not None] == pids
     assert all(r.alive for r in cluster.replicas)
+
+
+async def test_the_client_library_goes_straight_to_the_owner_once_it_knows_it(
+    cluster: DrillCluster,
+) -> None:
+    from server.client import AllocatorClient
+
+    node, epoch = (await cluster.owners())["gpu-a"]
+    other = next(r for r in cluster.replicas if r.node != node)
+    client = AllocatorClient([other.address], holder="direct-gw", deadline_s=1.0)
+    try:
+        first = await client.acquire("gpu-a", "inst-a")  # forwarded by the only target
+        assert (first.owner, first.epoch) == (node, epoch)
+        for _ in range(100):  # the owner's address is learnt in the background
+            if client._owners.get("gpu-a") == cluster.replica(node).address:
+                break
+            await asyncio.sleep(0.02)
+        # The only configured replica dies: calls still reach the owner, undegraded.
+        other.signal(signal.SIGKILL)
+        other.wait(5.0)
+        second = await client.acquire("gpu-a", "inst-a")
+        assert not second.degraded and second.owner == node
+        await first.release(1.0)
+        await second.release(1.0)
+        assert client.pending_releases == 0
+    finally:
+        await client.close(flush_timeout_s=1.0)
