@@ -87,6 +87,7 @@ class GroupCommitter:
                 await self._task
         if self._failure is None:
             self._failure = CommitFailed("committer closed")
+        self._settle(None, self._failure)  # nobody may wait for a write that won't come
 
     async def _run(self) -> None:
         while self._durable < self._requested and self._failure is None:

@@ -326,6 +326,9 @@ class FileStore(MemoryStore):
                 break
             if revision <= self._revision:
                 continue  # already in the compacted file
+            self._revision = revision
+            if "k" not in record:
+                continue  # a write to a key on a lease: only its revision is kept
             key = str(record["k"])
             if record["v"] is None:
                 self._keys.pop(key, None)
@@ -333,22 +336,26 @@ class FileStore(MemoryStore):
                 self._keys[key] = KeyValue(
                     key, base64.b64decode(record["v"]), int(record["c"]), revision
                 )
-            self._revision = revision
             replayed += 1
         return replayed
 
     async def _persist(self, key: str, durable: bool) -> None:
-        if not durable:
-            return
         if self._read_only:
             raise StoreUnavailable(f"{self._path.parent} is open read-only")
-        kv = self._keys.get(key)
-        record = {
-            "r": self._revision,
-            "k": key,
-            "v": None if kv is None else base64.b64encode(kv.value).decode("ascii"),
-            "c": 0 if kv is None else kv.create_revision,
-        }
+        record: dict[str, object]
+        if not durable:
+            # A key on a lease is not kept, but its revision is: an owner key's
+            # create_revision is an epoch, and a restarted process must never hand the
+            # same epoch out again.
+            record = {"r": self._revision}
+        else:
+            kv = self._keys.get(key)
+            record = {
+                "r": self._revision,
+                "k": key,
+                "v": None if kv is None else base64.b64encode(kv.value).decode("ascii"),
+                "c": 0 if kv is None else kv.create_revision,
+            }
         line = json.dumps(record, separators=(",", ":")).encode("utf-8") + b"\n"
         try:
             await asyncio.to_thread(_append, self._log_fd, line)

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import logging
 import pathlib
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -122,6 +123,9 @@ class Node:
         self._started = 0.0
         self._closing = False
         self._request_seq = 0
+        # Generated request ids must not repeat across restarts of this node: an owner
+        # that outlived the restart would answer a new request with an old grant.
+        self._incarnation = secrets.token_hex(6)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -172,9 +176,9 @@ class Node:
         for owned in self._owned.values():
             logger.info("released pool %s at epoch %d: shutting down", owned.name, owned.epoch)
         self._owned.clear()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._background]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._background]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
@@ -219,7 +223,7 @@ class Node:
         if not request_id and epoch is None:
             # Forwarding may retry: a request id makes the owner answer a retry alike.
             self._request_seq += 1
-            request_id = f"{self.node_id}:{self._request_seq}"
+            request_id = f"{self.node_id}:{self._incarnation}:{self._request_seq}"
         decide = functools.partial(
             OwnedPool.acquire,
             team=team,
@@ -615,16 +619,33 @@ class Node:
             epoch=epoch,
             node=self.node_id,
             clock=self._clock,
-            fenced=self._lease.fenced,
+            # Decide only on the lease the owner key was created on: a node that lost
+            # that lease and joined again must not decide from this epoch.
+            fenced=lambda: self._lease.lease == lease and self._lease.fenced(),
             write=lambda data: self._write_state(name, epoch, data),
             commit_window_s=self.timing.commit_window_s,
             release_memory_s=self.timing.release_memory_s,
         )
         state = await bounded(self._store.get(self._keys.state(name)), rpc)
         snapshot = PoolSnapshot.decode(state.value) if state is not None else None
-        teams, phantoms = owned.restore(snapshot)
+        if state is not None and snapshot is None:
+            phantoms = owned.restore_unreadable()
+            teams = 0
+            logger.error(
+                "pool %s at epoch %d: the previous owner's snapshot is unreadable; usage "
+                "starts from zero and every reservation counts as taken for %gs",
+                name,
+                epoch,
+                config.max_request_s,
+            )
+        else:
+            teams, phantoms = owned.restore(snapshot)
         route = self.view.route(name)
-        if self._closing or (route is not None and route.epoch != epoch):
+        if (
+            self._closing
+            or self._lease.lease != lease
+            or (route is not None and route.epoch != epoch)
+        ):
             return
         self._owned[name] = owned
         self._transitions[name] += 1
@@ -732,7 +753,7 @@ class Node:
         owned = self._owned.get(pool)
         if owned is not None and (route is None or route.epoch != owned.epoch):
             self._drop(owned, "its owner key was deleted" if route is None else "another owner")
-        if route is not None and route.node != self.node_id:
+        if route is not None:
             self._spawn(f"readopt-{pool}", self._readopt(pool, route))
 
     def _lease_lost(self) -> None:
@@ -740,22 +761,40 @@ class Node:
             self._drop(owned, "the lease expired")
 
     async def _readopt(self, pool: PoolName, route: Route) -> None:
-        """Re-reports the grants this replica holds for its callers to a new owner."""
+        """Re-reports the grants this replica obtained for its callers to a new owner.
+
+        The new owner may still be restoring when its key appears, so this retries until
+        the owner takes it, the route moves on, or the forward deadline passes. When this
+        node is the new owner, it re-counts them itself once the pool is installed.
+        """
         stubs = [s for s in self._stubs.values() if s.pool == pool and s.epoch < route.epoch]
         if not stubs:
             return
-        try:
-            await self._peers.adopt(
-                route.address,
-                pool=pool,
-                epoch=route.epoch,
-                holder=f"replica:{self.node_id}",
-                grants=[s.held for s in stubs],
-                complete=False,
-                timeout=self.timing.rpc_timeout_s,
-            )
-        except Exception as e:
-            logger.info("pool %s: re-report to %s failed: %s", pool, route.node, e)
+        grants = [s.held for s in stubs]
+        holder = f"replica:{self.node_id}"
+        deadline = self._clock.monotonic() + self.timing.forward_deadline_s
+        while self._clock.monotonic() < deadline and self.view.route(pool) == route:
+            owned = self._owned.get(pool)
+            try:
+                if route.node == self.node_id:
+                    if owned is not None and owned.epoch == route.epoch and owned.can_decide():
+                        owned.adopt(holder=holder, grants=grants, complete=False)
+                        return
+                else:
+                    await self._peers.adopt(
+                        route.address,
+                        pool=pool,
+                        epoch=route.epoch,
+                        holder=holder,
+                        grants=grants,
+                        complete=False,
+                        timeout=self.timing.rpc_timeout_s,
+                    )
+                    return
+            except (WrongEpoch, PeerUnavailable, NoOwner) as e:
+                logger.debug("pool %s: re-report to %s not taken yet: %s", pool, route.node, e)
+            await self._clock.sleep(_ROUTE_POLL_S * 5)
+        logger.info("pool %s: gave up re-reporting %d grants to %s", pool, len(grants), route.node)
 
     # -- background ---------------------------------------------------------------------
 
@@ -775,14 +814,22 @@ class Node:
             self.view.changed.set()
 
     def _forget_stubs(self) -> None:
-        horizon = self._clock.time() - max(c.max_request_s for c in self._configs.values())
+        longest = max((c.max_request_s for c in self._configs.values()), default=0.0)
+        horizon = self._clock.time() - longest
         for grant_id in [g for g, s in self._stubs.items() if s.wall < horizon]:
             del self._stubs[grant_id]
 
     def _spawn(self, name: str, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.create_task(coro, name=name)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "task %s of node %s failed: %r", task.get_name(), self.node_id, task.exception()
+            )
 
 
 async def open_node(

@@ -112,6 +112,8 @@ class OwnedPool:
         self._phantoms: dict[GrantKey, tuple[str, float]] = {}
         # Epoch -> (sequence, since): grants above it were never counted (see ha.snapshot).
         self._unknown_after: dict[int, tuple[int, float]] = {}
+        # (lo, hi, since): every grant of an epoch strictly between lo and hi is uncounted.
+        self._unknown_between: list[tuple[int, int, float]] = []
         self._uncounted: dict[GrantKey, float] = {}  # known, not counted, still chargeable
         self._settled: dict[GrantKey, float] = {}  # unknown-window grants settled, at wall
         self._answers: OrderedDict[tuple[str, str], Decision] = OrderedDict()
@@ -130,9 +132,11 @@ class OwnedPool:
         Returns:
             (teams whose usage was restored, phantoms added).
         """
-        if snapshot is None:
-            return 0, 0
         now = self._clock.time()
+        if snapshot is None:
+            # Nothing was ever written, or it is gone: no earlier grant was counted.
+            self._unknown_between = [(0, self.epoch, now)]
+            return 0, 0
         if snapshot.capacity != self.pool.capacity:
             self.pool.set_capacity(snapshot.capacity)
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
@@ -151,10 +155,31 @@ class OwnedPool:
             self.pool.add_phantoms(team, n, math.inf)
         self._unknown_after = dict(snapshot.unknown_after)
         self._unknown_after[snapshot.epoch] = (snapshot.issued, now)
+        # Owners between the snapshot's writer and this one never had a write read back.
+        self._unknown_between = [*snapshot.unknown_between, (snapshot.epoch, self.epoch, now)]
         self._uncounted = dict(snapshot.uncounted)
         self._settled = dict(snapshot.settled)
         self._forget(now)
         return len(snapshot.usage), len(self._phantoms)
+
+    def restore_unreadable(self) -> int:
+        """Takes over after a snapshot that could not be read: fails safe.
+
+        Usage is lost, but no reserved slot is promised twice: every team counts its
+        whole reservation as phantoms for ``max_request_s``, and no grant of an earlier
+        epoch is taken as settled. Returns the phantoms added.
+        """
+        now = self._clock.time()
+        until = now + self.config.max_request_s
+        added = 0
+        for team, slots in self.pool.reserved().items():
+            for i in range(slots):
+                self._phantoms[GrantKey(-1, added + i, "")] = (team, until)
+            if slots:
+                self.pool.add_phantoms(team, slots, math.inf)
+            added += slots
+        self._unknown_between = [(0, self.epoch, now)]
+        return added
 
     def can_decide(self) -> bool:
         return self.deciding and not self.committer.failed and self._fenced()
@@ -281,9 +306,13 @@ class OwnedPool:
                 )
             except ValueError as e:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
-            self._adopted[key] = _Held(grant, ref.holder, grant.team, self._clock.time())
-            adopted += 1
             phantom = self._phantoms.pop(key, None)
+            # It keeps the deadline its phantom had: re-counting does not extend a request.
+            issued = (
+                self._clock.time() if phantom is None else phantom[1] - self.config.max_request_s
+            )
+            self._adopted[key] = _Held(grant, ref.holder, grant.team, issued)
+            adopted += 1
             if phantom is not None and self.pool.drop_phantom(phantom[0]):
                 dropped += 1
         if complete:
@@ -294,6 +323,7 @@ class OwnedPool:
                 if self.pool.drop_phantom(self._phantoms.pop(key)[0]):
                     dropped += 1
                 self._uncounted[key] = now
+            _cap(self._uncounted, self.name, "closed phantoms")
         return AdoptResult(adopted, dropped, self.node, self.epoch)
 
     def expire(self) -> int:
@@ -353,6 +383,7 @@ class OwnedPool:
             issued=self._seq,
             live=live,
             unknown_after=dict(self._unknown_after),
+            unknown_between=list(self._unknown_between),
             uncounted=dict(self._uncounted),
             settled=dict(self._settled),
         )
@@ -379,11 +410,14 @@ class OwnedPool:
         if key.epoch == 0 or key in self._uncounted:
             return True  # degraded, or closed by its holder's complete re-report
         window = self._unknown_after.get(key.epoch)
-        return window is not None and key.seq > window[0]
+        if window is not None and key.seq > window[0]:
+            return True
+        return any(lo < key.epoch < hi for lo, hi, _ in self._unknown_between)
 
     def _settle(self, key: GrantKey) -> None:
         if self._chargeable(key):
             self._settled[key] = self._clock.time()
+            _cap(self._settled, self.name, "settled releases")
 
     def _forget(self, now: float) -> None:
         """Drops what no request can outlive: phantoms, windows and settled entries older
@@ -397,6 +431,23 @@ class OwnedPool:
             self._settled = {k: w for k, w in self._settled.items() if w >= horizon}
         if self._uncounted:
             self._uncounted = {k: w for k, w in self._uncounted.items() if w >= horizon}
+        if self._unknown_between:
+            self._unknown_between = [r for r in self._unknown_between if r[2] >= horizon]
+
+
+_MEMORY_CAP = 10_000  # entries kept per accounting table in every snapshot
+
+
+def _cap(table: dict[GrantKey, float], pool: str, what: str) -> None:
+    """Keeps a snapshot's accounting table bounded (etcd refuses values over 1.5 MiB):
+    past the cap the oldest entries go, and a retry of their release could be charged
+    again."""
+    if len(table) > _MEMORY_CAP:
+        for key in list(table)[: len(table) - _MEMORY_CAP]:
+            del table[key]
+        logger.warning(
+            "pool %s: more than %d %s remembered; forgetting the oldest", pool, _MEMORY_CAP, what
+        )
 
 
 def _expire(table: dict[_K, _Held], horizon: float) -> int:

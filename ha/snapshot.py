@@ -7,8 +7,9 @@ Identities, rather than counts, let a successor settle every later release exact
 - a grant in ``live`` was counted: the successor holds a phantom for it, and its release
   is charged once and closes exactly that phantom;
 - a grant of an epoch listed in ``unknown_after`` with a sequence number above the one given
-  there was never counted by any owner (a borrowing grant made after the last write of a
-  crashed owner, or a degraded grant of epoch 0): its release is charged, once;
+  there, or of an epoch in an ``unknown_between`` range (owners whose snapshots nobody
+  read), was never counted by any owner (so is a borrowing grant made after the last
+  write of a crashed owner, and a degraded grant of epoch 0): its release is charged, once;
 - ``uncounted`` lists other grants known not to be counted (a phantom closed by its holder's
   complete re-report while the release was on its way): their release is charged, once;
 - ``settled`` lists the grants of those windows (and of ``uncounted``) already released or
@@ -66,6 +67,8 @@ class PoolSnapshot:
         live: every request counted in flight (grants, re-counted grants, phantoms).
         unknown_after: epoch -> (sequence, wall since when the window is open): grants of
             that epoch above that sequence were never counted.
+        unknown_between: (lo, hi, since): no snapshot of the epochs strictly between lo
+            and hi was ever read, so none of their grants was counted.
         uncounted: grants not counted whose release must still be charged, with wall time.
         settled: grants of unknown windows already settled, with the wall time.
     """
@@ -78,6 +81,7 @@ class PoolSnapshot:
     issued: int = 0
     live: Sequence[LiveGrant] = ()
     unknown_after: Mapping[int, tuple[int, float]] = field(default_factory=dict)
+    unknown_between: Sequence[tuple[int, int, float]] = ()
     uncounted: Mapping[GrantKey, float] = field(default_factory=dict)
     settled: Mapping[GrantKey, float] = field(default_factory=dict)
 
@@ -102,6 +106,7 @@ class PoolSnapshot:
                     [g.key.epoch, g.key.seq, g.key.holder, g.team, g.until] for g in self.live
                 ],
                 "unknown_after": {str(e): [s, w] for e, (s, w) in self.unknown_after.items()},
+                "unknown_between": [list(r) for r in self.unknown_between],
                 "uncounted": [[k.epoch, k.seq, k.holder, w] for k, w in self.uncounted.items()],
                 "settled": [[k.epoch, k.seq, k.holder, w] for k, w in self.settled.items()],
             },
@@ -130,6 +135,9 @@ class PoolSnapshot:
                 unknown_after={
                     int(e): (int(s), float(w)) for e, (s, w) in doc["unknown_after"].items()
                 },
+                unknown_between=[
+                    (int(lo), int(hi), float(w)) for lo, hi, w in doc["unknown_between"]
+                ],
                 uncounted=_keys(doc["uncounted"]),
                 settled=_keys(doc["settled"]),
             )
