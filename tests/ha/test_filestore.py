@@ -33,7 +33,7 @@ async def test_a_torn_last_record_is_ignored(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     await store.put("/a", b"1")
     await store.close()
-    with (tmp_path / FileStore.LOG_NAME).open("ab") as log:
+    with (tmp_path / FileStore.LOG_NAMES[0]).open("ab") as log:
         log.write(b'{"r":99,"k":"/a","v":"Mg')  # a crash in the middle of an append
     again = FileStore(tmp_path)
     try:
@@ -43,16 +43,26 @@ async def test_a_torn_last_record_is_ignored(tmp_path: Path) -> None:
         await again.close()
 
 
-async def test_the_log_is_compacted_into_the_state_file(tmp_path: Path) -> None:
+async def test_the_log_is_compacted_in_the_background_and_nothing_is_lost(
+    tmp_path: Path,
+) -> None:
     store = FileStore(tmp_path)
-    store.COMPACT_AFTER = 5
-    for i in range(12):
-        await store.put("/x", str(i).encode(), lease=NO_LEASE)
-    assert store._records < 5
+    store.COMPACT_BYTES = 200  # a switch of logs every few writes
+    for i in range(40):
+        await store.put(f"/x/{i % 4}", str(i).encode(), lease=NO_LEASE)
+        if i == 20:
+            os.close(store._lock_fd)  # a crash in the middle: no close, no final compaction
+            crashed = FileStore(tmp_path, read_only=True)
+            kvs, _ = await crashed.get_prefix("/x/")
+            assert [kv.value for kv in kvs] == [b"20", b"17", b"18", b"19"]
+            await crashed.close()
+            store._lock_fd = os.open(tmp_path / "lock", os.O_RDWR)
+    sizes = [(tmp_path / name).stat().st_size for name in FileStore.LOG_NAMES]
+    assert min(sizes) < 200 * 2  # one log was emptied by a compaction
     await store.close()
     again = FileStore(tmp_path, read_only=True)
-    kv = await again.get("/x")
-    assert kv is not None and kv.value == b"11"
+    kvs, _ = await again.get_prefix("/x/")
+    assert [kv.value for kv in kvs] == [b"36", b"37", b"38", b"39"]
     await again.close()
 
 
