@@ -16,8 +16,12 @@ help:
 	@echo "make proto     regenerate the gRPC stubs from proto/"
 	@echo "make drill     randomized failover drill (MINUTES=5 SEED=1)"
 
+# Debian's own python3 needs python3-venv for `-m venv`; it is installed when missing.
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null \
+	  && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
