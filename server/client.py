@@ -52,7 +52,7 @@ from ha.api import (
     PoolName,
 )
 from ha.settings import DegradedMode
-from server.convert import SERVICE_CLASS_PB
+from server.convert import SERVICE_CLASS_PB, adopt_request
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.peers import to_allocator_error
@@ -441,21 +441,8 @@ class AllocatorClient:
 
     async def _adopt(self, pool: str, epoch: int) -> None:
         grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
-        request = pb.AdoptRequest(
-            pool=pool,
-            epoch=epoch,
-            holder=self.holder,
-            complete=True,
-            grants=[
-                pb.HeldGrant(
-                    grant_id=g.grant_id,
-                    team=g.team,
-                    priority=g.priority,
-                    borrowing=g.borrowing,
-                    est_tokens=g.est_tokens,
-                )
-                for g in grants
-            ],
+        request = adopt_request(
+            pool=pool, epoch=epoch, holder=self.holder, complete=True, grants=grants
         )
         try:
             r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0, pool=pool)

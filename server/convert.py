@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Iterable
+from typing import Final, Protocol
 
 from fairshare import Class, TeamStat
 from server.pb.fairshare.v1 import allocator_pb2 as pb
@@ -44,3 +45,40 @@ def team_stat(message: pb.TeamStat) -> TeamStat:
 
 SERVICE_CLASS_PB: Final = {Class.INTERACTIVE: pb.INTERACTIVE, Class.BATCH: pb.BATCH}
 """fairshare.Class -> the ServiceClass enum value."""
+
+
+class Held(Protocol):
+    """A live grant as a holder re-reports it (``ha.api.HeldGrant``, the client's grants)."""
+
+    @property
+    def grant_id(self) -> str: ...
+    @property
+    def team(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def borrowing(self) -> bool: ...
+    @property
+    def est_tokens(self) -> int: ...
+
+
+def adopt_request(
+    *, pool: str, epoch: int, holder: str, complete: bool, grants: Iterable[Held]
+) -> pb.AdoptRequest:
+    """The Adopt message re-reporting ``grants`` to the owner of ``pool`` at ``epoch``."""
+    return pb.AdoptRequest(
+        pool=pool,
+        epoch=epoch,
+        holder=holder,
+        complete=complete,
+        grants=[
+            pb.HeldGrant(
+                grant_id=g.grant_id,
+                team=g.team,
+                priority=g.priority,
+                borrowing=g.borrowing,
+                est_tokens=g.est_tokens,
+            )
+            for g in grants
+        ],
+    )

@@ -38,7 +38,7 @@ from ha.api import (
     UnknownPool,
     WrongEpoch,
 )
-from server.convert import SERVICE_CLASS_PB, team_stat
+from server.convert import SERVICE_CLASS_PB, adopt_request, team_stat
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.servicer import (
@@ -226,21 +226,8 @@ class GrpcPeers:
         timeout: float,
     ) -> AdoptResult:
         """Adopt on the owner at ``address``."""
-        request = pb.AdoptRequest(
-            pool=pool,
-            epoch=epoch,
-            holder=holder,
-            complete=complete,
-            grants=[
-                pb.HeldGrant(
-                    grant_id=g.grant_id,
-                    team=g.team,
-                    priority=g.priority,
-                    borrowing=g.borrowing,
-                    est_tokens=g.est_tokens,
-                )
-                for g in grants
-            ],
+        request = adopt_request(
+            pool=pool, epoch=epoch, holder=holder, complete=complete, grants=grants
         )
         r: pb.AdoptResponse = await self._call(
             "Adopt",
