@@ -38,7 +38,12 @@ from ha.store import (
 
 logger = logging.getLogger(__name__)
 
-_HISTORY = 10_000  # events kept for watches that start from an older revision
+# Events kept for watches that start from an older revision; an older start gets a RESET,
+# as from etcd after a compaction. Watches here start from a revision just read, so a short
+# history is enough, and a short one keeps state writes (hundreds a second, each with the
+# pool's whole snapshot) from piling up in memory and in the garbage collector's scans.
+_HISTORY = 1_000
+_HISTORY_BYTES = 4 * 1024 * 1024
 _EXPIRY_TICK_S = 0.05
 
 
@@ -51,7 +56,8 @@ class MemoryStore:
         self._keys: dict[str, KeyValue] = {}
         self._leases: dict[LeaseId, tuple[float, float]] = {}  # id -> (ttl, expires_at)
         self._next_lease = 0x1000
-        self._history: deque[WatchEvent] = deque(maxlen=_HISTORY)
+        self._history: deque[WatchEvent] = deque()
+        self._history_bytes = 0
         self._watchers: list[tuple[str, asyncio.Queue[WatchEvent | None]]] = []
         self._expirer: asyncio.Task[None] | None = None
         self._closed = False
@@ -204,6 +210,9 @@ class MemoryStore:
 
     def _publish(self, event: WatchEvent) -> None:
         self._history.append(event)
+        self._history_bytes += _size(event)
+        while len(self._history) > _HISTORY or self._history_bytes > _HISTORY_BYTES:
+            self._history_bytes -= _size(self._history.popleft())
         for prefix, queue in self._watchers:
             if event.key.startswith(prefix):
                 queue.put_nowait(event)
@@ -477,3 +486,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _size(event: WatchEvent) -> int:
+    return 0 if event.kv is None else len(event.kv.value)

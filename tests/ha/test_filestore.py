@@ -1,14 +1,16 @@
-"""The embedded store's own durability rules: log, compaction, torn records, one writer."""
+"""The embedded store's own rules: log, compaction, torn records, one writer, and the
+watch history it keeps."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import pytest
 
-from ha.memstore import FileStore
-from ha.store import NO_LEASE, StoreUnavailable
+from ha.memstore import FileStore, MemoryStore
+from ha.store import NO_LEASE, EventKind, StoreUnavailable
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -75,5 +77,29 @@ async def test_two_writers_on_one_state_dir_are_refused(tmp_path: Path) -> None:
         with pytest.raises(StoreUnavailable):
             await reader.put("/y", b"1")
         await reader.close()
+    finally:
+        await store.close()
+
+
+async def test_watch_history_is_bounded_and_an_older_start_gets_a_reset() -> None:
+    store = MemoryStore()
+    try:
+        start = (await store.get_prefix("/s/"))[1]
+        big = b"x" * (1024 * 1024)
+        for i in range(8):  # 8 MiB of values: more than the history keeps
+            await store.put("/s/state", big + str(i).encode())
+        assert len(store._history) < 8
+        events = store.watch_prefix("/s/", start_revision=start)
+        first = await asyncio.wait_for(anext(events), 5)
+        assert first.kind is EventKind.RESET
+        assert [kv.value[-1:] for kv in first.snapshot] == [b"7"]
+        await events.aclose()  # type: ignore[attr-defined]
+
+        recent = (await store.get_prefix("/s/"))[1]
+        await store.put("/s/state", b"small")
+        events = store.watch_prefix("/s/", start_revision=recent)
+        event = await asyncio.wait_for(anext(events), 5)
+        assert (event.kind, event.revision) == (EventKind.PUT, recent + 1)
+        await events.aclose()  # type: ignore[attr-defined]
     finally:
         await store.close()
