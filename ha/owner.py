@@ -17,13 +17,15 @@ crash; the successor is then more cautious (more phantoms), never less.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from itertools import chain
+from typing import NamedTuple, TypeVar
 
 from fairshare import Class, Grant, Pool
 from ha.api import (
@@ -41,12 +43,16 @@ from ha.api import (
 from ha.clock import Clock
 from ha.commit import CommitFailed, GroupCommitter
 from ha.settings import PoolConfig
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot
+from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
 
 logger = logging.getLogger(__name__)
 
 _K = TypeVar("_K")
 _REQUEST_MEMORY = 100_000  # answered request ids kept for retries
+# Expired phantoms and accounting entries are dropped at a write at most this often: a
+# scan of every table at every write (hundreds a second) would cost more than the writes.
+_FORGET_EVERY_S = 1.0
+_Answer = tuple[bool, str, int, bool, bool]  # granted, grant id, priority, borrowing, saturated
 
 
 class NotDeciding(Exception):
@@ -59,6 +65,13 @@ class _Held:
     holder: str
     team: str
     wall: float  # when it was issued or adopted
+    row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
+
+
+class _Phantom(NamedTuple):
+    team: str
+    until: float  # wall time after which its request cannot be running
+    row: str  # its entry in a snapshot's live list
 
 
 class OwnedPool:
@@ -74,6 +87,7 @@ class OwnedPool:
         fenced: Callable[[], bool],
         write: Callable[[bytes], Awaitable[None]],
         commit_window_s: float,
+        release_commit_s: float,
         release_memory_s: float,
     ) -> None:
         """Args:
@@ -85,6 +99,7 @@ class OwnedPool:
         write: coroutine function writing a snapshot, fenced on the epoch; raises
             on failure (the pool is then lost).
         commit_window_s: group commit window.
+        release_commit_s: how long the write that covers a release may wait to start.
         release_memory_s: how long released ids of earlier epochs are remembered.
         """
         self.config = config
@@ -104,24 +119,31 @@ class OwnedPool:
         self._seq = 0
         self._grants: dict[int, _Held] = {}  # this epoch's grants by sequence number
         self._adopted: dict[GrantKey, _Held] = {}  # earlier grants counted again
-        # Earlier grants the previous owner counted, each standing for one phantom.
         # Earlier grants the previous owner counted, each standing for one phantom, with
         # the wall time after which it cannot be running any more. The pool's phantoms
         # never expire by themselves: this map ends them, one by one, so that the pool's
         # count and these identities always agree.
-        self._phantoms: dict[GrantKey, tuple[str, float]] = {}
+        self._phantoms: dict[GrantKey, _Phantom] = {}
         # Epoch -> (sequence, since): grants above it were never counted (see ha.snapshot).
         self._unknown_after: dict[int, tuple[int, float]] = {}
         # (lo, hi, since): every grant of an epoch strictly between lo and hi is uncounted.
         self._unknown_between: list[tuple[int, int, float]] = []
         self._uncounted: dict[GrantKey, float] = {}  # known, not counted, still chargeable
         self._settled: dict[GrantKey, float] = {}  # unknown-window grants settled, at wall
-        self._answers: OrderedDict[tuple[str, str], Decision] = OrderedDict()
+        # (holder, request id) -> (granted, grant id, priority, borrowing, saturated). Plain
+        # tuples of atoms, not Decisions: the garbage collector stops tracking them, so a
+        # full table does not make every full collection scan (and pause for) its entries.
+        self._answers: OrderedDict[tuple[str, str], _Answer] = OrderedDict()
         self._release_memory_s = release_memory_s
         self._write = write
         self.last_snapshot_mono = -1.0
+        self._forgot_at = -math.inf
         self.committer = GroupCommitter(
-            self._persist, window_s=commit_window_s, clock=clock, name=config.name
+            self._persist,
+            window_s=commit_window_s,
+            lazy_s=release_commit_s,
+            clock=clock,
+            name=config.name,
         )
 
     # -- lifecycle ------------------------------------------------------------------
@@ -149,7 +171,7 @@ class OwnedPool:
         for grant in snapshot.live:
             until = min(grant.until, latest)
             if until > now:
-                self._phantoms[grant.key] = (grant.team, until)
+                self._phantoms[grant.key] = _phantom(grant.key, grant.team, until)
                 counts[grant.team] = counts.get(grant.team, 0) + 1
         for team, n in counts.items():
             self.pool.add_phantoms(team, n, math.inf)
@@ -174,7 +196,8 @@ class OwnedPool:
         added = 0
         for team, slots in self.pool.reserved().items():
             for i in range(slots):
-                self._phantoms[GrantKey(-1, added + i, "")] = (team, until)
+                key = GrantKey(-1, added + i, "")
+                self._phantoms[key] = _phantom(key, team, until)
             if slots:
                 self.pool.add_phantoms(team, slots, math.inf)
             added += slots
@@ -214,7 +237,7 @@ class OwnedPool:
             answered = self._answers.get(key)
             if answered is not None:
                 await self.durable()  # the first answer may still be in its commit
-                return answered
+                return Decision(*answered, False, self.node, self.epoch)
         try:
             grant = (
                 self.pool.try_acquire(team, cls, est_tokens)
@@ -223,24 +246,19 @@ class OwnedPool:
             )
         except ValueError as e:
             raise InvalidArgument(_field_of(e), str(e)) from e
+        answer: _Answer
         if grant is None:
-            decision = Decision(False, "", 0, False, True, False, self.node, self.epoch)
+            answer = (False, "", 0, False, True)
         else:
             self._seq += 1
             ref = GrantRef(self.name, self.epoch, self._seq, team, holder)
-            self._grants[self._seq] = _Held(grant, holder, team, self._clock.time())
-            decision = Decision(
-                True,
-                ref.encode(),
-                grant.priority,
-                grant.borrowing,
-                grant.saturated,
-                False,
-                self.node,
-                self.epoch,
+            self._grants[self._seq] = self._held(
+                grant, GrantKey(self.epoch, self._seq, holder), team, self._clock.time()
             )
+            answer = (True, ref.encode(), grant.priority, grant.borrowing, grant.saturated)
+        decision = Decision(*answer, False, self.node, self.epoch)
         if request_id:
-            self._answers[key] = decision
+            self._answers[key] = answer
             if len(self._answers) > _REQUEST_MEMORY:
                 self._answers.popitem(last=False)
         if grant is not None and not grant.borrowing:
@@ -311,7 +329,7 @@ class OwnedPool:
             issued = (
                 self._clock.time() if phantom is None else phantom[1] - self.config.max_request_s
             )
-            self._adopted[key] = _Held(grant, ref.holder, grant.team, issued)
+            self._adopted[key] = self._held(grant, key, grant.team, issued)
             adopted += 1
             if phantom is not None and self.pool.drop_phantom(phantom[0]):
                 dropped += 1
@@ -362,9 +380,7 @@ class OwnedPool:
 
     def snapshot(self) -> PoolSnapshot:
         """The state to persist now."""
-        now = self._clock.time()
-        self._forget(now)
-        usage, _ = self.pool.usage()
+        state = self._state()
         limit = self.config.max_request_s
         live = [
             LiveGrant(GrantKey(self.epoch, seq, held.holder), held.team, held.wall + limit)
@@ -373,7 +389,15 @@ class OwnedPool:
         live += [
             LiveGrant(key, held.team, held.wall + limit) for key, held in self._adopted.items()
         ]
-        live += [LiveGrant(key, team, until) for key, (team, until) in self._phantoms.items()]
+        live += [LiveGrant(key, p.team, p.until) for key, p in self._phantoms.items()]
+        return dataclasses.replace(state, live=live)
+
+    def _state(self) -> PoolSnapshot:
+        """The state to persist now, but for the requests in flight."""
+        now = self._clock.time()
+        if now >= self._forgot_at + _FORGET_EVERY_S:
+            self._forget(now)
+        usage, _ = self.pool.usage()
         return PoolSnapshot(
             pool=self.name,
             epoch=self.epoch,
@@ -381,7 +405,6 @@ class OwnedPool:
             capacity=self.pool.capacity,
             usage=usage,
             issued=self._seq,
-            live=live,
             unknown_after=dict(self._unknown_after),
             unknown_between=list(self._unknown_between),
             uncounted=dict(self._uncounted),
@@ -389,17 +412,32 @@ class OwnedPool:
         )
 
     async def _persist(self) -> None:
-        await self._write(self.snapshot().encode())
+        # What ``snapshot().encode()`` gives, from the rows each request keeps encoded: a
+        # write costs a join over the requests in flight, not an encoding of each.
+        rows = chain(
+            (held.row for held in self._grants.values()),
+            (held.row for held in self._adopted.values()),
+            (p.row for p in self._phantoms.values()),
+        )
+        await self._write(self._state().encode(live_rows=rows))
         self.last_snapshot_mono = self._clock.monotonic()
 
-    async def durable(self) -> None:
+    def _held(self, grant: Grant, key: GrantKey, team: str, wall: float) -> _Held:
+        until = wall + self.config.max_request_s
+        return _Held(grant, key.holder, team, wall, live_row(LiveGrant(key, team, until)))
+
+    async def durable(self, *, lazy: bool = False) -> None:
         """Returns once a fenced write covers the state as of the call.
+
+        Args:
+            lazy: no request waits on it (a release): the write may start up to
+                ``release_commit_s`` later, shared with other callers.
 
         Raises:
             NotDeciding: the write failed; the pool is lost.
         """
         try:
-            await self.committer.sync()
+            await self.committer.sync(lazy=lazy)
         except CommitFailed as e:
             raise NotDeciding(f"{self.name}: durable write failed: {e}") from e
 
@@ -422,7 +460,8 @@ class OwnedPool:
     def _forget(self, now: float) -> None:
         """Drops what no request can outlive: phantoms, windows and settled entries older
         than ``max_request_s``."""
-        for key in [k for k, (_, until) in self._phantoms.items() if until <= now]:
+        self._forgot_at = now
+        for key in [k for k, p in self._phantoms.items() if p.until <= now]:
             self.pool.drop_phantom(self._phantoms.pop(key)[0])
         horizon = now - max(self.config.max_request_s, self._release_memory_s)
         if self._unknown_after:
@@ -476,3 +515,7 @@ def _field_of(error: ValueError) -> str:
         if text.startswith(field):
             return names.get(field, field)
     return "request"
+
+
+def _phantom(key: GrantKey, team: str, until: float) -> _Phantom:
+    return _Phantom(team, until, live_row(LiveGrant(key, team, until)))

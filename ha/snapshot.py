@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -92,8 +92,15 @@ class PoolSnapshot:
             counts[grant.team] = counts.get(grant.team, 0) + 1
         return counts
 
-    def encode(self) -> bytes:
-        return json.dumps(
+    def encode(self, *, live_rows: Iterable[str] | None = None) -> bytes:
+        """The snapshot as stored.
+
+        Args:
+            live_rows: ``live_row`` of each request in flight, in place of ``live`` (an
+                owner keeps them encoded so that a write does not encode each again).
+        """
+        rows = (live_row(g) for g in self.live) if live_rows is None else live_rows
+        head = json.dumps(
             {
                 "version": _VERSION,
                 "pool": self.pool,
@@ -102,16 +109,14 @@ class PoolSnapshot:
                 "capacity": self.capacity,
                 "usage": dict(self.usage),
                 "issued": self.issued,
-                "live": [
-                    [g.key.epoch, g.key.seq, g.key.holder, g.team, g.until] for g in self.live
-                ],
                 "unknown_after": {str(e): [s, w] for e, (s, w) in self.unknown_after.items()},
                 "unknown_between": [list(r) for r in self.unknown_between],
                 "uncounted": [[k.epoch, k.seq, k.holder, w] for k, w in self.uncounted.items()],
                 "settled": [[k.epoch, k.seq, k.holder, w] for k, w in self.settled.items()],
             },
             separators=(",", ":"),
-        ).encode()
+        )
+        return f'{head[:-1]},"live":[{",".join(rows)}]}}'.encode()
 
     @classmethod
     def decode(cls, data: bytes) -> PoolSnapshot | None:
@@ -144,6 +149,12 @@ class PoolSnapshot:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             logger.error("ignoring an unreadable pool snapshot: %s", e)
             return None
+
+
+def live_row(grant: LiveGrant) -> str:
+    """One entry of the ``live`` list as ``PoolSnapshot.encode`` writes it."""
+    k = grant.key
+    return json.dumps([k.epoch, k.seq, k.holder, grant.team, grant.until], separators=(",", ":"))
 
 
 def _keys(rows: list[list[Any]]) -> dict[GrantKey, float]:
