@@ -5,17 +5,20 @@ has completed, so the state as of the call is durable. When that write fails, ev
 waiter it covered gets the failure, and so does every later ``sync()``: a pool whose
 fenced write failed is lost, and its owner must not answer from it again.
 
-Writes start at most once per window, counted from the start of the previous write: a
-request that finds no write started within the last window is written at once (a lone
-caller pays no gathering delay), and the requests that arrive meanwhile are covered
-together by the next write, which waits only for what is left of the window.
+Each caller says how soon its write must start. A caller that a request is waiting on
+(a within-share Acquire) asks for a write at once; one that nothing urgent waits on (a
+Release, which the client library sends in the background) accepts a write that starts
+up to ``lazy_s`` later, so that under load releases share the writes that Acquires start
+instead of each starting its own. Writes start at most once per ``window_s``, counted
+from the start of the previous one, and never overlap: the requests that arrive while a
+write is in progress are covered together by the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 from ha.clock import Clock
@@ -31,7 +34,13 @@ class GroupCommitter:
     """Coalesces durable writes of one pool."""
 
     def __init__(
-        self, write: Callable[[], Awaitable[None]], *, window_s: float, clock: Clock, name: str
+        self,
+        write: Callable[[], Awaitable[None]],
+        *,
+        window_s: float,
+        clock: Clock,
+        name: str,
+        lazy_s: float = 0.0,
     ) -> None:
         """Args:
         write: writes the current state durably; raises on failure.
@@ -39,63 +48,87 @@ class GroupCommitter:
             meanwhile.
         clock: for the gathering window.
         name: names the background task.
+        lazy_s: how long a ``sync(lazy=True)`` may wait for a write to start.
         """
         self._write = write
         self._window_s = window_s
+        self._lazy_s = lazy_s
         self._clock = clock
         self._name = name
-        self._requested = 0  # generation asked for by the latest sync()
+        self._requested = 0  # generation asked for by the latest request
         self._durable = 0  # generation covered by the latest completed write
+        self._due = math.inf  # monotonic time by which the next write must start
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
+        self._nap: asyncio.Future[None] | None = None  # the writer's wait for ``_due``
         self._failure: BaseException | None = None
-        self._last_start: float | None = None  # monotonic start of the latest write
+        self._last_start = -math.inf  # monotonic start of the latest write
         self.writes = 0
 
     @property
     def failed(self) -> bool:
         return self._failure is not None
 
-    async def sync(self) -> None:
+    async def sync(self, *, lazy: bool = False) -> None:
         """Returns once the state as of this call is durable.
+
+        Args:
+            lazy: nothing urgent waits on this call: its write may start up to
+                ``lazy_s`` from now, sharing a write another caller starts meanwhile.
 
         Raises:
             CommitFailed: the write failed (now or before).
         """
         if self._failure is not None:
             raise CommitFailed(str(self._failure)) from self._failure
-        self._requested += 1
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._request(self._lazy_s if lazy else 0.0)
         self._waiters.append((self._requested, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"commit-{self._name}")
         await asyncio.shield(future)
 
     def nudge(self) -> None:
-        """Asks for a write soon without waiting for it (releases use this)."""
-        if self._failure is not None:
-            return
-        self._requested += 1
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"commit-{self._name}")
+        """Asks for a write soon without waiting for it."""
+        if self._failure is None:
+            self._request(self._lazy_s)
 
     async def close(self) -> None:
         """Waits for the write in progress, if any; later syncs fail."""
         if self._task is not None and not self._task.done():
-            # A failure was already delivered to the waiters it covered.
-            with contextlib.suppress(Exception):
-                await self._task
+            if self._nap is not None:
+                self._task.cancel()  # waiting for a deadline, not writing: no write comes
+            # The writer delivers its own failures; ``wait`` raises none of them.
+            await asyncio.wait((self._task,))
         if self._failure is None:
             self._failure = CommitFailed("committer closed")
         self._settle(None, self._failure)  # nobody may wait for a write that won't come
 
+    def _request(self, within_s: float) -> None:
+        """Records a request whose write must start within ``within_s``."""
+        self._requested += 1
+        due = self._clock.monotonic() + within_s
+        if due < self._due:
+            self._due = due
+            if self._nap is not None:
+                self._nap.cancel()  # the writer sleeps for a later deadline: wake it
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"commit-{self._name}")
+
     async def _run(self) -> None:
         while self._durable < self._requested and self._failure is None:
-            if self._window_s > 0 and self._last_start is not None:
-                left = self._last_start + self._window_s - self._clock.monotonic()
-                if left > 0:
-                    await self._clock.sleep(left)
+            start = max(self._due, self._last_start + self._window_s)
+            left = start - self._clock.monotonic()
+            if left > 0:
+                # A request with an earlier deadline cancels the nap; ``wait`` does not
+                # raise for it, so a cancellation of this task still ends the task.
+                self._nap = asyncio.ensure_future(self._clock.sleep(left))
+                try:
+                    await asyncio.wait((self._nap,))
+                finally:
+                    self._nap.cancel()
+                    self._nap = None
+                continue
             self._last_start = self._clock.monotonic()
+            self._due = math.inf
             generation = self._requested
             try:
                 await self._write()

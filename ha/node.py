@@ -286,9 +286,10 @@ class Node:
             owned.release(ref, consumed)
             self._stubs.pop(grant_id, None)
             # Usage is what fairness stands on: a release is acknowledged only once a
-            # fenced write covers it, so no owner loses an acknowledged consumption.
+            # fenced write covers it, so no owner loses an acknowledged consumption. No
+            # request waits on a release, so its write may wait to be shared.
             try:
-                await owned.durable()
+                await owned.durable(lazy=True)
             except NotDeciding as e:
                 raise StoreUnavailable(f"release of {grant_id} not persisted: {e}") from e
             return
@@ -624,6 +625,7 @@ class Node:
             fenced=lambda: self._lease.lease == lease and self._lease.fenced(),
             write=lambda data: self._write_state(name, epoch, data),
             commit_window_s=self.timing.commit_window_s,
+            release_commit_s=self.timing.release_commit_s,
             release_memory_s=self.timing.release_memory_s,
         )
         state = await bounded(self._store.get(self._keys.state(name)), rpc)

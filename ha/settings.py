@@ -109,6 +109,11 @@ class Timing:
     that arrives meanwhile shares the next one, and a request that finds no write started
     within the window is written at once. Larger windows mean fewer writes under load
     and more latency at low load (measured in docs/benchmarks.md: 1 ms beat 0 and 2 ms)."""
+    release_commit_s: float = 0.005
+    """A release is acknowledged once a durable write covers it; that write starts at
+    most this long after the release (sooner when an Acquire or the periodic snapshot
+    writes first). No request waits on a release, so releases share the writes that
+    within-share Acquires start instead of adding writes of their own; 0 writes at once."""
     campaign_delay_s: float = 0.5
     """How long a replica that is not a pool's preferred owner waits before campaigning."""
     degraded_after_s: float = 0.2
@@ -128,6 +133,9 @@ class Timing:
         for name in Timing.__slots__:
             _finite(f"{path}.{name}", getattr(self, name))
         t = self.lease_ttl_s
+        for name in ("commit_window_s", "release_commit_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{path}.{name}", f"must be >= 0, got {getattr(self, name):g}")
         if t <= 0:
             raise ConfigError(f"{path}.lease_ttl_s", "must be > 0")
         if self.keepalive_interval_s <= 0 or self.keepalive_interval_s > t / 3:

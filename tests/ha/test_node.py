@@ -36,6 +36,7 @@ TIMING = Timing(
     fence_margin_s=0.5,
     snapshot_interval_s=0.5,
     commit_window_s=0.0,
+    release_commit_s=0.0,
     campaign_delay_s=0.3,
     degraded_after_s=0.2,
     forward_deadline_s=1.0,

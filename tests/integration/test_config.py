@@ -113,6 +113,12 @@ def test_empty_metrics_listen_disables_metrics() -> None:
         pytest.param(
             "timing: {snapshot_interval_s: 4}\n", {}, "timing.snapshot_interval_s", id="t"
         ),
+        pytest.param(
+            "timing: {release_commit_s: -0.001}\n", {}, "timing.release_commit_s", id="neg-lazy"
+        ),
+        pytest.param(
+            "", {"FAIRSHARE_COMMIT_WINDOW_S": "-1"}, "timing.commit_window_s", id="neg-window"
+        ),
         pytest.param("", {"FAIRSHARE_LEASE_TTL_S": "soon"}, "timing.lease_ttl_s", id="env-nan"),
         pytest.param(
             "",

@@ -1,0 +1,113 @@
+"""Group commit on a fake clock: when writes start, whom they cover, and failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ha.clock import FakeClock, settle
+from ha.commit import CommitFailed, GroupCommitter
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class Disk:
+    """Records the fake time at which each write starts; a write takes ``takes_s``."""
+
+    def __init__(self, clock: FakeClock, takes_s: float = 0.0) -> None:
+        self.clock = clock
+        self.takes_s = takes_s
+        self.starts: list[float] = []
+        self.fail = False
+
+    async def write(self) -> None:
+        self.starts.append(self.clock.monotonic())
+        if self.takes_s:
+            await self.clock.sleep(self.takes_s)
+        if self.fail:
+            raise OSError("disk full")
+
+
+def committer(
+    *, window_s: float = 0.0, lazy_s: float = 0.005, takes_s: float = 0.0
+) -> tuple[FakeClock, Disk, GroupCommitter]:
+    clock = FakeClock()
+    disk = Disk(clock, takes_s)
+    c = GroupCommitter(disk.write, window_s=window_s, lazy_s=lazy_s, clock=clock, name="p")
+    return clock, disk, c
+
+
+async def test_an_urgent_sync_writes_at_once() -> None:
+    clock, disk, c = committer()
+    t0 = clock.monotonic()
+    await c.sync()
+    assert disk.starts == [t0] and c.writes == 1
+
+
+async def test_a_lazy_sync_waits_for_its_deadline_and_shares_the_write() -> None:
+    clock, disk, c = committer(lazy_s=0.005)
+    t0 = clock.monotonic()
+    first = asyncio.create_task(c.sync(lazy=True))
+    await clock.advance(0.002, step=0.001)
+    second = asyncio.create_task(c.sync(lazy=True))
+    await settle()
+    assert disk.starts == [] and not first.done()
+    await clock.advance(0.004, step=0.001)
+    await asyncio.gather(first, second)
+    # One write, due 5 ms after the first request, covers both.
+    assert disk.starts == [pytest.approx(t0 + 0.005)]
+
+
+async def test_an_urgent_sync_starts_the_write_a_lazy_one_waits_for() -> None:
+    clock, disk, c = committer(lazy_s=1.0)
+    t0 = clock.monotonic()
+    lazy = asyncio.create_task(c.sync(lazy=True))
+    await clock.advance(0.01, step=0.005)
+    assert not lazy.done()
+    await c.sync()  # wakes the writer from its one-second nap
+    await settle()
+    assert lazy.done() and disk.starts == [pytest.approx(t0 + 0.01)]
+
+
+async def test_writes_start_at_most_once_per_window() -> None:
+    clock, disk, c = committer(window_s=0.01)
+    t0 = clock.monotonic()
+    await c.sync()
+    waiting = asyncio.create_task(c.sync())
+    await settle()
+    assert len(disk.starts) == 1
+    await clock.advance(0.01, step=0.002)
+    await waiting
+    assert disk.starts == [t0, pytest.approx(t0 + 0.01)]
+
+
+async def test_requests_during_a_write_share_the_next_one() -> None:
+    clock, disk, c = committer(takes_s=0.004)
+    first = asyncio.create_task(c.sync())
+    await settle()
+    during = [asyncio.create_task(c.sync()) for _ in range(5)]
+    await settle()
+    assert not any(t.done() for t in during)  # not covered by the write in progress
+    await clock.advance(0.01, step=0.001)
+    await asyncio.gather(first, *during)
+    assert len(disk.starts) == 2
+
+
+async def test_a_failed_write_fails_its_waiters_and_every_later_sync() -> None:
+    _, disk, c = committer()
+    disk.fail = True
+    with pytest.raises(CommitFailed, match="disk full"):
+        await c.sync()
+    assert c.failed
+    with pytest.raises(CommitFailed):
+        await c.sync(lazy=True)
+
+
+async def test_close_fails_a_lazy_waiter_that_no_write_will_cover() -> None:
+    _, _, c = committer(lazy_s=10.0)
+    lazy = asyncio.create_task(c.sync(lazy=True))
+    await settle()
+    await c.close()
+    with pytest.raises(CommitFailed):
+        await lazy
