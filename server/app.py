@@ -288,9 +288,9 @@ async def serve(config: Config, *, node_factory: NodeFactory | None = None) -> i
         # process: leave it out of the collector's full scans, which otherwise pause every
         # call in flight for milliseconds several times a minute under load.
         gc.freeze()
-        # A durable write runs on a thread, which needs the interpreter back from the busy
-        # event loop to report that it is done: hand it over within 1 ms, not Python's
-        # default 5 (within-share Acquire p99 under load, docs/benchmarks.md).
+        # Threads that wait for the interpreter while the event loop is busy (grpc's poller;
+        # the append thread when the disk is slow) get it within 1 ms, not Python's default
+        # 5: their waits end up in the latency of the calls they serve.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
             await stop.wait()

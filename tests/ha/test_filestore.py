@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from ha import memstore
 from ha.memstore import FileStore, MemoryStore
 from ha.store import NO_LEASE, EventKind, StoreUnavailable
 
@@ -101,5 +104,32 @@ async def test_watch_history_is_bounded_and_an_older_start_gets_a_reset() -> Non
         event = await asyncio.wait_for(anext(events), 5)
         assert (event.kind, event.revision) == (EventKind.PUT, recent + 1)
         await events.aclose()  # type: ignore[attr-defined]
+    finally:
+        await store.close()
+
+
+async def test_after_a_slow_append_appends_move_to_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = memstore._append
+    threads: list[int] = []
+
+    def append(fd: int, data: bytes) -> None:
+        threads.append(threading.get_ident())
+        if len(threads) == 2:
+            time.sleep(FileStore.SLOW_APPEND_S * 2)  # a stalling disk
+        real(fd, data)
+
+    monkeypatch.setattr(memstore, "_append", append)
+    store = FileStore(tmp_path)
+    try:
+        for i in range(4):
+            await store.put("/k", str(i).encode())
+        loop = threading.get_ident()
+        assert threads[:2] == [loop, loop]  # fast: on the event loop
+        assert loop not in threads[2:]  # after the slow one: on a thread
+        assert "appending on a thread" in caplog.text
+        kv = await store.get("/k")
+        assert kv is not None and kv.value == b"3"
     finally:
         await store.close()
