@@ -5,13 +5,14 @@ has completed, so the state as of the call is durable. When that write fails, ev
 waiter it covered gets the failure, and so does every later ``sync()``: a pool whose
 fenced write failed is lost, and its owner must not answer from it again.
 
-Each caller says how soon its write must start. A caller that a request is waiting on
-(a within-share Acquire) asks for a write at once; one that nothing urgent waits on (a
-Release, which the client library sends in the background) accepts a write that starts
-up to ``lazy_s`` later, so that under load releases share the writes that Acquires start
-instead of each starting its own. Writes start at most once per ``window_s``, counted
-from the start of the previous one, and never overlap: the requests that arrive while a
-write is in progress are covered together by the next one.
+Writes never overlap, and the requests that arrive while one is in progress are covered
+together by the next. When the next write starts depends on who waits for it, counted
+from the start of the previous write: a caller that a request waits on (a within-share
+Acquire) gets a write ``window_s`` after it; one that nothing urgent waits on (a Release,
+which the client library sends in the background) ``lazy_s`` after it, so under load
+releases add at most one write per ``lazy_s`` and mostly share the writes Acquires start.
+A request that finds no write started within its window is written at once: a lone
+caller never waits for company.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class GroupCommitter:
             meanwhile.
         clock: for the gathering window.
         name: names the background task.
-        lazy_s: how long a ``sync(lazy=True)`` may wait for a write to start.
+        lazy_s: the window of ``sync(lazy=True)`` callers.
         """
         self._write = write
         self._window_s = window_s
@@ -74,7 +75,8 @@ class GroupCommitter:
 
         Args:
             lazy: nothing urgent waits on this call: its write may start up to
-                ``lazy_s`` from now, sharing a write another caller starts meanwhile.
+                ``lazy_s`` after the previous one started, sharing a write another
+                caller starts meanwhile.
 
         Raises:
             CommitFailed: the write failed (now or before).
@@ -82,7 +84,7 @@ class GroupCommitter:
         if self._failure is not None:
             raise CommitFailed(str(self._failure)) from self._failure
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._request(self._lazy_s if lazy else 0.0)
+        self._request(self._lazy_s if lazy else self._window_s)
         self._waiters.append((self._requested, future))
         await asyncio.shield(future)
 
@@ -102,10 +104,11 @@ class GroupCommitter:
             self._failure = CommitFailed("committer closed")
         self._settle(None, self._failure)  # nobody may wait for a write that won't come
 
-    def _request(self, within_s: float) -> None:
-        """Records a request whose write must start within ``within_s``."""
+    def _request(self, window_s: float) -> None:
+        """Records a request whose write starts ``window_s`` after the previous one, or
+        at once if that is past."""
         self._requested += 1
-        due = self._clock.monotonic() + within_s
+        due = max(self._clock.monotonic(), self._last_start + window_s)
         if due < self._due:
             self._due = due
             if self._nap is not None:
@@ -115,8 +118,7 @@ class GroupCommitter:
 
     async def _run(self) -> None:
         while self._durable < self._requested and self._failure is None:
-            start = max(self._due, self._last_start + self._window_s)
-            left = start - self._clock.monotonic()
+            left = self._due - self._clock.monotonic()
             if left > 0:
                 # A request with an earlier deadline cancels the nap; ``wait`` does not
                 # raise for it, so a cancellation of this task still ends the task.

@@ -110,10 +110,11 @@ class Timing:
     within the window is written at once. Larger windows mean fewer writes under load
     and more latency at low load (measured in docs/benchmarks.md: 1 ms beat 0 and 2 ms)."""
     release_commit_s: float = 0.005
-    """A release is acknowledged once a durable write covers it; that write starts at
-    most this long after the release (sooner when an Acquire or the periodic snapshot
-    writes first). No request waits on a release, so releases share the writes that
-    within-share Acquires start instead of adding writes of their own; 0 writes at once."""
+    """The group commit window of releases. A release is acknowledged once a durable
+    write covers it, and no request waits on it: its write starts this long after the
+    previous write started (at once if that is past; sooner when an Acquire or the
+    periodic snapshot writes first), so under load releases add at most one write per
+    window and mostly share the writes that within-share Acquires start."""
     campaign_delay_s: float = 0.5
     """How long a replica that is not a pool's preferred owner waits before campaigning."""
     degraded_after_s: float = 0.2

@@ -45,29 +45,39 @@ async def test_an_urgent_sync_writes_at_once() -> None:
     assert disk.starts == [t0] and c.writes == 1
 
 
-async def test_a_lazy_sync_waits_for_its_deadline_and_shares_the_write() -> None:
+async def test_a_lone_lazy_sync_writes_at_once() -> None:
+    clock, disk, c = committer(lazy_s=1.0)
+    t0 = clock.monotonic()
+    await c.sync(lazy=True)
+    assert disk.starts == [t0]
+
+
+async def test_lazy_syncs_after_a_write_wait_for_their_window_and_share_a_write() -> None:
     clock, disk, c = committer(lazy_s=0.005)
     t0 = clock.monotonic()
-    first = asyncio.create_task(c.sync(lazy=True))
+    await c.sync()
     await clock.advance(0.002, step=0.001)
+    first = asyncio.create_task(c.sync(lazy=True))
+    await clock.advance(0.001, step=0.001)
     second = asyncio.create_task(c.sync(lazy=True))
     await settle()
-    assert disk.starts == [] and not first.done()
-    await clock.advance(0.004, step=0.001)
+    assert len(disk.starts) == 1 and not first.done()
+    await clock.advance(0.003, step=0.001)
     await asyncio.gather(first, second)
-    # One write, due 5 ms after the first request, covers both.
-    assert disk.starts == [pytest.approx(t0 + 0.005)]
+    # One write, 5 ms after the previous one started, covers both.
+    assert disk.starts == [t0, pytest.approx(t0 + 0.005)]
 
 
 async def test_an_urgent_sync_starts_the_write_a_lazy_one_waits_for() -> None:
     clock, disk, c = committer(lazy_s=1.0)
     t0 = clock.monotonic()
+    await c.sync()
     lazy = asyncio.create_task(c.sync(lazy=True))
     await clock.advance(0.01, step=0.005)
     assert not lazy.done()
     await c.sync()  # wakes the writer from its one-second nap
     await settle()
-    assert lazy.done() and disk.starts == [pytest.approx(t0 + 0.01)]
+    assert lazy.done() and disk.starts == [t0, pytest.approx(t0 + 0.01)]
 
 
 async def test_writes_start_at_most_once_per_window() -> None:
@@ -106,6 +116,7 @@ async def test_a_failed_write_fails_its_waiters_and_every_later_sync() -> None:
 
 async def test_close_fails_a_lazy_waiter_that_no_write_will_cover() -> None:
     _, _, c = committer(lazy_s=10.0)
+    await c.sync()
     lazy = asyncio.create_task(c.sync(lazy=True))
     await settle()
     await c.close()
