@@ -411,10 +411,11 @@ def verdicts(res: Results) -> tuple[str, bool, bool]:
         f"{ms(cost50)} ms more than a borrowing one at the median, "
         f"{ms(within_p99 - borrow_p99)} ms more at p99. It waits for the write in progress, "
         "if any, then for its own: one fdatasync'd append of the pool's snapshot to the "
-        "state log, made on the event loop (group commit: writes start at most every "
-        f"{timing.commit_window_s * 1e3:g} ms; a Release, which no request waits on, joins "
-        f"a write within {timing.release_commit_s * 1e3:g} ms instead of starting its own, "
-        "which is why its latency is higher)."
+        "state log, made on the event loop (group commit: an Acquire's write starts "
+        f"{timing.commit_window_s * 1e3:g} ms after the previous write started, at once if "
+        "that is past; a Release, which no request waits on, has a window of "
+        f"{timing.release_commit_s * 1e3:g} ms, so releases mostly share the writes "
+        "Acquires start, which is why their latency is higher)."
     )
     return text, ok_rate, ok_p99
 
@@ -463,6 +464,12 @@ Throughput and latency of each call (the p50/p99 of an echo call, or of an Acqui
 Release and whole pair in the same closed-loop runs:
 
 {pair_table(res)}
+
+With one call in flight each pair waits for the release window (`release_commit_s`,
+{Timing().release_commit_s * 1e3:g} ms from the previous write, which was that caller's own
+previous release): that sets the one-in-flight pair rate. A gateway using the project's
+client library does not wait for it, since releases are sent in the background, and
+setting `release_commit_s` to 0 makes every release write at once.
 
 At a paced rate:
 
