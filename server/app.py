@@ -204,7 +204,7 @@ async def start_server(
     Raises:
         ConfigError: a configured file cannot be read or the port cannot be bound.
     """
-    metrics = Metrics()
+    metrics = Metrics(teams={pool.name: pool.shares.keys() for pool in config.pools})
     token = None
     if config.admin.token_file is not None:
         try:

@@ -7,12 +7,16 @@ by a custom collector, so the hot path pays nothing for it and a scrape never sh
 stale gauge.
 
 Each ``Metrics`` has its own registry, so several servers can run in one process (tests).
+
+Team labels are bounded by the configuration: a team that is not in its pool's ``shares``
+(a pool accepts any team name a client sends, with share 0) is counted under the one
+label ``UNCONFIGURED``, so clients cannot grow the number of series without bound.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from enum import Enum
 from typing import Final
 
@@ -63,16 +67,28 @@ class Outcome(Enum):
         return cls.BORROW if decision.borrowing else cls.WITHIN
 
 
+UNCONFIGURED: Final = "(unconfigured)"
+"""The team label of every team that is not in its pool's configured shares."""
+
+
 class Metrics:
     """The metrics of one replica, in a registry of their own."""
 
-    def __init__(self, status: Callable[[], Sequence[PoolStatus]] | None = None) -> None:
+    def __init__(
+        self,
+        status: Callable[[], Sequence[PoolStatus]] | None = None,
+        *,
+        teams: Mapping[str, Collection[str]] | None = None,
+    ) -> None:
         """Creates the metrics.
 
         Args:
             status: returns the replica's pool states (``Allocator.status``); read at
                 every scrape. None: no state gauges (until ``watch`` is called).
+            teams: pool -> its configured teams, which get a label each; any other team
+                is labelled ``UNCONFIGURED``. None: every team gets its own label.
         """
+        self._teams = None if teams is None else {p: frozenset(t) for p, t in teams.items()}
         self.registry = CollectorRegistry(auto_describe=True)
         self.decisions = Counter(
             "fairshare_decisions",
@@ -94,7 +110,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self._collector = _StatusCollector()
+        self._collector = _StatusCollector(self.team_label)
         self.registry.register(self._collector)
         if status is not None:
             self.watch(status)
@@ -103,9 +119,15 @@ class Metrics:
         """Reads the state gauges from ``status`` at every scrape from now on."""
         self._collector.status = status
 
+    def team_label(self, pool: str, team: str) -> str:
+        """The label ``team`` is counted under in ``pool``."""
+        if self._teams is None or team in self._teams.get(pool, ()):
+            return team
+        return UNCONFIGURED
+
     def count(self, pool: str, team: str, outcome: Outcome, seconds: float | None) -> None:
         """Counts one decision, and its latency if given."""
-        self.decisions.labels(pool, team, outcome.value).inc()
+        self.decisions.labels(pool, self.team_label(pool, team), outcome.value).inc()
         if seconds is not None:
             self.decision_latency.labels(pool).observe(seconds)
 
@@ -134,8 +156,9 @@ class Metrics:
 class _StatusCollector(Collector):
     """Turns ``Allocator.status()`` into gauges at scrape time."""
 
-    def __init__(self) -> None:
+    def __init__(self, team_label: Callable[[str, str], str]) -> None:
         self.status: Callable[[], Sequence[PoolStatus]] | None = None
+        self._team_label = team_label
 
     def describe(self) -> list[GaugeMetricFamily]:
         # Described lazily: the families depend on the status read at scrape time.
@@ -201,12 +224,19 @@ class _StatusCollector(Collector):
             snapshot_age.add_metric([name], view.snapshot_age_s)
             fence_left.add_metric([name], view.fence_left_s)
             degraded.add_metric([name], float(view.degraded_decisions))
+            # Teams that share a label (the unconfigured ones) are summed under it.
+            sums: dict[str, list[float]] = {}
             for team in view.teams:
-                labels = [name, team.team]
-                in_flight.add_metric(labels, float(team.in_flight))
-                borrowing.add_metric(labels, float(team.borrowing))
-                phantoms.add_metric(labels, float(team.phantoms))
-                usage.add_metric(labels, team.usage)
-                reserved.add_metric(labels, float(team.reserved))
+                values = (team.in_flight, team.borrowing, team.phantoms, team.usage, team.reserved)
+                total = sums.setdefault(self._team_label(name, team.team), [0.0] * 5)
+                for i, value in enumerate(values):
+                    total[i] += value
+            for label, (n, borrowed, phantom, used, slots) in sums.items():
+                labels = [name, label]
+                in_flight.add_metric(labels, n)
+                borrowing.add_metric(labels, borrowed)
+                phantoms.add_metric(labels, phantom)
+                usage.add_metric(labels, used)
+                reserved.add_metric(labels, slots)
         yield from (in_flight, borrowing, phantoms, usage, reserved, owner, epoch)
         yield from (transitions, snapshot_age, fence_left, degraded)

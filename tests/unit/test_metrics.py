@@ -1,0 +1,54 @@
+"""Metrics: team labels stay bounded by the configuration."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client import generate_latest
+
+from fairshare import TeamStat
+from ha.api import Epoch, NodeId, PoolName, PoolStatus
+from server.metrics import UNCONFIGURED, Metrics, Outcome
+
+
+def team(name: str, in_flight: int, usage: float) -> TeamStat:
+    return TeamStat(name, 0.0, 0, in_flight, in_flight, 0, usage, 0.0, 1, 0)
+
+
+def status(teams: list[TeamStat]) -> PoolStatus:
+    return PoolStatus(
+        pool=PoolName("p"),
+        owned=True,
+        owner=NodeId("n"),
+        epoch=Epoch(1),
+        transitions=1,
+        fence_left_s=1.0,
+        snapshot_age_s=0.1,
+        teams=teams,
+        degraded_decisions=0,
+    )
+
+
+def samples(metrics: Metrics, family: str) -> dict[str, float]:
+    text = generate_latest(metrics.registry).decode()
+    pattern = rf'^{family}{{(?:outcome="[a-z]+",)?pool="p",team="([^"]*)"}} (\S+)$'
+    found: dict[str, float] = {}
+    for label, value in re.findall(pattern, text, flags=re.MULTILINE):
+        found[label] = found.get(label, 0.0) + float(value)
+    return found
+
+
+def test_teams_outside_the_configuration_share_one_label() -> None:
+    teams = [team("a", 2, 1.0)] + [team(f"stray-{i}", 1, 0.5) for i in range(50)]
+    metrics = Metrics(lambda: [status(teams)], teams={"p": ["a", "b"]})
+    for stat in teams:
+        metrics.count("p", stat.team, Outcome.BORROW, None)
+
+    assert samples(metrics, "fairshare_in_flight") == {"a": 2.0, UNCONFIGURED: 50.0}
+    assert samples(metrics, "fairshare_usage") == {"a": 1.0, UNCONFIGURED: 25.0}
+    assert samples(metrics, "fairshare_decisions_total") == {"a": 1.0, UNCONFIGURED: 50.0}
+
+
+def test_without_a_configuration_every_team_has_its_label() -> None:
+    metrics = Metrics(lambda: [status([team("x", 1, 0.0)])])
+    assert samples(metrics, "fairshare_in_flight") == {"x": 1.0}
