@@ -241,7 +241,9 @@ async def start_server(
             peers=peers,
         )
     metrics.watch(node.status)
-    auth = AdminAuth(token=token, identities=config.tls.admin_identities)
+    auth = AdminAuth(
+        token=token, identities=config.tls.admin_identities, token_file=config.admin.token_file
+    )
     pb_grpc.add_AllocatorServicer_to_server(
         AllocatorServicer(node, pools=config.pools, metrics=metrics), server
     )

@@ -8,6 +8,10 @@ Rules, in order:
 3. a client certificate that is not allowed is ``PERMISSION_DENIED``;
 4. no credentials at all is ``UNAUTHENTICATED``.
 With neither a token nor identities configured, every admin call is refused.
+
+A token read from a file follows the file: an operator rotates it by replacing the file
+(as Kubernetes does for a mounted Secret), with no restart. A replacement that cannot be
+read, or is empty, leaves the previous token in force and is logged.
 """
 
 from __future__ import annotations
@@ -55,15 +59,45 @@ def peer_identities(context: aio.ServicerContext) -> list[str]:
 class AdminAuth:
     """Checks the credentials of one admin call (see the module doc for the rules)."""
 
-    def __init__(self, *, token: str | None, identities: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        token: str | None,
+        identities: Collection[str] = (),
+        token_file: str | pathlib.Path | None = None,
+    ) -> None:
         """Creates the checker.
 
         Args:
             token: the bearer token admin calls must present; None accepts no token.
             identities: client-certificate CNs/SANs admitted without a token.
+            token_file: the file ``token`` was read from, read again whenever it changes.
         """
         self._token = token.encode("utf-8") if token else None
         self._identities = frozenset(identities)
+        self._token_file = None if token_file is None else pathlib.Path(token_file)
+        self._token_stamp = self._stamp()
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        """What tells a replaced token file apart: inode, size and change time."""
+        if self._token_file is None:
+            return None
+        try:
+            st = self._token_file.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _current_token(self) -> bytes | None:
+        stamp = self._stamp()
+        if self._token_file is not None and stamp is not None and stamp != self._token_stamp:
+            self._token_stamp = stamp
+            try:
+                self._token = read_token(self._token_file).encode("utf-8")
+                logger.info("admin token re-read from %s", self._token_file)
+            except (OSError, ValueError) as e:
+                logger.warning("keeping the previous admin token: %s", e)
+        return self._token
 
     async def check(self, context: aio.ServicerContext) -> None:
         """Returns when the caller may proceed; otherwise aborts the RPC.
@@ -89,7 +123,8 @@ class AdminAuth:
             if not text.lower().startswith(_BEARER):
                 return grpc.StatusCode.UNAUTHENTICATED, "authorization must be 'Bearer <token>'"
             given = text[len(_BEARER) :].strip().encode("utf-8")
-            if self._token is not None and hmac.compare_digest(given, self._token):
+            token = self._current_token()
+            if token is not None and hmac.compare_digest(given, token):
                 return None, ""
             return grpc.StatusCode.PERMISSION_DENIED, "wrong admin token"
         if identities:

@@ -70,6 +70,32 @@ async def test_token_auth(tmp_path: pathlib.Path) -> None:
         await server.shutdown(0)
 
 
+async def test_a_replaced_token_file_rotates_the_token_without_a_restart(
+    tmp_path: pathlib.Path,
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    config = make_config(tmp_path, f"admin: {{token_file: {token_file}}}")
+    server = await start_server(config, node=FakeAllocator(config.pools), serve_metrics=False)
+    old = (("authorization", f"Bearer {TOKEN}"),)
+    new = (("authorization", "Bearer rotated-token"),)
+    try:
+        async with aio.insecure_channel(server.address) as ch:
+            assert await set_capacity(ch, old) == grpc.StatusCode.OK
+            # Replaced the way a mounted Secret is: a new file renamed over the old one.
+            staged = tmp_path / "token.new"
+            staged.write_text("rotated-token\n")
+            staged.replace(token_file)
+            assert await set_capacity(ch, new) == grpc.StatusCode.OK
+            assert await set_capacity(ch, old) == grpc.StatusCode.PERMISSION_DENIED
+            # An empty replacement does not lock the operator out.
+            staged.write_text("")
+            staged.replace(token_file)
+            assert await set_capacity(ch, new) == grpc.StatusCode.OK
+    finally:
+        await server.shutdown(0)
+
+
 async def test_tls_and_mtls_identities(tmp_path: pathlib.Path) -> None:
     ca, srv, clients = make_pki(tmp_path, ("ops-admin", "gateway"))
     config = make_config(
