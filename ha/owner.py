@@ -414,12 +414,13 @@ class OwnedPool:
     async def _persist(self) -> None:
         # What ``snapshot().encode()`` gives, from the rows each request keeps encoded: a
         # write costs a join over the requests in flight, not an encoding of each.
+        state = self._state()  # first: it may drop expired phantoms
         rows = chain(
             (held.row for held in self._grants.values()),
             (held.row for held in self._adopted.values()),
             (p.row for p in self._phantoms.values()),
         )
-        await self._write(self._state().encode(live_rows=rows))
+        await self._write(state.encode(live_rows=rows))
         self.last_snapshot_mono = self._clock.monotonic()
 
     def _held(self, grant: Grant, key: GrantKey, team: str, wall: float) -> _Held:

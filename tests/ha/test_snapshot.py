@@ -108,3 +108,29 @@ async def test_what_an_owner_writes_is_its_snapshot() -> None:
     written = PoolSnapshot.decode(disk.written[-1])
     assert written == new.snapshot()
     assert written is not None and len(written.live) == 4  # 1 new, 1 adopted, 2 phantoms
+
+
+async def test_a_write_that_sweeps_expired_phantoms_succeeds_and_drops_them() -> None:
+    clock = FakeClock()
+    disk = Recorder()
+    config = PoolConfig("p", 10, {"a": 1.0}, max_request_s=600.0)
+    owned = OwnedPool(
+        config=config,
+        epoch=Epoch(5),
+        node=NodeId("n"),
+        clock=clock,
+        fenced=lambda: True,
+        write=disk.write,
+        commit_window_s=0.0,
+        release_commit_s=0.0,
+        release_memory_s=600.0,
+    )
+    now = clock.time()
+    ending = LiveGrant(GrantKey(3, 1, "gw"), "a", now + 2.0)
+    lasting = LiveGrant(GrantKey(3, 2, "gw"), "a", now + 60.0)
+    owned.restore(PoolSnapshot(pool="p", epoch=3, wall=now, capacity=10, live=[ending, lasting]))
+    await clock.advance(2.5, step=0.5)
+    await owned.durable()  # this write's state sweeps the phantom that ended
+    assert not owned.lost
+    written = PoolSnapshot.decode(disk.written[-1])
+    assert written is not None and [g.key for g in written.live] == [lasting.key]
