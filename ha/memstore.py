@@ -249,9 +249,10 @@ class FileStore(MemoryStore):
 
     Appends run on the event loop itself while the disk is fast: on a busy loop, handing
     one to a thread and getting the answer back costs more than the append (the thread
-    waits for the interpreter twice). After an append slower than ``SLOW_APPEND_S`` the
-    store hands appends to a thread for ``THREADED_FOR_S``, so a stalling disk delays the
-    calls that wait for a write, not every call.
+    waits for the interpreter twice). An append slower than ``SLOW_APPEND_S`` stalls the
+    loop once; from then on appends go to a thread until the disk has been fast for
+    ``THREADED_FOR_S``, so a disk that keeps stalling delays the calls that wait for a
+    write, not every call.
 
     Compaction never holds writers up: once the active log passes ``COMPACT_BYTES`` the
     store switches to the other log (empty) and, in the background, writes the state as of
@@ -407,19 +408,22 @@ class FileStore(MemoryStore):
 
     async def _append(self, line: bytes) -> None:
         started = time.monotonic()
-        if started < self._threaded_until:
+        threaded = started < self._threaded_until
+        if threaded:
             await asyncio.to_thread(_append, self._log_fd, line)
-            return
-        _append(self._log_fd, line)
+        else:
+            _append(self._log_fd, line)
         took = time.monotonic() - started
         if took > self.SLOW_APPEND_S:
             self._threaded_until = started + took + self.THREADED_FOR_S
-            logger.warning(
-                "an append to %s took %.0f ms; appending on a thread for the next %gs",
-                self._logs[self._active],
-                took * 1e3,
-                self.THREADED_FOR_S,
-            )
+            if not threaded:
+                logger.warning(
+                    "an append to %s took %.0f ms; appending on a thread until the disk "
+                    "has been fast for %gs",
+                    self._logs[self._active],
+                    took * 1e3,
+                    self.THREADED_FOR_S,
+                )
 
     def _state(self) -> bytes:
         """The durable state as of now (keys without a lease, and the revision)."""
