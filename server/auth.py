@@ -76,25 +76,31 @@ class AdminAuth:
         self._token = token.encode("utf-8") if token else None
         self._identities = frozenset(identities)
         self._token_file = None if token_file is None else pathlib.Path(token_file)
-        self._token_stamp = self._stamp()
+        # None: the first admin call reads the file again, in case it was replaced since
+        # ``token`` was read from it.
+        self._token_stamp: tuple[int, int, int] | None = None
 
     def _stamp(self) -> tuple[int, int, int] | None:
-        """What tells a replaced token file apart: inode, size and change time."""
+        """What tells a replaced or rewritten token file apart: inode, size and the
+        inode's change time (which, unlike the modification time, no copy can preserve)."""
         if self._token_file is None:
             return None
         try:
             st = self._token_file.stat()
         except OSError:
             return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+        return (st.st_ino, st.st_size, st.st_ctime_ns)
 
     def _current_token(self) -> bytes | None:
         stamp = self._stamp()
         if self._token_file is not None and stamp is not None and stamp != self._token_stamp:
+            first = self._token_stamp is None
             self._token_stamp = stamp
             try:
-                self._token = read_token(self._token_file).encode("utf-8")
-                logger.info("admin token re-read from %s", self._token_file)
+                token = read_token(self._token_file).encode("utf-8")
+                if not first or token != self._token:
+                    logger.info("admin token re-read from %s", self._token_file)
+                self._token = token
             except (OSError, ValueError) as e:
                 logger.warning("keeping the previous admin token: %s", e)
         return self._token

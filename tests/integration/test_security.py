@@ -88,10 +88,15 @@ async def test_a_replaced_token_file_rotates_the_token_without_a_restart(
             staged.replace(token_file)
             assert await set_capacity(ch, new) == grpc.StatusCode.OK
             assert await set_capacity(ch, old) == grpc.StatusCode.PERMISSION_DENIED
+            # Rewritten in place with a token of the same length: noticed too.
+            token_file.write_text("rotated-tokeN\n")
+            newer = (("authorization", "Bearer rotated-tokeN"),)
+            assert await set_capacity(ch, newer) == grpc.StatusCode.OK
+            assert await set_capacity(ch, new) == grpc.StatusCode.PERMISSION_DENIED
             # An empty replacement does not lock the operator out.
             staged.write_text("")
             staged.replace(token_file)
-            assert await set_capacity(ch, new) == grpc.StatusCode.OK
+            assert await set_capacity(ch, newer) == grpc.StatusCode.OK
     finally:
         await server.shutdown(0)
 
