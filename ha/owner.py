@@ -99,7 +99,7 @@ class OwnedPool:
         write: coroutine function writing a snapshot, fenced on the epoch; raises
             on failure (the pool is then lost).
         commit_window_s: group commit window.
-        release_commit_s: how long the write that covers a release may wait to start.
+        release_commit_s: group commit window of releases (see ha.commit).
         release_memory_s: how long released ids of earlier epochs are remembered.
         """
         self.config = config
@@ -431,8 +431,9 @@ class OwnedPool:
         """Returns once a fenced write covers the state as of the call.
 
         Args:
-            lazy: no request waits on it (a release): the write may start up to
-                ``release_commit_s`` later, shared with other callers.
+            lazy: no request waits on it (a release): its write may start as late as
+                ``release_commit_s`` after the previous write started, shared with other
+                callers.
 
         Raises:
             NotDeciding: the write failed; the pool is lost.
