@@ -227,6 +227,16 @@ class StoreUnavailable(AllocatorError):
     """The store cannot be reached, or a write's outcome cannot be known (UNAVAILABLE)."""
 
 
+class StoreFull(StoreUnavailable):
+    """The store refuses writes for lack of space (UNAVAILABLE).
+
+    etcd raises its NOSPACE alarm when its database reaches the backend quota; the embedded
+    file store meets ENOSPC or EDQUOT on its disk. Unlike a plain ``StoreUnavailable`` the
+    cause is known and lasts until an operator frees space, so callers report it as such
+    (log, metric, health) and retry with backoff instead of at once.
+    """
+
+
 class PeerUnavailable(AllocatorError):
     """A peer replica did not answer (connection refused, deadline exceeded)."""
 

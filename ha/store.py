@@ -24,6 +24,9 @@ Two kinds of failure:
   race was lost and nothing was written. It is an answer, never a guess.
 - ``StoreUnavailable`` means the outcome cannot be known (no answer in time, connection
   lost). The caller must fail safe: an owner stops deciding for the pool.
+- ``StoreFull`` (a ``StoreUnavailable``) means the store refuses writes for lack of space
+  (etcd's NOSPACE alarm, ENOSPC on the embedded store's disk): a write that raised it was
+  not applied.
 - ``LeaseNotFound`` means the lease has expired or was revoked (keys on it are gone).
 """
 
@@ -35,7 +38,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final, NewType, Protocol, TypeVar
 
-from ha.api import StoreUnavailable
+from ha.api import StoreFull, StoreUnavailable
 
 LeaseId = NewType("LeaseId", int)
 NO_LEASE: Final = LeaseId(0)
@@ -48,6 +51,7 @@ __all__ = [
     "LeaseId",
     "LeaseNotFound",
     "Store",
+    "StoreFull",
     "StoreUnavailable",
     "WatchEvent",
     "bounded",
