@@ -164,6 +164,9 @@ class PoolStatus:
         snapshot_age_s: seconds since the last snapshot written (owner only; -1 if none).
         teams: the owner's team table; empty when this replica does not own the pool.
         degraded_decisions: decisions made without an owner by this replica.
+        store_full: the store refused this replica's last write for the pool for lack
+            of space (the pool cannot be served from here until a write succeeds).
+        store_refused_writes: writes for the pool refused as full, since start.
     """
 
     pool: PoolName
@@ -175,6 +178,8 @@ class PoolStatus:
     snapshot_age_s: float
     teams: Sequence[TeamStat]
     degraded_decisions: int
+    store_full: bool = False
+    store_refused_writes: int = 0
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -209,7 +209,8 @@ class AllocatorClient:
             return
         self._closed = True
         try:
-            await asyncio.wait_for(self._flush(until_empty=True), flush_timeout_s)
+            async with asyncio.timeout(flush_timeout_s):
+                await self._flush(until_empty=True)
         except TimeoutError:
             logger.warning("closing with %d releases unacknowledged", len(self._pending))
         tasks = [

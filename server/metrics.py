@@ -216,8 +216,20 @@ class _StatusCollector(Collector):
             "Decisions made by this replica with no owner reachable.",
             labels=["pool"],
         )
+        store_full = GaugeMetricFamily(
+            "fairshare_store_full",
+            "1 while the store refuses this replica's writes for the pool for lack of space.",
+            labels=["pool"],
+        )
+        refused = CounterMetricFamily(
+            "fairshare_store_refused_writes",
+            "Writes for the pool the store refused for lack of space, since start.",
+            labels=["pool"],
+        )
         for view in pools:
             name = str(view.pool)
+            store_full.add_metric([name], 1.0 if view.store_full else 0.0)
+            refused.add_metric([name], float(view.store_refused_writes))
             owner.add_metric([name], 1.0 if view.owned else 0.0)
             epoch.add_metric([name], float(view.epoch))
             transitions.add_metric([name], float(view.transitions))
@@ -239,4 +251,4 @@ class _StatusCollector(Collector):
                 usage.add_metric(labels, used)
                 reserved.add_metric(labels, slots)
         yield from (in_flight, borrowing, phantoms, usage, reserved, owner, epoch)
-        yield from (transitions, snapshot_age, fence_left, degraded)
+        yield from (transitions, snapshot_age, fence_left, degraded, store_full, refused)
