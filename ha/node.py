@@ -757,7 +757,7 @@ class Node:
         """Deletes our stale owner key of ``name`` at ``epoch``; never spins.
 
         A failed delete is retried with backoff: the next try waits ``rpc_timeout_s``,
-        doubled per consecutive failure at this epoch, up to ``_LET_GO_BACKOFF_MAX_S``. A
+        doubled per consecutive failure at this epoch, up to ``_LET_GO_MAX_S``. A
         delete that finds the key gone (the watch has yet to say so) waits one tick.
         """
         last_epoch, failures = self._let_go_failures.get(name, (epoch, 0))
