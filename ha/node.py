@@ -48,6 +48,7 @@ from ha.api import (
 )
 from ha.clock import Clock, SystemClock
 from ha.cluster import ClusterView, preferred_owner
+from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.keys import Keys, Route, encode_handover, encode_owner
 from ha.lease import NodeLease
 from ha.owner import NotDeciding, OwnedPool, degraded_grant_id
@@ -89,8 +90,12 @@ class Node:
         clock: Clock | None = None,
         embedded: bool = False,
         owns_store: bool = False,
+        grant_keys: GrantKeys | None = None,
     ) -> None:
         self.node_id = node_id
+        # Every replica of a cluster must hold the same keys (ha.grantkeys); the default,
+        # one key per process, only suits tests whose nodes share a process.
+        self._grant_keys = grant_keys if grant_keys is not None else ephemeral_keys()
         self.address = advertise
         self.timing = timing
         self.embedded = embedded
@@ -512,7 +517,7 @@ class Node:
         priority = BORROW_BASE + RANK_STEP * MAX_RANK + int(cls)
         decision = Decision(
             True,
-            degraded_grant_id(config.name, team, holder),
+            degraded_grant_id(config.name, team, holder, self._grant_keys),
             priority,
             True,
             False,
@@ -627,6 +632,7 @@ class Node:
             commit_window_s=self.timing.commit_window_s,
             release_commit_s=self.timing.release_commit_s,
             release_memory_s=self.timing.release_memory_s,
+            keys=self._grant_keys,
         )
         state = await bounded(self._store.get(self._keys.state(name)), rpc)
         snapshot = PoolSnapshot.decode(state.value) if state is not None else None
@@ -845,12 +851,25 @@ async def open_node(
     prefix: str,
     peers: Peers,
     clock: Clock | None = None,
+    grant_keys: GrantKeys | None = None,
 ) -> Node:
     """Builds a node: embedded on a local file store when no etcd endpoint is given.
+
+    ``grant_keys`` sign and verify grant ids; None: with etcd endpoints an error (the
+    replicas must share keys), embedded the key kept in ``state_dir`` (made on first use).
+
+    Raises:
+        KeyFileError: replicated without grant keys, or the generated key file is unusable.
 
     The caller starts it with ``await node.start()``.
     """
     store: Store
+    if grant_keys is not None:
+        keys = grant_keys
+    elif etcd_endpoints:
+        raise KeyFileError("replicas on etcd need a grant key file shared by all (grants.key_file)")
+    else:
+        keys = GrantKeys.generated(state_dir)
     if etcd_endpoints:
         from ha.etcdstore import connect
 
@@ -872,4 +891,5 @@ async def open_node(
         clock=clock,
         embedded=embedded,
         owns_store=True,
+        grant_keys=keys,
     )

@@ -107,6 +107,19 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GrantsConfig:
+    """How grant ids are signed (see docs/ha.md, "Grant ids").
+
+    Attributes:
+        key_file: file of grant keys, current first (a mounted Secret; followed for
+            rotation). Required with etcd endpoints (every replica needs the same keys);
+            in embedded mode None means a key generated in ``state_dir``.
+    """
+
+    key_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything ``fairshare serve`` needs.
 
@@ -121,6 +134,7 @@ class Config:
         timing: leases, fencing, persistence and forwarding timings.
         tls: TLS on the gRPC port.
         admin: admin-service credentials.
+        grants: grant-id signing keys.
         log_level: one of DEBUG, INFO, WARNING, ERROR, CRITICAL.
         pools: the pools, names unique.
     """
@@ -134,6 +148,7 @@ class Config:
     timing: Timing = field(default_factory=Timing)
     tls: TlsConfig = field(default_factory=TlsConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    grants: GrantsConfig = field(default_factory=GrantsConfig)
     log_level: str = DEFAULT_LOG_LEVEL
     pools: tuple[PoolConfig, ...] = ()
 
@@ -167,6 +182,7 @@ _SCALARS: dict[str, _Kind] = {
     "tls.client_ca_file": _Kind.OPT_STR,
     "tls.admin_identities": _Kind.LIST,
     "admin.token_file": _Kind.OPT_STR,
+    "grants.key_file": _Kind.OPT_STR,
     **{f"timing.{name}": _Kind.FLOAT for name in Timing.__slots__},
 }
 
@@ -184,6 +200,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "timing": tuple(Timing.__slots__),
     "tls": ("cert_file", "key_file", "client_ca_file", "admin_identities"),
     "admin": ("token_file",),
+    "grants": ("key_file",),
 }
 _TOP = (
     "node_id",
@@ -195,7 +212,15 @@ _TOP = (
     "pools",
     *_SECTIONS,
 )
-_POOL_KEYS = ("name", "capacity", "shares", "half_life_s", "max_request_s", "degraded_mode")
+_POOL_KEYS = (
+    "name",
+    "capacity",
+    "shares",
+    "half_life_s",
+    "max_request_s",
+    "degraded_mode",
+    "max_charge_per_s",
+)
 
 
 def _parse_text(path: str, text: str, source: str) -> object:
@@ -396,6 +421,15 @@ def _build(raw: Mapping[str, object]) -> Config:
     admin_raw = _mapping("admin", top.get("admin"), _SECTIONS["admin"])
     admin = AdminConfig(token_file=_opt_file("admin.token_file", admin_raw.get("token_file")))
 
+    grants_raw = _mapping("grants", top.get("grants"), _SECTIONS["grants"])
+    grants = GrantsConfig(key_file=_opt_file("grants.key_file", grants_raw.get("key_file")))
+    if grants.key_file is None and etcd.endpoints:
+        raise ConfigError(
+            "grants.key_file",
+            "is required with etcd endpoints: every replica must sign and verify grant ids "
+            "with the same keys (see docs/deploy.md)",
+        )
+
     pools = _pools(top.get("pools"))
     timing_raw = _mapping("timing", top.get("timing"), _SECTIONS["timing"])
     timing = Timing(**{k: _number(f"timing.{k}", v) for k, v in timing_raw.items()})
@@ -411,6 +445,7 @@ def _build(raw: Mapping[str, object]) -> Config:
         timing=timing,
         tls=tls,
         admin=admin,
+        grants=grants,
         log_level=level,
         pools=pools,
     )
@@ -470,6 +505,10 @@ def _pools(value: object) -> tuple[PoolConfig, ...]:
                 f"{path}.max_request_s", spec.get("max_request_s", defaults["max_request_s"])
             ),
             degraded_mode=mode,
+            max_charge_per_s=_number(
+                f"{path}.max_charge_per_s",
+                spec.get("max_charge_per_s", defaults["max_charge_per_s"]),
+            ),
         )
         pool.validate(path)
         pools.append(pool)

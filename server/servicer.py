@@ -33,6 +33,7 @@ from ha.api import (
     InvalidArgument,
     NoOwner,
     PeerUnavailable,
+    PermissionDenied,
     StoreUnavailable,
     UnknownNode,
     UnknownPool,
@@ -59,6 +60,7 @@ EPOCH_KEY: Final = "fairshare-epoch"
 ERROR_CODES: Final[Mapping[type[AllocatorError], grpc.StatusCode]] = {
     UnknownPool: grpc.StatusCode.NOT_FOUND,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     WrongEpoch: grpc.StatusCode.FAILED_PRECONDITION,
     UnknownNode: grpc.StatusCode.FAILED_PRECONDITION,
     NoOwner: grpc.StatusCode.UNAVAILABLE,
@@ -86,7 +88,7 @@ def status_code(error: AllocatorError) -> grpc.StatusCode:
 def error_metadata(error: AllocatorError) -> tuple[tuple[str, str], ...]:
     """The trailing metadata that lets a peer rebuild ``error`` (see module doc)."""
     metadata: list[tuple[str, str]] = [(ERROR_KEY, type(error).__name__)]
-    if isinstance(error, InvalidArgument):
+    if isinstance(error, InvalidArgument | PermissionDenied):
         metadata.append((FIELD_KEY, error.field))
     if isinstance(error, WrongEpoch):
         metadata += [
