@@ -186,6 +186,10 @@ class PoolStatus:
         snapshot_age_s: seconds since the last snapshot written (owner only; -1 if none).
         teams: the owner's team table; empty when this replica does not own the pool.
         degraded_decisions: decisions made without an owner by this replica.
+        charges_clamped: releases this replica, as owner, charged at the pool's bound
+            (``PoolConfig.max_charge``) instead of the larger amount claimed.
+        grant_ids_refused: releases and adopted grants this replica, as owner, refused
+            as not genuine (bad MAC, unsigned with an epoch, another holder's).
     """
 
     pool: PoolName
@@ -197,6 +201,8 @@ class PoolStatus:
     snapshot_age_s: float
     teams: Sequence[TeamStat]
     degraded_decisions: int
+    charges_clamped: int = 0
+    grant_ids_refused: int = 0
 
 
 # -- errors -------------------------------------------------------------------------------

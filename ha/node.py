@@ -51,7 +51,7 @@ from ha.cluster import ClusterView, preferred_owner
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.keys import Keys, Route, encode_handover, encode_owner
 from ha.lease import NodeLease
-from ha.owner import NotDeciding, OwnedPool, degraded_grant_id
+from ha.owner import IdCounters, NotDeciding, OwnedPool, degraded_grant_id
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
 from ha.store import LeaseNotFound, Store, StoreUnavailable, bounded
@@ -122,6 +122,7 @@ class Node:
         self._absent_since: dict[PoolName, float] = {}
         self._transitions: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
         self._degraded: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
+        self._id_counters = {name: IdCounters() for name in self._configs}
         self._stubs: dict[str, _Stub] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -439,6 +440,8 @@ class Node:
                     snapshot_age_s=age,
                     teams=owned.pool.snapshot() if owning and owned is not None else (),
                     degraded_decisions=self._degraded[name],
+                    charges_clamped=self._id_counters[name].charges_clamped,
+                    grant_ids_refused=self._id_counters[name].ids_refused,
                 )
             )
         return result
@@ -633,6 +636,7 @@ class Node:
             release_commit_s=self.timing.release_commit_s,
             release_memory_s=self.timing.release_memory_s,
             keys=self._grant_keys,
+            counters=self._id_counters[name],
         )
         state = await bounded(self._store.get(self._keys.state(name)), rpc)
         snapshot = PoolSnapshot.decode(state.value) if state is not None else None

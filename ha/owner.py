@@ -11,7 +11,7 @@ Guarantees:
   keys, or an unsigned id of an epoch other than 0, is refused (``PermissionDenied``)
   before anything is charged or counted.
 - A release charges at most ``config.max_charge()`` (``max_charge_per_s`` x
-  ``max_request_s``); more is clamped to it, logged and counted (``charges_clamped``).
+  ``max_request_s``); more is clamped to it, logged and counted (``IdCounters``).
 - Adopt counts unsigned (client-made degraded) grants only when they name the calling
   holder, at most ``config.capacity`` of them per holder at a time, each for at most
   ``max_request_s`` from its adoption; a complete re-report closes the holder's phantoms
@@ -66,6 +66,16 @@ _FORGET_EVERY_S = 1.0
 _Answer = tuple[bool, str, int, bool, bool]  # granted, grant id, priority, borrowing, saturated
 
 
+@dataclass(slots=True)
+class IdCounters:
+    """What a node counts of a pool's grant ids across its epochs (for metrics)."""
+
+    charges_clamped: int = 0
+    """Releases that claimed more than ``max_charge()`` and were charged that."""
+    ids_refused: int = 0
+    """Releases and adopted grants refused as not genuine (``PermissionDenied``)."""
+
+
 class NotDeciding(Exception):
     """The owner may not decide for the pool now (handover, fence, lost write)."""
 
@@ -102,6 +112,7 @@ class OwnedPool:
         release_commit_s: float,
         release_memory_s: float,
         keys: GrantKeys | None = None,
+        counters: IdCounters | None = None,
     ) -> None:
         """Args:
         config: the pool's configuration.
@@ -115,6 +126,8 @@ class OwnedPool:
         release_commit_s: group commit window of releases (see ha.commit).
         release_memory_s: how long released ids of earlier epochs are remembered.
         keys: the cluster's grant keys; None: this process's ephemeral key (tests).
+        counters: where refused ids and clamped charges are counted (kept by the node
+            across epochs); None: a fresh one.
         """
         self.config = config
         self.name = PoolName(config.name)
@@ -150,8 +163,7 @@ class OwnedPool:
         self._answers: OrderedDict[tuple[str, str], _Answer] = OrderedDict()
         self._release_memory_s = release_memory_s
         self._keys = keys if keys is not None else ephemeral_keys()
-        self.charges_clamped = 0  # releases that claimed more than max_charge()
-        self.ids_refused = 0  # releases and adopted grants refused as not genuine
+        self.counters = counters if counters is not None else IdCounters()
         self._clamp_logged = -math.inf
         self._write = write
         self.last_snapshot_mono = -1.0
@@ -342,7 +354,7 @@ class OwnedPool:
                 raise InvalidArgument(field, f"grant of pool {ref.pool!r}, not {self.name!r}")
             self.check_id(ref, field)
             if not ref.mac and ref.holder != holder:
-                self.ids_refused += 1
+                self.counters.ids_refused += 1
                 raise PermissionDenied(
                     field, f"an unsigned grant of holder {ref.holder!r} adopted by {holder!r}"
                 )
@@ -517,7 +529,7 @@ class OwnedPool:
             return
         else:
             reason = f"an unsigned id of epoch {ref.epoch} (only degraded ids may be unsigned)"
-        self.ids_refused += 1
+        self.counters.ids_refused += 1
         raise PermissionDenied(field, f"not a genuine grant id: {reason}")
 
     def _bounded(self, ref: GrantRef, consumed: float) -> float:
@@ -525,7 +537,7 @@ class OwnedPool:
         limit = self.config.max_charge()
         if not consumed > limit:  # also NaN: the pool counts it as 0
             return consumed
-        self.charges_clamped += 1
+        self.counters.charges_clamped += 1
         now = self._clock.monotonic()
         if now >= self._clamp_logged + _CLAMP_LOG_EVERY_S:
             self._clamp_logged = now
@@ -541,7 +553,7 @@ class OwnedPool:
                 consumed,
                 limit,
                 limit,
-                self.charges_clamped,
+                self.counters.charges_clamped,
             )
         return limit
 

@@ -163,7 +163,7 @@ async def test_a_guessed_id_of_another_holders_grant_is_refused_and_charges_noth
     with pytest.raises(PermissionDenied):
         pool.release(bogus, 100.0)
     assert in_flight(pool, "a") == (1, 0) and usage(pool, "a") == 0.0
-    assert pool.ids_refused == 2
+    assert pool.counters.ids_refused == 2
     pool.release(real, 1.0)
     assert in_flight(pool, "a") == (0, 0) and usage(pool, "a") == pytest.approx(1.0)
 
@@ -174,7 +174,7 @@ async def test_a_charge_above_what_a_grant_can_consume_is_clamped() -> None:
     bound = CONFIG.max_charge_per_s * CONFIG.max_request_s
     assert CONFIG.max_charge() == bound == 1200.0
     assert usage(pool, "a") == pytest.approx(bound)
-    assert pool.charges_clamped == 1
+    assert pool.counters.charges_clamped == 1
 
 
 async def test_old_epoch_and_degraded_ids_charge_once_and_within_the_bound() -> None:
@@ -194,7 +194,7 @@ async def test_old_epoch_and_degraded_ids_charge_once_and_within_the_bound() -> 
     for _ in range(3):
         pool.release(degraded, 1e12)
     assert usage(pool, "a") == pytest.approx(CONFIG.max_charge())
-    assert pool.charges_clamped == 6
+    assert pool.counters.charges_clamped == 6
 
 
 async def test_a_new_owner_verifies_ids_of_the_old_one_only_under_the_same_keys() -> None:
