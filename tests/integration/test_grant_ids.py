@@ -14,11 +14,12 @@ import grpc
 import pytest
 from grpc import aio
 
-from ha.api import Epoch, GrantRef, PoolName
+from ha.api import Epoch, GrantRef, PermissionDenied, PoolName
 from server.app import start_server
 from server.config import Config
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from server.peers import GrpcPeers
 
 from .conftest import make_config
 
@@ -31,13 +32,18 @@ def node_config(tmp_path: pathlib.Path) -> Config:
 
 
 @pytest.fixture
-async def stub(node_config: Config) -> AsyncIterator[pb_grpc.AllocatorStub]:
+async def address(node_config: Config) -> AsyncIterator[str]:
     running = await start_server(node_config, serve_metrics=False)
     try:
-        async with aio.insecure_channel(running.address) as channel:
-            yield pb_grpc.AllocatorStub(channel)
+        yield running.address
     finally:
         await running.shutdown(0)
+
+
+@pytest.fixture
+async def stub(address: str) -> AsyncIterator[pb_grpc.AllocatorStub]:
+    async with aio.insecure_channel(address) as channel:
+        yield pb_grpc.AllocatorStub(channel)
 
 
 def acquire(team: str, holder: str = "gw-1") -> pb.AcquireRequest:
@@ -154,3 +160,18 @@ async def test_a_complete_adopt_for_another_holder_leaves_its_phantoms(
             assert (r.adopted, r.phantoms_dropped) == (1, 2)
     finally:
         await second.shutdown(0)
+
+
+async def test_a_forwarding_replica_gets_the_refusal_back_not_an_outage(
+    address: str, stub: pb_grpc.AllocatorStub
+) -> None:
+    # A replica forwards a release to the owner; a refused id must come back as such, or
+    # the forwarder would take it for an unreachable owner and retry until it degrades.
+    epoch = (await stub.Acquire(acquire("inst-a"), timeout=5)).epoch
+    peers = GrpcPeers()
+    try:
+        with pytest.raises(PermissionDenied) as info:
+            await peers.release(address, forged(epoch, 1, "inst-a", "gw-1"), 1.0, timeout=2)
+        assert info.value.field == "grant_id"
+    finally:
+        await peers.close()
