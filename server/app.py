@@ -257,7 +257,13 @@ async def start_server(
         token=token, identities=config.tls.admin_identities, token_file=config.admin.token_file
     )
     pb_grpc.add_AllocatorServicer_to_server(
-        AllocatorServicer(node, pools=config.pools, metrics=metrics), server
+        AllocatorServicer(
+            node,
+            pools=config.pools,
+            metrics=metrics,
+            peer_identities=config.tls.peer_identities,
+        ),
+        server,
     )
     pb_grpc.add_AdminServicer_to_server(AdminServicer(node, auth=auth), server)
     health = grpc_health.aio.HealthServicer()

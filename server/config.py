@@ -75,12 +75,17 @@ class TlsConfig:
             required of every client.
         admin_identities: client-certificate subject CNs or SANs allowed to call the
             admin service (mutual TLS only).
+        peer_identities: client-certificate CNs or SANs of the replicas themselves
+            (mutual TLS only). Set, it binds holders to client certificates: any other
+            caller may act only as a holder its certificate names (the CN or a SAN, alone
+            or followed by ``/``), for Acquire, Release and Adopt.
     """
 
     cert_file: str | None = None
     key_file: str | None = None
     client_ca_file: str | None = None
     admin_identities: tuple[str, ...] = ()
+    peer_identities: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -181,6 +186,7 @@ _SCALARS: dict[str, _Kind] = {
     "tls.key_file": _Kind.OPT_STR,
     "tls.client_ca_file": _Kind.OPT_STR,
     "tls.admin_identities": _Kind.LIST,
+    "tls.peer_identities": _Kind.LIST,
     "admin.token_file": _Kind.OPT_STR,
     "grants.key_file": _Kind.OPT_STR,
     **{f"timing.{name}": _Kind.FLOAT for name in Timing.__slots__},
@@ -198,7 +204,7 @@ _ENV: dict[str, str] = {_env_name(path): path for path in _SCALARS}
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "etcd": ("endpoints", "prefix"),
     "timing": tuple(Timing.__slots__),
-    "tls": ("cert_file", "key_file", "client_ca_file", "admin_identities"),
+    "tls": ("cert_file", "key_file", "client_ca_file", "admin_identities", "peer_identities"),
     "admin": ("token_file",),
     "grants": ("key_file",),
 }
@@ -409,6 +415,7 @@ def _build(raw: Mapping[str, object]) -> Config:
         key_file=_opt_file("tls.key_file", tls_raw.get("key_file")),
         client_ca_file=_opt_file("tls.client_ca_file", tls_raw.get("client_ca_file")),
         admin_identities=_strings("tls.admin_identities", tls_raw.get("admin_identities")),
+        peer_identities=_strings("tls.peer_identities", tls_raw.get("peer_identities")),
     )
     if (tls.cert_file is None) != (tls.key_file is None):
         missing = "tls.key_file" if tls.key_file is None else "tls.cert_file"
@@ -417,6 +424,8 @@ def _build(raw: Mapping[str, object]) -> Config:
         raise ConfigError("tls.client_ca_file", "mutual TLS needs tls.cert_file and tls.key_file")
     if tls.admin_identities and not tls.mutual:
         raise ConfigError("tls.admin_identities", "client identities need tls.client_ca_file")
+    if tls.peer_identities and not tls.mutual:
+        raise ConfigError("tls.peer_identities", "client identities need tls.client_ca_file")
 
     admin_raw = _mapping("admin", top.get("admin"), _SECTIONS["admin"])
     admin = AdminConfig(token_file=_opt_file("admin.token_file", admin_raw.get("token_file")))

@@ -21,6 +21,7 @@ from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.peers import GrpcPeers
 
+from .certs import make_pki
 from .conftest import make_config
 
 pytestmark = pytest.mark.timeout(30)
@@ -175,3 +176,61 @@ async def test_a_forwarding_replica_gets_the_refusal_back_not_an_outage(
         assert info.value.field == "grant_id"
     finally:
         await peers.close()
+
+
+async def test_under_mtls_a_holder_is_bound_to_its_client_certificate(
+    tmp_path: pathlib.Path,
+) -> None:
+    ca, srv, clients = make_pki(tmp_path, ("gw-1", "gw-2", "replica"))
+    config = make_config(
+        tmp_path,
+        f"tls: {{cert_file: {srv.cert}, key_file: {srv.key}, client_ca_file: {ca.cert}, "
+        "peer_identities: [replica]}",
+    )
+    server = await start_server(config, serve_metrics=False)
+    target = f"localhost:{server.port}"
+
+    def channel(name: str) -> aio.Channel:
+        pair = clients[name]
+        return aio.secure_channel(
+            target,
+            grpc.ssl_channel_credentials(
+                root_certificates=ca.cert.read_bytes(),
+                private_key=pair.key.read_bytes(),
+                certificate_chain=pair.cert.read_bytes(),
+            ),
+        )
+
+    forwarded = (("fairshare-forwarded", "1"),)
+    try:
+        async with channel("gw-1") as one, channel("gw-2") as two, channel("replica") as peer:
+            gw1, gw2 = pb_grpc.AllocatorStub(one), pb_grpc.AllocatorStub(two)
+            theirs = await gw1.Acquire(acquire("inst-a", holder="gw-1"), timeout=5)
+            other = await gw1.Acquire(acquire("inst-a", holder="gw-1/worker-3"), timeout=5)
+            assert theirs.granted and other.granted
+            # gw-2 knows gw-1's genuine id: it still may not release it, forwarded or not.
+            for metadata in ((), forwarded):
+                call = gw2.Release(
+                    pb.ReleaseRequest(grant_id=theirs.grant_id, consumed=9.0),
+                    metadata=metadata,
+                    timeout=5,
+                )
+                assert await refused(call) == grpc.StatusCode.PERMISSION_DENIED
+            # Nor act as gw-1 in an Acquire or a (complete) Adopt.
+            call = gw2.Acquire(acquire("inst-a", holder="gw-1"), timeout=5)
+            assert await refused(call) == grpc.StatusCode.PERMISSION_DENIED
+            adopt = pb.AdoptRequest(pool="gpu-a", holder="gw-1", complete=True)
+            assert await refused(gw2.Adopt(adopt, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+            a = (await table(gw1))["inst-a"]
+            assert (a.in_flight, a.usage) == (2, 0.0)
+            # A replica forwards for anyone; the holder itself releases its own.
+            await pb_grpc.AllocatorStub(peer).Release(
+                pb.ReleaseRequest(grant_id=theirs.grant_id, consumed=1.0),
+                metadata=forwarded,
+                timeout=5,
+            )
+            await gw1.Release(pb.ReleaseRequest(grant_id=other.grant_id, consumed=1.0), timeout=5)
+            a = (await table(gw1))["inst-a"]
+            assert a.in_flight == 0 and a.usage == pytest.approx(2.0)
+    finally:
+        await server.shutdown(0)
