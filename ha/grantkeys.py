@@ -13,7 +13,8 @@ Guarantees:
 - An id verifies only if its MAC was made by one of the keys loaded now; the comparison
   is in constant time.
 - A key file is followed: when it is replaced or rewritten (as Kubernetes does with a
-  mounted Secret) it is read again at the next sign or verify, without a restart. A
+  mounted Secret) it is read again at the first sign or verify ``recheck_s`` (1 s) or
+  more after the last look at it, without a restart. A
   replacement that cannot be read, or holds no valid key, leaves the previous keys in
   force and is logged.
 
@@ -31,6 +32,7 @@ import logging
 import os
 import pathlib
 import secrets
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -93,10 +95,14 @@ def _mac(key: bytes, ref: GrantRef) -> str:
 class GrantKeys:
     """Signs grant ids with the current key and verifies them with any loaded key."""
 
-    def __init__(self, keys: Sequence[bytes], *, path: pathlib.Path | None = None) -> None:
+    def __init__(
+        self, keys: Sequence[bytes], *, path: pathlib.Path | None = None, recheck_s: float = 1.0
+    ) -> None:
         """Args:
         keys: current key first, then previous ones; at least one.
         path: the file ``keys`` were read from, followed for replacements.
+        recheck_s: least time between two looks at the file (a stat), so that signing
+            and verifying on the request path do not cost a system call each.
 
         Raises:
             KeyFileError: no key, or a key shorter than ``MIN_KEY_CHARS``.
@@ -109,9 +115,11 @@ class GrantKeys:
         self._keys = list(keys)
         self._path = path
         self._stamp = _stamp(path) if path is not None else None
+        self._recheck_s = recheck_s
+        self._looked_at = time.monotonic()
 
     @classmethod
-    def from_file(cls, path: str | pathlib.Path) -> GrantKeys:
+    def from_file(cls, path: str | pathlib.Path, *, recheck_s: float = 1.0) -> GrantKeys:
         """Keys read from a key file that is followed from now on.
 
         Raises:
@@ -119,7 +127,7 @@ class GrantKeys:
         """
         file = pathlib.Path(path)
         stamp = _stamp(file)
-        keys = cls(read_keys(file), path=file)
+        keys = cls(read_keys(file), path=file, recheck_s=recheck_s)
         keys._stamp = stamp  # a replacement while it was read is seen at the next call
         return keys
 
@@ -164,6 +172,10 @@ class GrantKeys:
     def _current(self) -> list[bytes]:
         if self._path is None:
             return self._keys
+        now = time.monotonic()
+        if now - self._looked_at < self._recheck_s:
+            return self._keys
+        self._looked_at = now
         stamp = _stamp(self._path)
         if stamp is not None and stamp != self._stamp:
             self._stamp = stamp

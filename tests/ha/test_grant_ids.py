@@ -124,7 +124,7 @@ def test_a_key_file_without_a_usable_key_is_refused(text: str, message: str) -> 
 def test_rotation_old_keys_verify_until_removed(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "grant-keys"
     write_keys(path, KEY_A)
-    keys = GrantKeys.from_file(path)
+    keys = GrantKeys.from_file(path, recheck_s=0.0)  # look at the file at every call
     ref = GrantRef(PoolName("p"), Epoch(3), 1, "a", "gw")
     old = GrantRef.decode(keys.sign(ref))
     # Rotate: B becomes current, A stays listed to verify the grants it signed.
@@ -270,3 +270,13 @@ async def test_a_complete_adopt_speaks_only_for_a_holder_it_proves_to_be() -> No
     mine = HeldGrant(victim[0].grant_id, "a", victim[0].priority, victim[0].borrowing, 1)
     result = new.adopt(holder="victim", grants=[mine], complete=True)
     assert (result.adopted, result.phantoms_dropped) == (1, 3)
+
+
+def test_the_key_file_is_looked_at_no_more_than_once_per_recheck(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "grant-keys"
+    write_keys(path, KEY_A)
+    keys = GrantKeys.from_file(path, recheck_s=3600.0)
+    ref = GrantRef(PoolName("p"), Epoch(3), 1, "a", "gw")
+    before = GrantRef.decode(keys.sign(ref))
+    write_keys(path, KEY_B)
+    assert keys.verify(before), "not re-read within recheck_s"
