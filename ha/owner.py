@@ -303,14 +303,14 @@ class OwnedPool:
             PermissionDenied: the id is not genuine (see ``check_id``).
         """
         self.check_id(ref, "grant_id")
+        if ref.epoch > self.epoch:
+            raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
         consumed = self._bounded(ref, consumed)
         if ref.epoch == self.epoch:
             held = self._grants.pop(ref.seq, None)
             if held is not None:
                 held.grant.release(consumed)
             return
-        if ref.epoch > self.epoch:
-            raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
         key = GrantKey(ref.epoch, ref.seq, ref.holder)
         adopted = self._adopted.pop(key, None)
         if adopted is not None:
@@ -343,8 +343,10 @@ class OwnedPool:
         Raises:
             PermissionDenied: a grant id is not genuine, or is unsigned and names
                 another holder; nothing is counted then.
-            InvalidArgument: a grant is of another pool, or an unsigned one beyond the
-                holder's bound.
+            InvalidArgument: a grant is of another pool.
+
+        Unsigned grants beyond the holder's bound (``capacity`` counted at a time) are
+        not counted, and logged.
         """
         refs = [GrantRef.decode(held.grant_id) for held in grants]
         proven = False
