@@ -18,7 +18,7 @@ Guarantees:
   only when it proves to be that holder by carrying at least one signed grant of it.
 - On restore, the previous owner's in-flight requests count as phantoms until
   ``max_request_s``, attributed to their holders, so a holder's complete re-report
-  closes its share of them at once.
+  (carrying a signed grant of that holder) closes its share of them at once.
 
 Non-guarantees: borrowing grants and releases since the last snapshot are lost on a
 crash; the successor is then more cautious (more phantoms), never less.
