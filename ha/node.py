@@ -668,16 +668,20 @@ class Node:
         self._spawn(f"first-snapshot-{name}", self._sync(owned))
 
     async def _write_state(self, name: PoolName, epoch: Epoch, data: bytes) -> None:
+        # A write whose answer is late has an unknown outcome and costs the pool, so it
+        # may take as long as this node may still decide, not just one RPC timeout: a
+        # store that stalls for less than that (an fsync spike, a leader election) costs
+        # latency, not the pool. The store may send the same write again meanwhile.
+        budget = max(self.timing.rpc_timeout_s, self._lease.seconds_left())
         ok = await bounded(
             self._store.put_fenced(
                 self._keys.state(name),
                 data,
                 fence_key=self._keys.owner(name),
                 fence_revision=epoch,
+                timeout_s=budget,
             ),
-            # A write whose answer is late has an unknown outcome and costs the pool, so
-            # it may take as long as this node may still decide, not just one RPC timeout.
-            max(self.timing.rpc_timeout_s, self._lease.seconds_left()),
+            budget,
         )
         if not ok:
             raise WrongEpoch(name, NodeId(""), "", epoch)

@@ -1,4 +1,5 @@
-"""The etcd store when its etcd goes away: restarted, stopped, paused.
+"""The etcd store when its etcd goes away: restarted, stopped, paused, stalled under a
+node that owns a pool.
 
 Each test has a private etcd member (``etcd_disposable``) and one ``EtcdStore`` that
 lives through the disruption: nothing is recreated by the test.
@@ -9,12 +10,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
 from etcd_process import EtcdProcess, free_port
 
+from fairshare import Class
+from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
 from ha.etcdstore import EtcdStore, connect
+from ha.node import Node
+from ha.settings import PoolConfig, Timing
 from ha.store import EventKind, StoreUnavailable, WatchEvent
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(45)]
@@ -135,3 +141,158 @@ async def test_connect_fails_over_to_the_next_endpoint(etcd_disposable: EtcdProc
         await store.close()
     with pytest.raises(StoreUnavailable, match=dead):
         await connect([dead], rpc_timeout_s=RPC_TIMEOUT_S)
+
+
+# -- a node through an etcd stall ---------------------------------------------------------
+
+POOL = "gpu-a"
+STALL_TIMING = Timing()  # T = 5 s, margin 1 s, RPC timeout 0.5 s, keepalive every 1 s
+
+
+class NoPeers:
+    """The peer transport of a lone replica: there is nobody to forward to."""
+
+    async def acquire(self, address: str, **_: object) -> Decision:
+        raise PeerUnavailable(address)
+
+    async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
+        raise PeerUnavailable(address)
+
+    async def adopt(self, address: str, **_: object) -> AdoptResult:
+        raise PeerUnavailable(address)
+
+    async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
+        raise PeerUnavailable(address)
+
+    async def set_capacity(self, address: str, pool: str, capacity: int, timeout: float) -> int:
+        raise PeerUnavailable(address)
+
+    async def switchover(self, address: str, pool: str, node: str, timeout: float) -> None:
+        raise PeerUnavailable(address)
+
+    async def close(self) -> None:
+        pass
+
+
+def _pool_status(node: Node) -> PoolStatus:
+    return next(s for s in node.status() if s.pool == POOL)
+
+
+@pytest.fixture
+async def lone_node(etcd_disposable: EtcdProcess) -> AsyncIterator[Node]:
+    """One replica on the private etcd, owning ``POOL`` (C = 8, two teams of 4)."""
+    store = await connect(etcd_disposable.endpoints, rpc_timeout_s=STALL_TIMING.rpc_timeout_s)
+    node = Node(
+        node_id=NodeId("stall-0"),
+        advertise="127.0.0.1:1",
+        pools=[PoolConfig(POOL, 8, {"a": 0.5, "b": 0.5})],
+        timing=STALL_TIMING,
+        store=store,
+        peers=NoPeers(),  # type: ignore[arg-type]
+        prefix="/fairshare-stall",
+        owns_store=True,
+    )
+    await node.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not _pool_status(node).owned:
+            assert time.monotonic() < deadline, f"never owned {POOL}: {_pool_status(node)}"
+            await asyncio.sleep(0.05)
+        yield node
+    finally:
+        await node.close()
+
+
+@dataclass
+class _Load:
+    """Within-share Acquire/Release through the node, counted by the epoch that decided."""
+
+    node: Node
+    epochs: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    stop: bool = False
+
+    async def worker(self) -> None:
+        for _ in range(10_000):  # bounded; the test stops it long before
+            if self.stop:
+                return
+            try:
+                async with asyncio.timeout(10):
+                    decision = await self.node.acquire(
+                        pool=POOL, team="a", cls=Class.INTERACTIVE, est_tokens=0
+                    )
+                    await asyncio.sleep(0.01)
+                    await self.node.release(decision.grant_id, 1.0)
+            except Exception as e:  # counted: the test asserts there are none
+                self.failures.append(repr(e))
+                await asyncio.sleep(0.05)
+                continue
+            if decision.degraded or decision.borrowing:
+                self.failures.append(f"not a within-share owner decision: {decision}")
+            self.epochs.append(int(decision.epoch))
+
+
+async def _stall(
+    etcd: EtcdProcess, node: Node, seconds: float
+) -> tuple[_Load, list[PoolStatus], int]:
+    """Runs three within-share workers, pauses etcd for ``seconds``, and returns the load,
+    the pool's status as seen every 50 ms from the pause until 1.5 s after it, and how
+    many grants were counted when etcd resumed."""
+    load = _Load(node)
+    workers = [asyncio.create_task(load.worker()) for _ in range(3)]
+    seen: list[PoolStatus] = []
+    try:
+        await asyncio.sleep(0.5)
+        etcd.pause()
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                seen.append(_pool_status(node))
+                await asyncio.sleep(0.05)
+        finally:
+            etcd.resume()
+        resumed_at = len(load.epochs)
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            seen.append(_pool_status(node))
+            await asyncio.sleep(0.05)
+    finally:
+        load.stop = True
+        await asyncio.gather(*workers)
+    return load, seen, resumed_at
+
+
+async def test_an_etcd_stall_within_the_fencing_budget_keeps_the_pool_and_its_epoch(
+    etcd_disposable: EtcdProcess, lone_node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = _pool_status(lone_node)
+    load, seen, resumed_at = await _stall(etcd_disposable, lone_node, 1.5)
+
+    last = _pool_status(lone_node)
+    assert (last.owned, last.owner, last.epoch) == (True, first.owner, first.epoch)
+    assert last.transitions == first.transitions, "the pool changed hands during the stall"
+    lost = [s for s in seen if not s.owned or s.epoch != first.epoch]
+    assert not lost, f"pool not owned at its epoch at some point: {lost[0]}"
+    assert not load.failures, load.failures[:3]
+    assert set(load.epochs) == {first.epoch}
+    assert len(load.epochs) > resumed_at, "no grant after etcd resumed"
+    assert "lost pool" not in caplog.text
+
+
+async def test_an_etcd_stall_beyond_the_fencing_deadline_stops_the_owner_deciding(
+    etcd_disposable: EtcdProcess, lone_node: Node
+) -> None:
+    first = _pool_status(lone_node)
+    limit = STALL_TIMING.lease_ttl_s - STALL_TIMING.fence_margin_s
+    _, seen, _ = await _stall(etcd_disposable, lone_node, limit + 0.5)
+
+    # Fail-safe: once the fencing deadline passed, the old epoch decided no more.
+    assert any(not s.owned for s in seen), "still deciding after the fencing deadline"
+    deadline = time.monotonic() + 10
+    while True:
+        now = _pool_status(lone_node)
+        if now.owned:
+            break
+        assert time.monotonic() < deadline, f"pool not owned again: {now}"
+        await asyncio.sleep(0.05)
+    assert now.epoch > first.epoch and now.transitions > first.transitions
