@@ -318,8 +318,10 @@ class Gateway:
         seed: int,
         holder: str | None = None,
         route_to_owner: bool = True,
+        quiet: set[str] | None = None,
     ):
         self.name = name
+        self.quiet: set[str] = set() if quiet is None else quiet  # pools to leave alone
         self.holder = holder or name
         self.client = AllocatorClient(
             targets,
@@ -345,7 +347,11 @@ class Gateway:
         for _ in range(100_000):  # bounded; the stop event ends it much sooner
             if self.stop.is_set():
                 return
-            pool = self.random.choice(list(POOLS))
+            open_pools = [p for p in POOLS if p not in self.quiet]
+            if not open_pools:
+                await asyncio.sleep(0.05)
+                continue
+            pool = self.random.choice(open_pools)
             team = self.random.choice(list(POOLS[pool]))
             cls = Class.BATCH if self.random.random() < 0.3 else Class.INTERACTIVE
             sent = time.monotonic()
@@ -485,6 +491,7 @@ class DrillCluster:
         self.epoch_samples: list[tuple[float, dict[str, int]]] = []
         self.poll_task: asyncio.Task[None] | None = None
         self.relays: list[PeerProxy] = []
+        self.quiet: set[str] = set()  # pools no gateway worker acquires in, for a check
 
     @property
     def targets(self) -> list[str]:
@@ -525,6 +532,7 @@ class DrillCluster:
             seed=i,
             holder=holder,
             route_to_owner=not relayed,
+            quiet=self.quiet,
         )
         gw.start()
         self.gateways.append(gw)
@@ -596,13 +604,17 @@ class DrillCluster:
                 continue
         return {}
 
-    async def wait_owned(self, timeout_s: float = 15.0, *, exclude: str = "") -> float:
-        """Waits until every pool has an owner (not ``exclude``); returns the time taken."""
+    async def wait_owned(
+        self, timeout_s: float = 15.0, *, exclude: str | frozenset[str] = ""
+    ) -> float:
+        """Waits until every pool has an owner (not ``exclude``, one node or a set of them);
+        returns the time taken."""
+        excluded = {exclude} if isinstance(exclude, str) else set(exclude)
         start = time.monotonic()
         while time.monotonic() - start < timeout_s:
             owners = await self.owners()
             if len(owners) == len(POOLS) and all(
-                node and node != exclude for node, _ in owners.values()
+                node and node not in excluded for node, _ in owners.values()
             ):
                 return time.monotonic() - start
             await asyncio.sleep(0.05)

@@ -517,6 +517,10 @@ def find_etcdctl() -> str:
     return found
 
 
+CLUSTER_HEARTBEAT_MS = 100
+CLUSTER_ELECTION_MS = 1000
+
+
 class EtcdCluster:
     """Three etcd members on 127.0.0.1, each advertising its peer URL through a ``PeerProxy``.
 
@@ -736,8 +740,8 @@ class EtcdCluster:
                 peer_url=proxy.url,
                 initial_cluster=initial,
                 cluster_token=token,
-                heartbeat_ms=100,
-                election_ms=1000,
+                heartbeat_ms=CLUSTER_HEARTBEAT_MS,
+                election_ms=CLUSTER_ELECTION_MS,
             )
             m.peer_port = port
             shutil.rmtree(m.data_dir, ignore_errors=True)

@@ -22,6 +22,7 @@ from drill_harness import (
     Replica,
     wait_serving,
 )
+from etcd_process import CLUSTER_ELECTION_MS
 
 from server.client import ClientGrant
 
@@ -128,32 +129,38 @@ async def etcd_stall_within_budget(cluster: DrillCluster) -> tuple[float, float]
     return at, end
 
 
-OWNER_FOUND_BOUND_S = LEASE_TTL_S + 4.0
-"""How long a pool may stay without a new owner after its owner dies while one etcd
-member is partitioned: the lease TTL, an etcd election timeout, and room for the watch
-to move to another member."""
+ETCD_ELECTION_S = CLUSTER_ELECTION_MS / 1000
+OWNER_FOUND_BOUND_S = LEASE_TTL_S + 5 * ETCD_ELECTION_S + 1.0
+"""How long a pool may stay without an owner when its owner dies just as the etcd member
+its survivors watch through is partitioned: the partitioned member needs up to two
+election timeouts to notice it has no leader and etcd then waits three more before it
+ends require-leader watches; the lease TTL runs meanwhile."""
 
 
 async def isolated_watch_member(cluster: DrillCluster) -> tuple[float, float]:
     """The etcd member holding the most watch streams is cut off from its peers (its
-    client URL still serving), then the owner of gpu-a is killed."""
+    client URL still serving) and at once every pool owner is killed: the survivors
+    learn of it only if their watches leave the partitioned member."""
     names = [m.name for m in cluster.etcd.members]
     streams = {n: cluster.etcd.watch_streams(n) for n in names}
     member = max(names, key=lambda n: (streams[n], -names.index(n)))
     if cluster.etcd.leader() == member:
         # Keep the majority's leader: the drill is about a partitioned follower.
         cluster.etcd.move_leader(next(n for n in names if n != member))
-    victim = cluster.replica(await owner_of(cluster, "gpu-a"))
+    owners = await cluster.owners()
+    victims = [cluster.replica(node) for node in sorted({node for node, _ in owners.values()})]
     at = time.monotonic()
     cluster.etcd.isolate(member)
     try:
-        await asyncio.sleep(0.5)
-        victim.signal(signal.SIGKILL)
-        await cluster.wait_owned(OWNER_FOUND_BOUND_S, exclude=victim.node)
+        for victim in victims:
+            victim.signal(signal.SIGKILL)
+        excluded = frozenset(v.node for v in victims)
+        await cluster.wait_owned(OWNER_FOUND_BOUND_S, exclude=excluded)
         end = time.monotonic()
     finally:
         cluster.etcd.heal()
-    await restart(victim)
+    for victim in victims:
+        await restart(victim)
     return at, end
 
 
@@ -184,6 +191,7 @@ async def move_etcd_leader(cluster: DrillCluster) -> tuple[float, float]:
 
 CUT_S = 1.0
 HELD_PER_CUT = 2
+HELD_CONSUMED = 50.0  # large, so that an uncharged release shows in the usage error
 COUNTED_WITHIN_S = 1.5
 
 
@@ -192,7 +200,7 @@ async def restarted_gateway(cluster: DrillCluster) -> tuple[float, float]:
     after the partition heals its degraded grants must count at the owner. Then, cut off
     again, it dies holding degraded grants and restarts with the same holder id: the new
     process's degraded grants too must count, and its releases be charged."""
-    holder = "gw-restarted"
+    holder = f"gw-restarted-{len(cluster.gateways)}"  # unique per run of this nemesis
     first = cluster.add_gateway(holder=holder, relayed=True)
     await asyncio.sleep(1.0)  # it has seen every pool's owner and epoch
     at = time.monotonic()
@@ -203,7 +211,7 @@ async def restarted_gateway(cluster: DrillCluster) -> tuple[float, float]:
     cluster.heal_relays()
     await _check_counted(cluster, first, held)
     for grant, record in held:
-        await Gateway.release_held(grant, record, 1.0)
+        await Gateway.release_held(grant, record, HELD_CONSUMED)
     cluster.cut_relays()
     await asyncio.sleep(0.5)
     dying = [await first.hold("gpu-b", team) for team in list(POOLS["gpu-b"])[:HELD_PER_CUT]]
@@ -216,7 +224,7 @@ async def restarted_gateway(cluster: DrillCluster) -> tuple[float, float]:
     cluster.heal_relays()
     await _check_counted(cluster, second, held)
     for grant, record in held:
-        await Gateway.release_held(grant, record, 1.0)
+        await Gateway.release_held(grant, record, HELD_CONSUMED)
     end = time.monotonic()
     await cluster.wait_owned()
     return at, end
@@ -227,18 +235,25 @@ async def _check_counted(
 ) -> None:
     """Within ``COUNTED_WITHIN_S`` of the heal, the owner counts every grant that has been
     live that long: its in-flight count per team is at least the ledger's (a lower bound
-    that holds whatever is in transit)."""
+    that holds whatever is in transit). The workers leave the held grants' pool alone
+    meanwhile, so that their short grants cannot make up for an uncounted one."""
     if not all(r.degraded for _, r in held):
         cluster.ledger.violations.append(
             f"{gateway.holder}: a grant acquired during the partition was not degraded"
         )
-    deadline = time.monotonic() + COUNTED_WITHIN_S
-    short: list[str] = []
-    for _ in range(100):
-        short = await _uncounted(cluster)
-        if not short or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
+    pools = {r.pool for _, r in held}
+    cluster.quiet.update(pools)
+    try:
+        await asyncio.sleep(0.6)  # the workers' grants there end (holds are <= 0.4 s)
+        deadline = time.monotonic() + COUNTED_WITHIN_S
+        short: list[str] = []
+        for _ in range(100):
+            short = await _uncounted(cluster, pools)
+            if not short or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        cluster.quiet.difference_update(pools)
     if short:
         cluster.ledger.violations.append(
             f"{gateway.holder}: degraded grants not counted by the owner "
@@ -246,7 +261,7 @@ async def _check_counted(
         )
 
 
-async def _uncounted(cluster: DrillCluster) -> list[str]:
+async def _uncounted(cluster: DrillCluster, pools: set[str]) -> list[str]:
     settle_s = 0.5
     now = time.monotonic()
 
@@ -259,7 +274,7 @@ async def _uncounted(cluster: DrillCluster) -> list[str]:
 
     before = live()
     counted: dict[tuple[str, str], int] = {}
-    for pool in POOLS:
+    for pool in sorted(pools):
         stats = await cluster.snapshot(pool)
         if stats is None:
             return [f"no replica answers Snapshot({pool})"]
@@ -268,6 +283,8 @@ async def _uncounted(cluster: DrillCluster) -> list[str]:
     after = live()
     short = []
     for key, ids in before.items():
+        if key[0] not in pools:
+            continue
         n = len(ids & after.get(key, set()))
         if counted.get(key, 0) < n:
             short.append(f"{key[0]}/{key[1]} in flight {counted.get(key, 0)} < {n} live")
