@@ -329,7 +329,10 @@ async def test_a_watch_on_a_member_cut_off_from_its_peers_moves_to_a_member_with
         await asyncio.to_thread(etcd_cluster.isolate, cut.name)
         cut_at = time.monotonic()
 
-        healthy = await connect([other.endpoint], rpc_timeout_s=RPC_TIMEOUT_S)
+        # When the cut member led, the other two elect a leader first.
+        healthy = await until_available(
+            lambda: connect([other.endpoint], rpc_timeout_s=RPC_TIMEOUT_S)
+        )
         written = await until_available(lambda: healthy.put(PREFIX + "b", b"2"))
 
         # etcd cancels a require-leader watch after three election timeouts (1 s each
@@ -345,6 +348,7 @@ async def test_a_watch_on_a_member_cut_off_from_its_peers_moves_to_a_member_with
         assert took < 8, f"the watch moved {took:.1f}s after the partition"
     finally:
         waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
         await events.aclose()  # type: ignore[attr-defined]
         await store.close()
         if healthy is not None:
