@@ -10,13 +10,20 @@ Guarantees (beyond those of ``ha.store``):
   ``put_fenced``: within its budget, after its endpoint failed (connection lost, no
   leader, or no answer to one attempt while other endpoints remain), since the same
   value under the same fence leaves the same state however often it is applied.
-- etcd and gRPC errors are translated in one table (``_ERRORS_BY_STATUS``): connection
-  refused, no leader, deadline exceeded → ``StoreUnavailable``; lease not found →
-  ``LeaseNotFound``; a request etcd calls malformed → ``ValueError`` (a bug here).
-- Endpoints are tried in order at ``connect``. Later, a connection error or a deadline
+- etcd and gRPC errors are translated in one table (``_ERRORS_BY_STATUS``, with
+  ``_ERRORS_BY_MESSAGE`` for answers that share a status): connection refused, no leader,
+  deadline exceeded → ``StoreUnavailable``; NOSPACE ("database space exceeded") →
+  ``StoreFull``; lease not found → ``LeaseNotFound``; a request etcd calls malformed →
+  ``ValueError`` (a bug here).
+- Every call requires a leader (etcd's ``hasleader`` metadata): a member cut off from its
+  quorum refuses calls at once, and ends the watches open on it after three election
+  timeouts without a leader; both move the store to the next endpoint.
+- Endpoints are tried at ``connect`` in an order shuffled by the caller's seed, so
+  replicas spread over the members. Later, a connection error, a deadline or "no leader"
   moves the store to the next endpoint for the calls that follow. Idempotent calls
   (reads, keepalive, revoke) try the next endpoint within the same deadline; writes
-  raise. With one endpoint gRPC reconnects the same channel, its backoff bounded at 1 s.
+  raise (``put_fenced`` excepted, see above). With one endpoint gRPC reconnects the same
+  channel, its backoff bounded at 1 s.
 - A watch resumes by itself after its stream is lost: it watches again from the
   revision after the last event it delivered, so etcd replays what was missed. Only when
   that revision has been compacted does it emit a ``RESET`` with the prefix as listed at
