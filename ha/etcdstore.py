@@ -2,17 +2,28 @@
 
 Guarantees (beyond those of ``ha.store``):
 
-- Every call has one deadline, ``rpc_timeout_s``, enforced both as the gRPC deadline and
-  around the awaited call. No call is retried: a transaction that got no answer may or
-  may not have been applied, so it raises ``StoreUnavailable`` and the caller re-reads
-  (a blind retry of a lost ``create`` could report a race lost to itself).
-- etcd and gRPC errors are translated in one table (``_ERRORS_BY_STATUS``): connection
-  refused, no leader, deadline exceeded → ``StoreUnavailable``; lease not found →
-  ``LeaseNotFound``; a request etcd calls malformed → ``ValueError`` (a bug here).
-- Endpoints are tried in order at ``connect``. Later, a connection error or a deadline
+- Every call has one deadline, enforced both as the gRPC deadline and around the awaited
+  call: ``rpc_timeout_s``, or the caller's ``timeout_s`` for ``put_fenced`` and
+  ``delete_fenced``. A transaction that got no answer may or may not have been applied,
+  so it raises ``StoreUnavailable`` and the caller re-reads (a blind retry of a lost
+  ``create`` could report a race lost to itself). The one write sent again is
+  ``put_fenced``: within its budget, after its endpoint failed (connection lost, no
+  leader, or no answer to one attempt while other endpoints remain), since the same
+  value under the same fence leaves the same state however often it is applied.
+- etcd and gRPC errors are translated in one table (``_ERRORS_BY_STATUS``, with
+  ``_ERRORS_BY_MESSAGE`` for answers that share a status): connection refused, no leader,
+  deadline exceeded → ``StoreUnavailable``; NOSPACE ("database space exceeded") →
+  ``StoreFull``; lease not found → ``LeaseNotFound``; a request etcd calls malformed →
+  ``ValueError`` (a bug here).
+- Every call requires a leader (etcd's ``hasleader`` metadata): a member cut off from its
+  quorum refuses calls at once, and ends the watches open on it after three election
+  timeouts without a leader; both move the store to the next endpoint.
+- Endpoints are tried at ``connect`` in an order shuffled by the caller's seed, so
+  replicas spread over the members. Later, a connection error, a deadline or "no leader"
   moves the store to the next endpoint for the calls that follow. Idempotent calls
   (reads, keepalive, revoke) try the next endpoint within the same deadline; writes
-  raise. With one endpoint gRPC reconnects the same channel, its backoff bounded at 1 s.
+  raise (``put_fenced`` excepted, see above). With one endpoint gRPC reconnects the same
+  channel, its backoff bounded at 1 s.
 - A watch resumes by itself after its stream is lost: it watches again from the
   revision after the last event it delivered, so etcd replays what was missed. Only when
   that revision has been compacted does it emit a ``RESET`` with the prefix as listed at
@@ -47,6 +58,7 @@ from ha.store import (
     KeyValue,
     LeaseId,
     LeaseNotFound,
+    StoreFull,
     StoreUnavailable,
     WatchEvent,
 )
@@ -60,9 +72,15 @@ T = TypeVar("T")
 DEFAULT_PORT: Final = 2379
 _WATCH_BACKOFF_MIN_S: Final = 0.05
 _WATCH_BACKOFF_MAX_S: Final = 1.0
+_MIN_ATTEMPT_S: Final = 0.05
+"""A budgeted write is not sent again with less time than this left."""
 _KEEPALIVE_PING_MS: Final = 10_000
 """etcd refuses pings more often than every 5 s (``--grpc-keepalive-min-time``)."""
 _MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
+_REQUIRE_LEADER: Final = (("hasleader", "true"),)
+"""etcd's require-leader metadata (clientv3 ``WithRequireLeader``): a member without a
+leader refuses the call at once, and cancels an open watch with "no leader" once it has
+had none for three election timeouts, instead of keeping it open and silent."""
 
 
 # -- errors: translated once, here ----------------------------------------------------------
@@ -101,6 +119,13 @@ _ERRORS_BY_STATUS: Final[Mapping[grpc.StatusCode, _Translation]] = {
 }
 """gRPC status → project exception. etcd 3.4 uses NOT_FOUND only for leases."""
 
+_ERRORS_BY_MESSAGE: Final[tuple[tuple[str, _Translation], ...]] = (
+    # etcd answers RESOURCE_EXHAUSTED both for NOSPACE and for "too many requests";
+    # only the first is a refusal that lasts until an operator frees space.
+    ("database space exceeded", _Translation(StoreFull, "etcd is out of space (NOSPACE alarm)")),
+)
+"""Failures told apart by etcd's message, checked before the status table."""
+
 _ERRORS_BY_TYPE: Final[tuple[tuple[type[BaseException], _Translation], ...]] = (
     (TimeoutError, _Translation(StoreUnavailable, "no answer within the deadline", True)),
     (aetcd.WatchTimeoutError, _Translation(StoreUnavailable, "watch not created in time", True)),
@@ -116,6 +141,11 @@ _TRANSLATED: Final = (TimeoutError, aetcd.ClientError, grpc.RpcError)
 def _translate(e: BaseException) -> _Translation | None:
     """The translation of a failure, or None when it is not an etcd failure."""
     status = _status_of(e)
+    if status is not None:
+        details = _details_of(e)
+        for words, translation in _ERRORS_BY_MESSAGE:
+            if words in details:
+                return translation
     if status is not None and status in _ERRORS_BY_STATUS:
         return _ERRORS_BY_STATUS[status]
     for kind, translation in _ERRORS_BY_TYPE:
@@ -197,18 +227,26 @@ class _Conn:
 # -- the store ----------------------------------------------------------------------------
 
 
-async def connect(endpoints: Sequence[str], *, rpc_timeout_s: float) -> EtcdStore:
+async def connect(
+    endpoints: Sequence[str], *, rpc_timeout_s: float, seed: int | str | None = None
+) -> EtcdStore:
     """Connects to the first endpoint that answers a linearizable read.
 
     Args:
-        endpoints: ``host:port`` or ``http://host:port``, tried in order.
+        endpoints: ``host:port`` or ``http://host:port``, tried in an order shuffled
+            by ``seed`` (each replica passes its own, so replicas spread over the
+            members instead of all starting on the first one); ``store.endpoints`` is
+            that order.
         rpc_timeout_s: the deadline of every call, in seconds.
+        seed: seeds the shuffle (None: a random order).
 
     Raises:
         StoreUnavailable: no endpoint answered (each one's error is in the message).
         ValueError: no endpoints, a malformed one, or a non-positive timeout.
     """
-    store = EtcdStore(endpoints, rpc_timeout_s=rpc_timeout_s)
+    order = list(endpoints)
+    random.Random(seed).shuffle(order)
+    store = EtcdStore(order, rpc_timeout_s=rpc_timeout_s)
     failures: list[str] = []
     for index in range(len(store.endpoints)):
         conn = store._open(index)
@@ -249,12 +287,12 @@ class EtcdStore:
 
     async def grant_lease(self, ttl_s: float) -> LeaseId:
         ttl = max(1, math.ceil(ttl_s))
-        lease = await self._call("grant a lease", lambda c: c.lease(ttl))
+        lease = await self._call("grant a lease", lambda c, _: c.lease(ttl))
         return LeaseId(int(lease.id))
 
     async def keepalive(self, lease: LeaseId) -> float:
         reply = await self._call(
-            "renew a lease", lambda c: c.refresh_lease(int(lease)), idempotent=True
+            "renew a lease", lambda c, _: c.refresh_lease(int(lease)), idempotent=True
         )
         if reply is None:
             raise StoreUnavailable(f"etcd closed the keepalive of lease {lease:x} unanswered")
@@ -265,20 +303,20 @@ class EtcdStore:
     async def revoke(self, lease: LeaseId) -> None:
         with contextlib.suppress(LeaseNotFound):
             await self._call(
-                "revoke a lease", lambda c: c.revoke_lease(int(lease)), idempotent=True
+                "revoke a lease", lambda c, _: c.revoke_lease(int(lease)), idempotent=True
             )
 
     # -- reads ------------------------------------------------------------------------------
 
     async def get(self, key: str) -> KeyValue | None:
-        raw = await self._call("get a key", lambda c: c.get(key.encode()), idempotent=True)
+        raw = await self._call("get a key", lambda c, _: c.get(key.encode()), idempotent=True)
         return None if raw is None else _kv(raw)
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         start, end = _prefix_range(prefix)
         found = await self._call(
             "list a prefix",
-            lambda c: c.get_range(start, end, sort_order="ascend", sort_target="key"),
+            lambda c, _: c.get_range(start, end, sort_order="ascend", sort_target="key"),
             idempotent=True,
         )
         return [_kv(raw) for raw in found.kvs], int(found.header.revision)
@@ -286,7 +324,7 @@ class EtcdStore:
     # -- writes -----------------------------------------------------------------------------
 
     async def put(self, key: str, value: bytes, *, lease: LeaseId = NO_LEASE) -> int:
-        done = await self._call("put a key", lambda c: c.put(key.encode(), value, int(lease)))
+        done = await self._call("put a key", lambda c, _: c.put(key.encode(), value, int(lease)))
         return int(done.header.revision)
 
     async def create(self, key: str, value: bytes, *, lease: LeaseId) -> KeyValue | None:
@@ -301,22 +339,35 @@ class EtcdStore:
         return KeyValue(key, bytes(value), revision, revision, lease)
 
     async def put_fenced(
-        self, key: str, value: bytes, *, fence_key: str, fence_revision: int
+        self,
+        key: str,
+        value: bytes,
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
     ) -> bool:
         fence = fence_key.encode()
         succeeded, _ = await self._txn(
             "write under a fence",
             compare=[_compare_create(fence, fence_revision), _compare_exists(fence)],
             success=[_put_op(key.encode(), value, NO_LEASE)],
+            budget_s=timeout_s,
+            repeat=True,
         )
         return succeeded
 
-    async def delete_fenced(self, key: str, *, create_revision: int) -> bool:
+    async def delete_fenced(
+        self, key: str, *, create_revision: int, timeout_s: float | None = None
+    ) -> bool:
         raw_key = key.encode()
+        # Sent once, however long the budget: a second delete could answer False for
+        # the key the first one deleted.
         succeeded, _ = await self._txn(
             "delete under a fence",
             compare=[_compare_create(raw_key, create_revision), _compare_exists(raw_key)],
             success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=raw_key))],
+            budget_s=timeout_s,
         )
         return succeeded
 
@@ -419,6 +470,9 @@ class EtcdStore:
             timeout=self.rpc_timeout_s,
             options=_channel_options(self.rpc_timeout_s),
         )
+        # aetcd sends ``client.metadata`` with every call; it sets it only for
+        # authentication, which this store does not use.
+        client.metadata = _REQUIRE_LEADER
         return _Conn(client, self.endpoints[index], index)
 
     def _current(self) -> _Conn:
@@ -427,44 +481,86 @@ class EtcdStore:
         return self._conn
 
     async def _call(
-        self, what: str, op: Callable[[Any], Awaitable[T]], *, idempotent: bool = False
+        self,
+        what: str,
+        op: Callable[[Any, float], Awaitable[T]],
+        *,
+        idempotent: bool = False,
+        budget_s: float | None = None,
+        repeat: bool = False,
     ) -> T:
-        """Runs one etcd call under the deadline, translating its failure.
+        """Runs one etcd call, translating its failure. ``op(client, seconds)`` sends it
+        with that gRPC deadline.
 
-        An idempotent call (a read, a keepalive, a revoke) that fails because its
-        endpoint failed is tried on the next endpoint within the same deadline; any
-        other call raises at once, whatever it may have done.
+        The call has one deadline, ``budget_s`` (default ``rpc_timeout_s``). An
+        idempotent call (a read, a keepalive, a revoke) that fails because its endpoint
+        failed is tried on the next endpoint within it; any other call raises at once,
+        whatever it may have done.
+
+        A ``repeat`` call (a write that may be sent twice: the same value under the same
+        fence) is sent again after every failure of its endpoint until the budget is
+        spent, pausing 50 ms to 1 s between attempts. With several endpoints
+        one attempt takes at most half of what is left (never less than
+        ``rpc_timeout_s``), so a member that stopped answering is left while there is
+        time to try another.
         """
+        loop = asyncio.get_running_loop()
+        total = self.rpc_timeout_s if budget_s is None else budget_s
+        deadline = loop.time() + total
         conn = self._current()
-        try:
-            async with asyncio.timeout(self.rpc_timeout_s):
-                for attempt in range(1, len(self.endpoints) + 1):
-                    conn = self._current()
-                    try:
-                        await conn.client.connect()
-                        return await op(conn.client)
-                    except _TRANSLATED as e:
-                        translation = _translate(e)
-                        if not (idempotent and translation and translation.failover):
-                            raise
-                        if attempt == len(self.endpoints):
-                            raise
-                        logger.info("%s at %s failed (%s)", what, conn.endpoint, _details_of(e))
-                        self._failed(conn, e, what)
-        except _TRANSLATED as e:
-            raise self._failed(conn, e, what) from e
-        raise AssertionError("BUG: the endpoint loop ended without an answer")
+        attempt = 0
+        while True:
+            attempt += 1
+            conn = self._current()
+            left = deadline - loop.time()
+            cap = left
+            if repeat and len(self.endpoints) > 1:
+                cap = min(left, max(self.rpc_timeout_s, left / 2))
+            try:
+                async with asyncio.timeout(cap):
+                    await conn.client.connect()
+                    return await op(conn.client, cap)
+            except _TRANSLATED as e:
+                translation = _translate(e)
+                failover = translation is not None and translation.failover
+                left = deadline - loop.time()
+                if repeat:
+                    again = failover and left > _MIN_ATTEMPT_S
+                else:
+                    again = idempotent and failover and attempt < len(self.endpoints) and left > 0
+                if not again:
+                    raise self._failed(conn, e, what) from e
+                logger.info(
+                    "%s at %s failed (%s); attempt %d, %.2fs left",
+                    what,
+                    conn.endpoint,
+                    _details_of(e),
+                    attempt,
+                    left,
+                )
+                self._failed(conn, e, what)
+            if repeat:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, deadline - loop.time() - _MIN_ATTEMPT_S)):
+                        await self._backoff(attempt)
 
-    async def _txn(self, what: str, *, compare: list[Any], success: list[Any]) -> tuple[bool, int]:
-        """One transaction: (compare held, revision after it). Never retried."""
+    async def _txn(
+        self,
+        what: str,
+        *,
+        compare: list[Any],
+        success: list[Any],
+        budget_s: float | None = None,
+        repeat: bool = False,
+    ) -> tuple[bool, int]:
+        """One transaction: (compare held, revision after it), within ``budget_s``
+        (default ``rpc_timeout_s``); sent again only if ``repeat`` (see ``_call``)."""
         request = rpc.TxnRequest(compare=compare, success=success, failure=[])
 
-        async def send(client: Any) -> Any:
-            return await client.kvstub.Txn(
-                request, timeout=self.rpc_timeout_s, metadata=client.metadata
-            )
+        async def send(client: Any, timeout_s: float) -> Any:
+            return await client.kvstub.Txn(request, timeout=timeout_s, metadata=client.metadata)
 
-        response = await self._call(what, send)
+        response = await self._call(what, send, budget_s=budget_s, repeat=repeat)
         return bool(response.succeeded), int(response.header.revision)
 
     def _failed(self, conn: _Conn, e: BaseException, what: str = "watch") -> Exception:

@@ -40,6 +40,7 @@ from ha.store import (
     StoreFull,
     StoreUnavailable,
     WatchEvent,
+    within,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,17 +121,25 @@ class MemoryStore:
             return await self._write(key, value, lease)
 
     async def put_fenced(
-        self, key: str, value: bytes, *, fence_key: str, fence_revision: int
+        self,
+        key: str,
+        value: bytes,
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
     ) -> bool:
-        async with self._op():
+        async with within(timeout_s), self._op():
             fence = self._keys.get(fence_key)
             if fence is None or fence.create_revision != fence_revision:
                 return False
             await self._write(key, value, NO_LEASE)
             return True
 
-    async def delete_fenced(self, key: str, *, create_revision: int) -> bool:
-        async with self._op():
+    async def delete_fenced(
+        self, key: str, *, create_revision: int, timeout_s: float | None = None
+    ) -> bool:
+        async with within(timeout_s), self._op():
             kv = self._keys.get(key)
             if kv is None or kv.create_revision != create_revision:
                 return False

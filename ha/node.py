@@ -22,6 +22,7 @@ import contextlib
 import functools
 import logging
 import pathlib
+import random
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -48,12 +49,13 @@ from ha.api import (
 )
 from ha.clock import Clock, SystemClock
 from ha.cluster import ClusterView, preferred_owner
+from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.keys import Keys, Route, encode_handover, encode_owner
 from ha.lease import NodeLease
-from ha.owner import NotDeciding, OwnedPool, degraded_grant_id
+from ha.owner import IdCounters, NotDeciding, OwnedPool, degraded_grant_id
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
-from ha.store import LeaseNotFound, Store, StoreUnavailable, bounded
+from ha.store import LeaseNotFound, Store, StoreFull, StoreUnavailable, bounded
 from ha.writes import WatchedStore
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,19 @@ _ROUTE_POLL_S = 0.01
 _LET_GO_MAX_S = 5.0
 _CANCELLED_WAIT_S = 1.0
 """How long ``close`` waits for its cancelled tasks to end."""
+_CAMPAIGN_BACKOFF_MAX_S = 1.0
+"""Failed campaigns for a pool are retried after 50 ms, doubling up to this, jittered."""
+_CAMPAIGN_LOG_S = 10.0
+"""A streak of failed campaigns for a pool logs its first failure, then one line per this."""
+
+
+@dataclass(slots=True)
+class _Backoff:
+    """A pool's streak of failed campaigns: when the next may start, when it last logged."""
+
+    failures: int = 0
+    not_before: float = 0.0
+    logged_at: float = float("-inf")
 
 
 @dataclass(slots=True)
@@ -93,8 +108,12 @@ class Node:
         clock: Clock | None = None,
         embedded: bool = False,
         owns_store: bool = False,
+        grant_keys: GrantKeys | None = None,
     ) -> None:
         self.node_id = node_id
+        # Every replica of a cluster must hold the same keys (ha.grantkeys); the default,
+        # one key per process, only suits tests whose nodes share a process.
+        self._grant_keys = grant_keys if grant_keys is not None else ephemeral_keys()
         self.address = advertise
         self.timing = timing
         self.embedded = embedded
@@ -126,9 +145,11 @@ class Node:
         )
         self._owned: dict[PoolName, OwnedPool] = {}
         self._campaigns: dict[PoolName, asyncio.Task[None]] = {}
+        self._backoffs: dict[PoolName, _Backoff] = {}
         self._absent_since: dict[PoolName, float] = {}
         self._transitions: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
         self._degraded: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
+        self._id_counters = {name: IdCounters() for name in self._configs}
         self._stubs: dict[str, _Stub] = {}
         self._let_go_failures: dict[PoolName, tuple[Epoch, int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -477,6 +498,8 @@ class Node:
                     degraded_decisions=self._degraded[name],
                     store_full=self._writes.full(name),
                     store_refused_writes=self._writes.refused_writes(name),
+                    charges_clamped=self._id_counters[name].charges_clamped,
+                    grant_ids_refused=self._id_counters[name].ids_refused,
                 )
             )
         return result
@@ -555,7 +578,7 @@ class Node:
         priority = BORROW_BASE + RANK_STEP * MAX_RANK + int(cls)
         decision = Decision(
             True,
-            degraded_grant_id(config.name, team, holder),
+            degraded_grant_id(config.name, team, holder, self._grant_keys),
             priority,
             True,
             False,
@@ -618,6 +641,9 @@ class Node:
                 continue
             if name in self._campaigns or settling:
                 continue
+            backoff = self._backoffs.get(name)
+            if backoff is not None and now < backoff.not_before:
+                continue
             since = self._absent_since.setdefault(name, now)
             target = preferred
             hint = self.view.handovers.get(name)
@@ -631,15 +657,46 @@ class Node:
                 )
 
     async def _campaign(self, name: PoolName) -> None:
+        """One attempt to own the pool. A failure (the store refused or did not answer)
+        delays the next attempt for this pool by a jittered exponential backoff, so
+        replicas facing a store that refuses writes do not hammer it; an answer (won or
+        lost the race) ends the streak."""
         try:
             await self._take(name)
+            self._backoffs.pop(name, None)
         except (StoreUnavailable, LeaseNotFound) as e:
-            logger.warning("node %s: campaign for pool %s failed: %s", self.node_id, name, e)
+            self._campaign_failed(name, e)
         except Exception:
             logger.exception("BUG: campaign for pool %s failed", name)
         finally:
             self._campaigns.pop(name, None)
             self.view.changed.set()
+
+    def _campaign_failed(self, name: PoolName, e: Exception) -> None:
+        now = self._clock.monotonic()
+        backoff = self._backoffs.setdefault(name, _Backoff())
+        backoff.failures += 1
+        delay = min(_CAMPAIGN_BACKOFF_MAX_S, _TICK_S * 2 ** min(backoff.failures - 1, 10))
+        backoff.not_before = now + delay * random.uniform(0.5, 1.0)
+        if now - backoff.logged_at < _CAMPAIGN_LOG_S:
+            return
+        backoff.logged_at = now
+        if isinstance(e, StoreFull):
+            logger.error(
+                "node %s: campaign for pool %s failed: store full (attempt %d): %s",
+                self.node_id,
+                name,
+                backoff.failures,
+                e,
+            )
+        else:
+            logger.warning(
+                "node %s: campaign for pool %s failed (attempt %d): %s",
+                self.node_id,
+                name,
+                backoff.failures,
+                e,
+            )
 
     async def _take(self, name: PoolName) -> None:
         config = self._configs[name]
@@ -670,6 +727,8 @@ class Node:
             commit_window_s=self.timing.commit_window_s,
             release_commit_s=self.timing.release_commit_s,
             release_memory_s=self.timing.release_memory_s,
+            keys=self._grant_keys,
+            counters=self._id_counters[name],
         )
         state = await bounded(self._store.get(self._keys.state(name)), rpc)
         snapshot = PoolSnapshot.decode(state.value) if state is not None else None
@@ -711,16 +770,20 @@ class Node:
         self._spawn(f"first-snapshot-{name}", self._sync(owned))
 
     async def _write_state(self, name: PoolName, epoch: Epoch, data: bytes) -> None:
+        # A write whose answer is late has an unknown outcome and costs the pool, so it
+        # may take as long as this node may still decide, not just one RPC timeout: a
+        # store that stalls for less than that (an fsync spike, a leader election) costs
+        # latency, not the pool. The store may send the same write again meanwhile.
+        budget = max(self.timing.rpc_timeout_s, self._lease.seconds_left())
         ok = await bounded(
             self._store.put_fenced(
                 self._keys.state(name),
                 data,
                 fence_key=self._keys.owner(name),
                 fence_revision=epoch,
+                timeout_s=budget,
             ),
-            # A write whose answer is late has an unknown outcome and costs the pool, so
-            # it may take as long as this node may still decide, not just one RPC timeout.
-            max(self.timing.rpc_timeout_s, self._lease.seconds_left()),
+            budget,
         )
         if not ok:
             raise WrongEpoch(name, NodeId(""), "", epoch)
@@ -921,22 +984,47 @@ async def open_node(
     prefix: str,
     peers: Peers,
     clock: Clock | None = None,
+    grant_keys: GrantKeys | None = None,
 ) -> Node:
     """Builds a node: embedded on a local file store when no etcd endpoint is given.
+
+    ``grant_keys`` sign and verify grant ids; None: with etcd endpoints an error (the
+    replicas must share keys), embedded the key kept in ``state_dir`` (made on first use).
+
+    Raises:
+        KeyFileError: replicated without grant keys, or the generated key file is unusable.
+        StoreUnavailable: the store cannot be opened (embedded: the state dir is not a
+            directory, its disk is full, a record is corrupt; the message names the file).
 
     The caller starts it with ``await node.start()``.
     """
     store: Store
+    if grant_keys is None and etcd_endpoints:
+        raise KeyFileError("replicas on etcd need a grant key file shared by all (grants.key_file)")
     if etcd_endpoints:
         from ha.etcdstore import connect
 
-        store = await connect(etcd_endpoints, rpc_timeout_s=timing.rpc_timeout_s)
+        # Seeded by the node id: replicas start on different members, each on the same
+        # one every time it starts.
+        store = await connect(etcd_endpoints, rpc_timeout_s=timing.rpc_timeout_s, seed=node_id)
         embedded = False
     else:
         from ha.memstore import FileStore
 
+        # The store first: it names what is wrong with the state dir (not a directory,
+        # full, corrupt) in one StoreUnavailable.
         store = FileStore(state_dir, clock)
         embedded = True
+    keys = grant_keys
+    if keys is None:
+        try:
+            keys = GrantKeys.generated(state_dir)
+        except OSError as e:
+            await store.close()
+            raise StoreUnavailable(f"{state_dir}: cannot keep a grant key: {e}") from e
+        except KeyFileError:
+            await store.close()
+            raise
     return Node(
         node_id=node_id,
         advertise=advertise,
@@ -948,4 +1036,5 @@ async def open_node(
         clock=clock,
         embedded=embedded,
         owns_store=True,
+        grant_keys=keys,
     )

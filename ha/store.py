@@ -33,6 +33,7 @@ Two kinds of failure:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -55,6 +56,7 @@ __all__ = [
     "StoreUnavailable",
     "WatchEvent",
     "bounded",
+    "within",
 ]
 
 
@@ -73,6 +75,20 @@ async def bounded(call: Awaitable[_T], timeout_s: float) -> _T:
     try:
         async with asyncio.timeout(timeout_s):
             return await call
+    except TimeoutError as e:
+        raise StoreUnavailable(f"no answer from the store within {timeout_s:g}s") from e
+
+
+@contextlib.asynccontextmanager
+async def within(timeout_s: float | None) -> AsyncIterator[None]:
+    """Bounds the body by a caller's budget (None: unbounded); running out of it is
+    StoreUnavailable, for stores that implement ``timeout_s`` arguments with it."""
+    if timeout_s is None:
+        yield
+        return
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
     except TimeoutError as e:
         raise StoreUnavailable(f"no answer from the store within {timeout_s:g}s") from e
 
@@ -174,23 +190,51 @@ class Store(Protocol):
         ...
 
     async def put_fenced(
-        self, key: str, value: bytes, *, fence_key: str, fence_revision: int
+        self,
+        key: str,
+        value: bytes,
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
     ) -> bool:
         """Writes ``key`` only if ``fence_key`` exists with create_revision ``fence_revision``.
 
         This is how an owner persists: its owner key's create_revision is its epoch, so a
         deposed owner can never overwrite its successor's state.
 
+        Args:
+            timeout_s: how long the call may take in all (the caller's budget, e.g. the
+                time its owner may still decide); None means the store's own deadline of
+                one call. Within it the store may send the same write again (to another
+                endpoint, after a lost connection): writing the same value under the same
+                fence twice leaves the same state.
+
         Returns:
-            False when the fence did not hold (nothing was written).
+            False when the fence did not hold (nothing was written by this attempt).
+
+        Raises:
+            StoreUnavailable: no answer within ``timeout_s``; the write may or may not
+                have been applied.
         """
         ...
 
-    async def delete_fenced(self, key: str, *, create_revision: int) -> bool:
+    async def delete_fenced(
+        self, key: str, *, create_revision: int, timeout_s: float | None = None
+    ) -> bool:
         """Deletes ``key`` only if its create_revision is ``create_revision``.
+
+        Args:
+            timeout_s: how long the call may take in all; None means the store's own
+                deadline of one call. A delete is sent once (a second one could answer
+                False for a key the first one deleted).
 
         Returns:
             False when the key is absent or was created again since.
+
+        Raises:
+            StoreUnavailable: no answer within ``timeout_s``; the key may or may not be
+                gone.
         """
         ...
 

@@ -106,18 +106,34 @@ class WatchedStore:
         return await self._observe(key, self._store.create(key, value, lease=lease))
 
     async def put_fenced(
-        self, key: str, value: bytes, *, fence_key: str, fence_revision: int
+        self,
+        key: str,
+        value: bytes,
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
     ) -> bool:
         return await self._observe(
             key,
-            self._store.put_fenced(key, value, fence_key=fence_key, fence_revision=fence_revision),
+            self._store.put_fenced(
+                key,
+                value,
+                fence_key=fence_key,
+                fence_revision=fence_revision,
+                timeout_s=timeout_s,
+            ),
         )
 
-    async def delete_fenced(self, key: str, *, create_revision: int) -> bool:
+    async def delete_fenced(
+        self, key: str, *, create_revision: int, timeout_s: float | None = None
+    ) -> bool:
         # A delete needs no space (etcd takes deletes under its NOSPACE alarm; the file
         # store does not log deletes of keys on leases): its success proves nothing.
         return await self._observe(
-            key, self._store.delete_fenced(key, create_revision=create_revision), proves=False
+            key,
+            self._store.delete_fenced(key, create_revision=create_revision, timeout_s=timeout_s),
+            proves=False,
         )
 
     def watch_prefix(self, prefix: str, *, start_revision: int) -> AsyncIterator[WatchEvent]:

@@ -221,15 +221,28 @@ class _StatusCollector(Collector):
             "1 while the store refuses this replica's writes for the pool for lack of space.",
             labels=["pool"],
         )
-        refused = CounterMetricFamily(
+        store_refused = CounterMetricFamily(
             "fairshare_store_refused_writes",
             "Writes for the pool the store refused for lack of space, since start.",
+            labels=["pool"],
+        )
+        clamped = CounterMetricFamily(
+            "fairshare_charges_clamped",
+            "Releases charged at the pool's bound (max_charge_per_s x max_request_s) "
+            "instead of the larger amount claimed.",
+            labels=["pool"],
+        )
+        refused = CounterMetricFamily(
+            "fairshare_grant_ids_refused",
+            "Releases and adopted grants refused as not genuine grant ids.",
             labels=["pool"],
         )
         for view in pools:
             name = str(view.pool)
             store_full.add_metric([name], 1.0 if view.store_full else 0.0)
-            refused.add_metric([name], float(view.store_refused_writes))
+            store_refused.add_metric([name], float(view.store_refused_writes))
+            clamped.add_metric([name], float(view.charges_clamped))
+            refused.add_metric([name], float(view.grant_ids_refused))
             owner.add_metric([name], 1.0 if view.owned else 0.0)
             epoch.add_metric([name], float(view.epoch))
             transitions.add_metric([name], float(view.transitions))
@@ -251,4 +264,5 @@ class _StatusCollector(Collector):
                 usage.add_metric(labels, used)
                 reserved.add_metric(labels, slots)
         yield from (in_flight, borrowing, phantoms, usage, reserved, owner, epoch)
-        yield from (transitions, snapshot_age, fence_left, degraded, store_full, refused)
+        yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused)
+        yield from (store_full, store_refused)

@@ -31,6 +31,7 @@ from ha.api import (
     NodeId,
     NoOwner,
     PeerUnavailable,
+    PermissionDenied,
     PoolName,
     PoolView,
     StoreUnavailable,
@@ -91,6 +92,9 @@ def to_allocator_error(
         field = meta.get(FIELD_KEY, "request")
         prefix = f"{field}: "
         return InvalidArgument(field, details.removeprefix(prefix))
+    elif code == grpc.StatusCode.PERMISSION_DENIED and kind == PermissionDenied.__name__:
+        field = meta.get(FIELD_KEY, "request")
+        return PermissionDenied(field, details.removeprefix(f"{field}: "))
     elif code == grpc.StatusCode.UNAVAILABLE:
         if kind == NoOwner.__name__:
             return NoOwner(pool)

@@ -29,17 +29,19 @@ from ha.api import Allocator as AllocatorApi
 from ha.api import (
     AllocatorError,
     Epoch,
+    GrantRef,
     HeldGrant,
     InvalidArgument,
     NoOwner,
     PeerUnavailable,
+    PermissionDenied,
     StoreUnavailable,
     UnknownNode,
     UnknownPool,
     WrongEpoch,
 )
 from ha.settings import DegradedMode, PoolConfig
-from server.auth import AdminAuth
+from server.auth import AdminAuth, peer_identities
 from server.convert import team_stat_pb
 from server.metrics import Metrics, Outcome
 from server.pb.fairshare.v1 import allocator_pb2 as pb
@@ -59,6 +61,7 @@ EPOCH_KEY: Final = "fairshare-epoch"
 ERROR_CODES: Final[Mapping[type[AllocatorError], grpc.StatusCode]] = {
     UnknownPool: grpc.StatusCode.NOT_FOUND,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     WrongEpoch: grpc.StatusCode.FAILED_PRECONDITION,
     UnknownNode: grpc.StatusCode.FAILED_PRECONDITION,
     NoOwner: grpc.StatusCode.UNAVAILABLE,
@@ -86,7 +89,7 @@ def status_code(error: AllocatorError) -> grpc.StatusCode:
 def error_metadata(error: AllocatorError) -> tuple[tuple[str, str], ...]:
     """The trailing metadata that lets a peer rebuild ``error`` (see module doc)."""
     metadata: list[tuple[str, str]] = [(ERROR_KEY, type(error).__name__)]
-    if isinstance(error, InvalidArgument):
+    if isinstance(error, InvalidArgument | PermissionDenied):
         metadata.append((FIELD_KEY, error.field))
     if isinstance(error, WrongEpoch):
         metadata += [
@@ -138,8 +141,29 @@ def _service_class(value: int) -> Class:
         raise InvalidArgument("service_class", f"unknown service class {value}") from None
 
 
+def _bound_to(holder: str, identities: Sequence[str]) -> bool:
+    """True when a client certificate with ``identities`` may act as ``holder``: the
+    holder is one of them, or starts with one followed by ``/``."""
+    return bool(holder) and any(
+        holder == name or holder.startswith(name + "/") for name in identities
+    )
+
+
+def _check_holder(field: str, holder: str, identities: Sequence[str] | None) -> None:
+    if identities is not None and not _bound_to(holder, identities):
+        names = ", ".join(identities) or "none"
+        raise PermissionDenied(
+            field, f"holder {holder[:64]!r} is not bound to the client identity ({names})"
+        )
+
+
 class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
-    """The ``fairshare.v1.Allocator`` service over an allocator."""
+    """The ``fairshare.v1.Allocator`` service over an allocator.
+
+    With ``peer_identities`` (mutual TLS), holders are bound to client certificates: a
+    caller that is not a replica may acquire, release and re-report only as a holder named
+    by its certificate (``_bound_to``), and its ``fairshare-forwarded`` mark is ignored.
+    """
 
     def __init__(
         self,
@@ -147,6 +171,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         *,
         pools: Sequence[PoolConfig] = (),
         metrics: Metrics | None = None,
+        peer_identities: Sequence[str] = (),
     ) -> None:
         """Creates the servicer.
 
@@ -154,18 +179,31 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             allocator: the replica's allocator (``ha.node.Node`` or a test double).
             pools: the configured pools; ListPools reports their degraded modes.
             metrics: where decisions are counted; None counts nothing.
+            peer_identities: client-certificate CNs/SANs of the replicas; empty: holders
+                are not bound to identities.
         """
         self._allocator = allocator
         self._modes = {p.name: p.degraded_mode for p in pools}
         self._metrics = metrics
+        self._peers = frozenset(peer_identities)
+
+    def _caller(self, context: aio.ServicerContext) -> tuple[bool, list[str] | None]:
+        """(forwarded, the identities a holder must be bound to; None: not checked)."""
+        if not self._peers:
+            return _forwarded(context), None
+        identities = peer_identities(context)
+        if self._peers.intersection(identities):
+            return _forwarded(context), None  # a replica forwarding or re-reporting
+        return False, identities
 
     async def Acquire(  # noqa: N802 (gRPC method name)
         self, request: pb.AcquireRequest, context: aio.ServicerContext
     ) -> pb.AcquireResponse:
         """Decides one request (see the proto for the fields)."""
         started = time.perf_counter()
-        forwarded = _forwarded(context)
+        forwarded, identities = self._caller(context)
         try:
+            _check_holder("holder", request.holder, identities)
             _check_pool(request.pool)
             _check_team("team", request.team)
             klass = _service_class(request.service_class)
@@ -205,9 +243,16 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         consumed = request.consumed if math.isfinite(request.consumed) else 0.0
         if not request.grant_id:
             await _abort(context, InvalidArgument("grant_id", "must not be empty"))
+        forwarded, identities = self._caller(context)
+        try:
+            if identities is not None:
+                holder = GrantRef.decode(request.grant_id).holder
+                _check_holder("grant_id", holder, identities)
+        except AllocatorError as e:
+            await _abort(context, e)
         await _guard(
             context,
-            self._allocator.release(request.grant_id, consumed, forwarded=_forwarded(context)),
+            self._allocator.release(request.grant_id, consumed, forwarded=forwarded),
         )
         return pb.ReleaseResponse()
 
@@ -215,12 +260,17 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self, request: pb.AdoptRequest, context: aio.ServicerContext
     ) -> pb.AdoptResponse:
         """Re-reports a holder's live grants to the pool's current owner."""
+        forwarded, identities = self._caller(context)
         try:
+            _check_holder("holder", request.holder, identities)
             _check_pool(request.pool)
             grants: list[HeldGrant] = []
             for i, held in enumerate(request.grants):
                 if not held.grant_id:
                     raise InvalidArgument(f"grants[{i}].grant_id", "must not be empty")
+                if identities is not None:
+                    holder = GrantRef.decode(held.grant_id).holder
+                    _check_holder(f"grants[{i}].grant_id", holder, identities)
                 _check_team(f"grants[{i}].team", held.team)
                 _check_tokens(f"grants[{i}].est_tokens", held.est_tokens)
                 grants.append(
@@ -238,7 +288,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 holder=request.holder,
                 grants=grants,
                 complete=request.complete,
-                forwarded=_forwarded(context),
+                forwarded=forwarded,
             )
         except AllocatorError as e:
             await _abort(context, e)

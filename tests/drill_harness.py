@@ -1,4 +1,4 @@
-"""Failover drills: a real etcd, three `fairshare serve` processes, gateways under load.
+"""Failover drills: a three-member etcd, three `fairshare serve` processes, gateways under load.
 
 The harness keeps a ledger of every grant the simulated gateways obtain (through the
 project's client library) and checks the invariants of DESIGN.md at every poll and at the
@@ -13,7 +13,10 @@ end:
 4. no replica logs a line containing ``BUG``.
 
 It also measures, per drill, the longest gap with no non-degraded decision, the degraded
-decisions, and the time until phantoms reach 0 after the nemesis.
+decisions, the time until phantoms reach 0 after the nemesis, and the ownership
+transitions (epoch increments seen by the poller) from the nemesis on.
+
+The replicas get all three etcd client endpoints, in member order (``EtcdCluster``).
 
 Every loop here is bounded in count and time; every process is killed in ``close``.
 """
@@ -37,17 +40,24 @@ from pathlib import Path
 
 import grpc
 import yaml
-from etcd_process import EtcdProcess, free_port
+from etcd_process import EtcdCluster, PeerProxy, free_port
 from grpc import aio
 
 from fairshare import Class, apportion
-from server.client import AllocatorClient
+from server.client import AllocatorClient, ClientGrant
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 LEASE_TTL_S = 2.0
 HALF_LIFE_S = 30 * 24 * 3600.0
 MAX_REQUEST_S = 6.0
+FENCE_MARGIN_S = 0.5
+RPC_TIMEOUT_S = 0.25
+STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - RPC_TIMEOUT_S
+"""The etcd stall an owner must survive with the same epoch (docs/ha.md)."""
+
+WALL_OFFSET_ENV = "FAIRSHARE_TEST_WALL_OFFSET_FILE"
+"""The replicas' test-only wall-clock hook: a file holding seconds added to wall time."""
 
 POOLS: dict[str, dict[str, float]] = {
     "gpu-a": {"inst-a": 0.8125, "inst-b": 0.1875},
@@ -58,17 +68,19 @@ RESERVED = {p: apportion(CAPACITY[p], s.keys(), s) for p, s in POOLS.items()}
 
 
 ADMIN_TOKEN = "drill-admin-token"
+GRANT_KEY = "drill-grant-key-shared-by-every-replica"
 
 
-def drill_config(token_file: Path) -> dict[str, object]:
+def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
     """The replicas' YAML config: short timings, as DESIGN.md allows for tests."""
     return {
         "admin": {"token_file": str(token_file)},
+        "grants": {"key_file": str(key_file)},
         "timing": {
             "lease_ttl_s": LEASE_TTL_S,
             "keepalive_interval_s": 0.5,
-            "rpc_timeout_s": 0.25,
-            "fence_margin_s": 0.5,
+            "rpc_timeout_s": RPC_TIMEOUT_S,
+            "fence_margin_s": FENCE_MARGIN_S,
             "snapshot_interval_s": 0.5,
             "commit_window_s": 0.001,
             "campaign_delay_s": 0.3,
@@ -106,8 +118,16 @@ class Replica:
         self.address = f"127.0.0.1:{self.port}"
         self.state_dir = workdir / f"state-{node}"
         self.log_path = workdir / f"{node}.log"
+        self.wall_offset_file = workdir / f"wall-offset-{node}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+
+    def step_wall_clock(self, offset_s: float) -> None:
+        """Shifts the replica's wall clock by ``offset_s`` from the real one (the hook
+        re-reads the file within a fraction of a second); the machine's clock is untouched."""
+        tmp = self.wall_offset_file.with_suffix(".tmp")
+        tmp.write_text(f"{offset_s!r}\n", encoding="ascii")
+        tmp.replace(self.wall_offset_file)
 
     def start(self, *, empty_state: bool = False) -> None:
         if empty_state and self.state_dir.exists():
@@ -142,6 +162,7 @@ class Replica:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env={**os.environ, WALL_OFFSET_ENV: str(self.wall_offset_file)},
             )
         finally:
             log.close()
@@ -210,6 +231,7 @@ class GrantRecord:
     consumed: float = 0.0
     released_wall: float = 0.0
     abandoned: bool = False  # its gateway was killed while holding it
+    release_lost: bool = False  # released, but its gateway died before sending it
 
 
 @dataclass
@@ -262,7 +284,7 @@ class Ledger:
         lam = math.log(2) / HALF_LIFE_S
         usage: dict[tuple[str, str], float] = {}
         for g in self.grants:
-            if g.released_at is not None and g.consumed > 0:
+            if g.released_at is not None and g.consumed > 0 and not g.release_lost:
                 key = (g.pool, g.team)
                 decayed = g.consumed * math.exp(-lam * max(0.0, now_wall - g.released_wall))
                 usage[key] = usage.get(key, 0.0) + decayed
@@ -288,9 +310,28 @@ class Ledger:
 class Gateway:
     """A simulated gateway: workers that acquire, hold and release with consumption."""
 
-    def __init__(self, name: str, targets: list[str], ledger: Ledger, *, workers: int, seed: int):
+    def __init__(
+        self,
+        name: str,
+        targets: list[str],
+        ledger: Ledger,
+        *,
+        workers: int,
+        seed: int,
+        holder: str | None = None,
+        route_to_owner: bool = True,
+        quiet: set[str] | None = None,
+    ):
         self.name = name
-        self.client = AllocatorClient(targets, holder=name, deadline_s=1.0, release_retry_s=0.2)
+        self.quiet: set[str] = set() if quiet is None else quiet  # pools to leave alone
+        self.holder = holder or name
+        self.client = AllocatorClient(
+            targets,
+            holder=self.holder,
+            deadline_s=1.0,
+            release_retry_s=0.2,
+            route_to_owner=route_to_owner,
+        )
         self.ledger = ledger
         self.workers = workers
         self.random = random.Random(seed)
@@ -308,7 +349,11 @@ class Gateway:
         for _ in range(100_000):  # bounded; the stop event ends it much sooner
             if self.stop.is_set():
                 return
-            pool = self.random.choice(list(POOLS))
+            open_pools = [p for p in POOLS if p not in self.quiet]
+            if not open_pools:
+                await asyncio.sleep(0.05)
+                continue
+            pool = self.random.choice(open_pools)
             team = self.random.choice(list(POOLS[pool]))
             cls = Class.BATCH if self.random.random() < 0.3 else Class.INTERACTIVE
             sent = time.monotonic()
@@ -319,7 +364,7 @@ class Gateway:
                 await asyncio.sleep(0.05)
                 continue
             record = GrantRecord(
-                self.name,
+                self.holder,
                 pool,
                 team,
                 grant.grant_id,
@@ -343,6 +388,33 @@ class Gateway:
             record.consumed = consumed
             await grant.release(consumed)
 
+    async def hold(self, pool: str, team: str) -> tuple[ClientGrant, GrantRecord]:
+        """Acquires one interactive grant outside the workers and records it, held until
+        ``release_held``."""
+        sent = time.monotonic()
+        grant = await self.client.acquire(pool, team, Class.INTERACTIVE, est_tokens=100)
+        record = GrantRecord(
+            self.holder,
+            pool,
+            team,
+            grant.grant_id,
+            grant.epoch,
+            grant.priority,
+            grant.borrowing,
+            grant.degraded,
+            sent,
+            time.monotonic(),
+        )
+        self.ledger.grants.append(record)
+        return grant, record
+
+    @staticmethod
+    async def release_held(grant: ClientGrant, record: GrantRecord, consumed: float) -> None:
+        record.released_at = time.monotonic()
+        record.released_wall = time.time()
+        record.consumed = consumed
+        await grant.release(consumed)
+
     async def drain(self) -> None:
         """Stops acquiring, lets held grants finish, and flushes every release."""
         self.stop.set()
@@ -357,6 +429,10 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.client._closed = True  # no flush: a dead process sends nothing
+        unsent = set(self.client._pending)
+        for record in self.ledger.grants:
+            if record.holder == self.holder and record.grant_id in unsent:
+                record.release_lost = True
         for task in [*self.client._tasks, self.client._watcher, self.client._flusher]:
             if task is not None:
                 task.cancel()
@@ -377,34 +453,40 @@ class DrillResult:
     usage_error: float
     grants: int
     violations: list[str]
+    transitions: int = 0
 
     def row(self) -> str:
         phantoms = "n/a" if self.phantoms_zero_s is None else f"{self.phantoms_zero_s:.2f}"
         return (
             f"| {self.name} | {self.grants} | {self.unavailability_s:.2f} | {self.degraded} | "
-            f"{phantoms} | {self.over_admissions} | {self.usage_error * 100:.2f} % | "
+            f"{phantoms} | {self.transitions} | {self.over_admissions} | "
+            f"{self.usage_error * 100:.2f} % | "
             f"{'none' if not self.violations else len(self.violations)} |"
         )
 
 
 REPORT_HEADER = (
-    "| drill | grants | unavailability (s) | degraded | phantoms to 0 (s) | over-admissions "
-    "| usage error | violations |\n|---|---|---|---|---|---|---|---|"
+    "| drill | grants | unavailability (s) | degraded | phantoms to 0 (s) | transitions "
+    "| over-admissions | usage error | violations |\n|---|---|---|---|---|---|---|---|---|"
 )
 
 
 class DrillCluster:
-    """etcd, three replicas, and gateways; the nemeses act on them."""
+    """A three-member etcd, three replicas, and gateways; the nemeses act on them."""
 
     def __init__(self, name: str, *, replicas: int = 3, gateways: int = 3, workers: int = 6):
         self.name = name
         self.workdir = Path(tempfile.mkdtemp(prefix=f"fairshare-drill-{name}-"))
-        self.etcd = EtcdProcess(name="drill-etcd", base_dir=self.workdir / "etcd")
+        self.etcd = EtcdCluster(name="drill-etcd", base_dir=self.workdir / "etcd")
         self.prefix = f"/drill-{name}-{os.getpid()}"
         self.config_path = self.workdir / "pools.yaml"
         token_file = self.workdir / "admin-token"
         token_file.write_text(ADMIN_TOKEN, encoding="utf-8")
-        self.config_path.write_text(yaml.safe_dump(drill_config(token_file)), encoding="utf-8")
+        key_file = self.workdir / "grant-keys"
+        key_file.write_text(GRANT_KEY + "\n", encoding="utf-8")
+        self.config_path.write_text(
+            yaml.safe_dump(drill_config(token_file, key_file)), encoding="utf-8"
+        )
         self.replica_count = replicas
         self.replicas: list[Replica] = []
         self.ledger = Ledger()
@@ -412,7 +494,10 @@ class DrillCluster:
         self.gateway_count = gateways
         self.workers = workers
         self.phantom_samples: list[tuple[float, int]] = []
+        self.epoch_samples: list[tuple[float, dict[str, int]]] = []
         self.poll_task: asyncio.Task[None] | None = None
+        self.relays: list[PeerProxy] = []
+        self.quiet: set[str] = set()  # pools no gateway worker acquires in, for a check
 
     @property
     def targets(self) -> list[str]:
@@ -436,13 +521,58 @@ class DrillCluster:
             self.add_gateway()
         self.poll_task = asyncio.create_task(self._poll(), name="drill-poller")
 
-    def add_gateway(self) -> Gateway:
-        """Starts one more simulated gateway (a new holder)."""
+    def add_gateway(self, *, holder: str | None = None, relayed: bool = False) -> Gateway:
+        """Starts one more simulated gateway (a new holder unless ``holder`` is given).
+
+        ``relayed``: it reaches the replicas only through ``relay_targets`` (relays that a
+        nemesis can cut), and sends each call to its target rather than to the owner's
+        advertised address, which would bypass the relays.
+        """
         i = len(self.gateways)
-        gw = Gateway(f"gw-{i}", self.targets, self.ledger, workers=self.workers, seed=i)
+        targets = self.relay_targets() if relayed else self.targets
+        gw = Gateway(
+            f"gw-{i}",
+            targets,
+            self.ledger,
+            workers=self.workers,
+            seed=i,
+            holder=holder,
+            route_to_owner=not relayed,
+            quiet=self.quiet,
+        )
         gw.start()
         self.gateways.append(gw)
         return gw
+
+    def relay_targets(self) -> list[str]:
+        """One TCP relay per replica (created once), for gateways a nemesis partitions."""
+        if not self.relays:
+            self.relays = [PeerProxy(name=r.node, target_port=r.port) for r in self.replicas]
+        return [f"127.0.0.1:{relay.port}" for relay in self.relays]
+
+    def cut_relays(self) -> None:
+        """Partitions the relayed gateways from every replica (both directions)."""
+        for relay in self.relays:
+            relay.block()
+
+    def heal_relays(self) -> None:
+        for relay in self.relays:
+            relay.unblock()
+
+    def epoch_at(self, t: float) -> dict[str, int]:
+        """The highest epoch of each pool the poller saw up to ``t``."""
+        seen: dict[str, int] = {}
+        for at, epochs in self.epoch_samples:
+            if at > t and seen:
+                break
+            for pool, epoch in epochs.items():
+                seen[pool] = max(seen.get(pool, 0), epoch)
+        return seen
+
+    def transitions(self, start: float, end: float) -> int:
+        """Ownership transitions (epoch increments) between ``start`` and ``end``."""
+        before, after = self.epoch_at(start), self.epoch_at(end)
+        return sum(max(0, after.get(p, 0) - before.get(p, after.get(p, 0))) for p in POOLS)
 
     def live_gateway(self) -> Gateway:
         return next(g for g in self.gateways if not g.dead)
@@ -463,6 +593,7 @@ class DrillCluster:
             usage_error=0.0,
             grants=sum(1 for g in self.ledger.grants if at <= g.issued_at < until),
             violations=[],
+            transitions=self.transitions(at, until),
         )
 
     async def owners(self) -> dict[str, tuple[str, int]]:
@@ -479,13 +610,17 @@ class DrillCluster:
                 continue
         return {}
 
-    async def wait_owned(self, timeout_s: float = 15.0, *, exclude: str = "") -> float:
-        """Waits until every pool has an owner (not ``exclude``); returns the time taken."""
+    async def wait_owned(
+        self, timeout_s: float = 15.0, *, exclude: str | frozenset[str] = ""
+    ) -> float:
+        """Waits until every pool has an owner (not ``exclude``, one node or a set of them);
+        returns the time taken."""
+        excluded = {exclude} if isinstance(exclude, str) else set(exclude)
         start = time.monotonic()
         while time.monotonic() - start < timeout_s:
             owners = await self.owners()
             if len(owners) == len(POOLS) and all(
-                node and node != exclude for node, _ in owners.values()
+                node and node not in excluded for node, _ in owners.values()
             ):
                 return time.monotonic() - start
             await asyncio.sleep(0.05)
@@ -530,6 +665,11 @@ class DrillCluster:
         for _ in range(100_000):
             self.ledger.check_reservations()
             with contextlib.suppress(Exception):
+                owners = await self.owners()
+                if owners:
+                    epochs = {pool: epoch for pool, (_, epoch) in owners.items()}
+                    self.epoch_samples.append((time.monotonic(), epochs))
+            with contextlib.suppress(Exception):
                 n = await self.phantoms()
                 if n is not None:
                     self.phantom_samples.append((time.monotonic(), n))
@@ -567,6 +707,8 @@ class DrillCluster:
                 if "BUG" in line:
                     violations.append(f"{replica.node} logged: {line[:300]}")
         end = max((g.issued_at for g in self.ledger.grants), default=nemesis_end)
+        owners = await self.owners()
+        self.epoch_samples.append((time.monotonic(), {p: e for p, (_, e) in owners.items()}))
         return DrillResult(
             name=self.name,
             unavailability_s=self.ledger.unavailability(nemesis_at, max(end, nemesis_end)),
@@ -576,6 +718,7 @@ class DrillCluster:
             usage_error=usage_error,
             grants=len(self.ledger.grants),
             violations=violations,
+            transitions=self.transitions(nemesis_at, time.monotonic()),
         )
 
     def _first_zero_after(self, t: float) -> float:
@@ -603,6 +746,9 @@ class DrillCluster:
             if not gw.dead:
                 with contextlib.suppress(Exception):
                     await gw.kill()
+        for relay in self.relays:
+            with contextlib.suppress(Exception):
+                relay.close()
         for replica in self.replicas:
             replica.kill()
         self.etcd.close()
@@ -627,4 +773,12 @@ def write_report(results: list[DrillResult], path: Path) -> str:
     return text
 
 
-__all__ = ["DrillCluster", "DrillResult", "Replica", "grpc", "write_report"]
+__all__ = [
+    "DrillCluster",
+    "DrillResult",
+    "Gateway",
+    "GrantRecord",
+    "Replica",
+    "grpc",
+    "write_report",
+]

@@ -89,3 +89,41 @@ async def test_a_killed_gateway_holds_nothing_for_longer_than_max_request_s(
     assert any(g.abandoned for g in cluster.ledger.grants)
     assert result.phantoms_zero_s is not None
     assert result.phantoms_zero_s <= MAX_REQUEST_S + 2 * LEASE_TTL_S
+
+
+async def test_an_etcd_stall_within_the_fencing_budget_changes_no_owner(drill: Drill) -> None:
+    _, result = await drill("etcd-stall-within-budget")
+    assert result.transitions == 0, f"{result.transitions} ownership transitions"
+
+
+async def test_a_crashed_owner_is_replaced_while_the_watched_etcd_member_is_partitioned(
+    drill: Drill,
+) -> None:
+    _, result = await drill("isolated-watch-member")
+    assert result.unavailability_s <= nemeses.OWNER_FOUND_BOUND_S + 1.0
+
+
+async def test_a_killed_etcd_leader_loses_no_grant_and_no_charge(drill: Drill) -> None:
+    cluster, _ = await drill("kill-etcd-leader")
+    assert cluster.etcd.running  # the killed member rejoined
+
+
+async def test_moving_etcd_leadership_loses_no_grant_and_no_charge(drill: Drill) -> None:
+    await drill("move-etcd-leader")
+
+
+async def test_a_gateway_restarted_with_its_holder_id_has_its_degraded_grants_counted_and_charged(
+    drill: Drill,
+) -> None:
+    _, result = await drill("restarted-gateway")
+    assert result.degraded >= 2 * nemeses.HELD_PER_CUT
+
+
+async def test_a_wall_clock_step_of_ten_minutes_on_the_owner_neither_over_admits_nor_loses_charges(
+    drill: Drill,
+) -> None:
+    cluster, _ = await drill("wall-clock-step")
+    # The step must have happened: the replicas' test hook logs every new offset.
+    assert any("test wall offset is now +600" in r.log_text() for r in cluster.replicas), (
+        "no replica applied the wall-clock offset: the injected-clock hook is missing"
+    )

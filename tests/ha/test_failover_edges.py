@@ -31,7 +31,13 @@ class GatedStore(FlakyStore):
         self.gate = asyncio.Event()
 
     async def put_fenced(
-        self, key: str, value: bytes, *, fence_key: str, fence_revision: int
+        self,
+        key: str,
+        value: bytes,
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
     ) -> bool:
         if (
             self.block_above is not None
@@ -43,7 +49,7 @@ class GatedStore(FlakyStore):
             if fence_revision == self.blocked_epoch:
                 await self.gate.wait()
         return await super().put_fenced(
-            key, value, fence_key=fence_key, fence_revision=fence_revision
+            key, value, fence_key=fence_key, fence_revision=fence_revision, timeout_s=timeout_s
         )
 
 

@@ -23,7 +23,7 @@ from store_contract import (
     next_event,
 )
 
-from ha.store import EventKind, LeaseId, LeaseNotFound, WatchEvent
+from ha.store import EventKind, LeaseId, LeaseNotFound, StoreUnavailable, WatchEvent
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -239,3 +239,37 @@ async def test_a_watch_ends_when_the_store_is_closed(h: StoreHarness) -> None:
     async with asyncio.timeout(REAL_WAIT_S):
         with pytest.raises(StopAsyncIteration):
             await waiter
+
+
+async def test_fenced_writes_take_the_callers_budget(h: StoreHarness) -> None:
+    lease = await h.grant(30)
+    owner = await h.store.create(h.key("owner"), b"node-a", lease=lease)
+    assert owner is not None
+    state, epoch = h.key("state"), owner.create_revision
+
+    assert await h.store.put_fenced(
+        state, b"v1", fence_key=owner.key, fence_revision=epoch, timeout_s=3.0
+    )
+    assert not await h.store.put_fenced(
+        state, b"v2", fence_key=owner.key, fence_revision=epoch + 1, timeout_s=3.0
+    )
+    kv = await h.store.get(state)
+    assert kv is not None and kv.value == b"v1"
+    assert not await h.store.delete_fenced(
+        state, create_revision=kv.create_revision + 1, timeout_s=3.0
+    )
+    assert await h.store.delete_fenced(state, create_revision=kv.create_revision, timeout_s=3.0)
+    if h.kind == "etcd":
+        return  # a stalled etcd is tested for real in tests/integration/test_etcd_store.py
+
+    # A store busy beyond the budget answers StoreUnavailable at the budget, not later.
+    busy: asyncio.Lock = h.store._lock  # type: ignore[attr-defined]
+    async with busy:
+        with pytest.raises(StoreUnavailable, match=r"within 0\.05s"):
+            await h.store.put_fenced(
+                state, b"v3", fence_key=owner.key, fence_revision=epoch, timeout_s=0.05
+            )
+        with pytest.raises(StoreUnavailable, match=r"within 0\.05s"):
+            await h.store.delete_fenced(owner.key, create_revision=epoch, timeout_s=0.05)
+    assert await h.store.get(state) is None
+    assert await h.store.get(owner.key) == owner

@@ -1,4 +1,5 @@
-"""The etcd store when its etcd goes away: restarted, stopped, paused.
+"""The etcd store when its etcd goes away: restarted, stopped, paused, stalled under a
+node that owns a pool.
 
 Each test has a private etcd member (``etcd_disposable``) and one ``EtcdStore`` that
 lives through the disruption: nothing is recreated by the test.
@@ -7,15 +8,25 @@ lives through the disruption: nothing is recreated by the test.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from etcd_process import EtcdProcess, free_port
+from etcd_process import EtcdCluster, EtcdProcess, find_etcd, free_port
 
+from fairshare import Class
+from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
 from ha.etcdstore import EtcdStore, connect
-from ha.store import EventKind, StoreUnavailable, WatchEvent
+from ha.node import Node
+from ha.settings import PoolConfig, Timing
+from ha.store import EventKind, StoreFull, StoreUnavailable, WatchEvent
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(45)]
 
@@ -135,3 +146,316 @@ async def test_connect_fails_over_to_the_next_endpoint(etcd_disposable: EtcdProc
         await store.close()
     with pytest.raises(StoreUnavailable, match=dead):
         await connect([dead], rpc_timeout_s=RPC_TIMEOUT_S)
+
+
+# -- a node through an etcd stall ---------------------------------------------------------
+
+POOL = "gpu-a"
+STALL_TIMING = Timing()  # T = 5 s, margin 1 s, RPC timeout 0.5 s, keepalive every 1 s
+
+
+class NoPeers:
+    """The peer transport of a lone replica: there is nobody to forward to."""
+
+    async def acquire(self, address: str, **_: object) -> Decision:
+        raise PeerUnavailable(address)
+
+    async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
+        raise PeerUnavailable(address)
+
+    async def adopt(self, address: str, **_: object) -> AdoptResult:
+        raise PeerUnavailable(address)
+
+    async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
+        raise PeerUnavailable(address)
+
+    async def set_capacity(self, address: str, pool: str, capacity: int, timeout: float) -> int:
+        raise PeerUnavailable(address)
+
+    async def switchover(self, address: str, pool: str, node: str, timeout: float) -> None:
+        raise PeerUnavailable(address)
+
+    async def close(self) -> None:
+        pass
+
+
+def _pool_status(node: Node) -> PoolStatus:
+    return next(s for s in node.status() if s.pool == POOL)
+
+
+@pytest.fixture
+async def lone_node(etcd_disposable: EtcdProcess) -> AsyncIterator[Node]:
+    """One replica on the private etcd, owning ``POOL`` (C = 8, two teams of 4)."""
+    store = await connect(etcd_disposable.endpoints, rpc_timeout_s=STALL_TIMING.rpc_timeout_s)
+    node = Node(
+        node_id=NodeId("stall-0"),
+        advertise="127.0.0.1:1",
+        pools=[PoolConfig(POOL, 8, {"a": 0.5, "b": 0.5})],
+        timing=STALL_TIMING,
+        store=store,
+        peers=NoPeers(),  # type: ignore[arg-type]
+        prefix="/fairshare-stall",
+        owns_store=True,
+    )
+    await node.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not _pool_status(node).owned:
+            assert time.monotonic() < deadline, f"never owned {POOL}: {_pool_status(node)}"
+            await asyncio.sleep(0.05)
+        yield node
+    finally:
+        await node.close()
+
+
+@dataclass
+class _Load:
+    """Within-share Acquire/Release through the node, counted by the epoch that decided."""
+
+    node: Node
+    epochs: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    stop: bool = False
+
+    async def worker(self) -> None:
+        for _ in range(10_000):  # bounded; the test stops it long before
+            if self.stop:
+                return
+            try:
+                async with asyncio.timeout(10):
+                    decision = await self.node.acquire(
+                        pool=POOL, team="a", cls=Class.INTERACTIVE, est_tokens=0
+                    )
+                    await asyncio.sleep(0.01)
+                    await self.node.release(decision.grant_id, 1.0)
+            except Exception as e:  # counted: the test asserts there are none
+                self.failures.append(repr(e))
+                await asyncio.sleep(0.05)
+                continue
+            if decision.degraded or decision.borrowing:
+                self.failures.append(f"not a within-share owner decision: {decision}")
+            self.epochs.append(int(decision.epoch))
+
+
+async def _stall(
+    etcd: EtcdProcess, node: Node, seconds: float
+) -> tuple[_Load, list[PoolStatus], int]:
+    """Runs three within-share workers, pauses etcd for ``seconds``, and returns the load,
+    the pool's status as seen every 50 ms from the pause until 1.5 s after it, and how
+    many grants were counted when etcd resumed."""
+    load = _Load(node)
+    workers = [asyncio.create_task(load.worker()) for _ in range(3)]
+    seen: list[PoolStatus] = []
+    try:
+        await asyncio.sleep(0.5)
+        etcd.pause()
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                seen.append(_pool_status(node))
+                await asyncio.sleep(0.05)
+        finally:
+            etcd.resume()
+        resumed_at = len(load.epochs)
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            seen.append(_pool_status(node))
+            await asyncio.sleep(0.05)
+    finally:
+        load.stop = True
+        await asyncio.gather(*workers)
+    return load, seen, resumed_at
+
+
+async def test_an_etcd_stall_within_the_fencing_budget_keeps_the_pool_and_its_epoch(
+    etcd_disposable: EtcdProcess, lone_node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = _pool_status(lone_node)
+    load, seen, resumed_at = await _stall(etcd_disposable, lone_node, 1.5)
+
+    last = _pool_status(lone_node)
+    assert (last.owned, last.owner, last.epoch) == (True, first.owner, first.epoch)
+    assert last.transitions == first.transitions, "the pool changed hands during the stall"
+    lost = [s for s in seen if not s.owned or s.epoch != first.epoch]
+    assert not lost, f"pool not owned at its epoch at some point: {lost[0]}"
+    assert not load.failures, load.failures[:3]
+    assert set(load.epochs) == {first.epoch}
+    assert len(load.epochs) > resumed_at, "no grant after etcd resumed"
+    assert "lost pool" not in caplog.text
+
+
+async def test_an_etcd_stall_beyond_the_fencing_deadline_stops_the_owner_deciding(
+    etcd_disposable: EtcdProcess, lone_node: Node
+) -> None:
+    first = _pool_status(lone_node)
+    limit = STALL_TIMING.lease_ttl_s - STALL_TIMING.fence_margin_s
+    _, seen, _ = await _stall(etcd_disposable, lone_node, limit + 0.5)
+
+    # Fail-safe: once the fencing deadline passed, the old epoch decided no more.
+    assert any(not s.owned for s in seen), "still deciding after the fencing deadline"
+    deadline = time.monotonic() + 10
+    while True:
+        now = _pool_status(lone_node)
+        if now.owned:
+            break
+        assert time.monotonic() < deadline, f"pool not owned again: {now}"
+        await asyncio.sleep(0.05)
+    assert now.epoch > first.epoch and now.transitions > first.transitions
+
+
+# -- a watch on a member cut off from its peers -------------------------------------------
+
+
+@pytest.fixture
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """Three private etcd members, each peer URL behind a proxy the test can cut."""
+    cluster = EtcdCluster(name="watch-partition")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+async def test_a_watch_on_a_member_cut_off_from_its_peers_moves_to_a_member_with_a_leader(
+    etcd_cluster: EtcdCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await connect(etcd_cluster.endpoints, rpc_timeout_s=RPC_TIMEOUT_S, seed=7)
+    healthy: EtcdStore | None = None
+    # The store starts on the first endpoint of its shuffled order: that member is cut.
+    cut = next(m for m in etcd_cluster.members if m.endpoint == store.endpoints[0])
+    other = next(m for m in etcd_cluster.members if m is not cut)
+    before = await store.put(PREFIX + "a", b"1")
+    events = store.watch_prefix(PREFIX, start_revision=before)
+    waiting = asyncio.ensure_future(anext(events))
+    try:
+        await asyncio.sleep(0.3)  # the watch is open on ``cut``
+        assert not waiting.done()
+        await asyncio.to_thread(etcd_cluster.isolate, cut.name)
+        cut_at = time.monotonic()
+
+        # When the cut member led, the other two elect a leader first.
+        healthy = await until_available(
+            lambda: connect([other.endpoint], rpc_timeout_s=RPC_TIMEOUT_S)
+        )
+        written = await until_available(lambda: healthy.put(PREFIX + "b", b"2"))
+
+        # etcd cancels a require-leader watch after three election timeouts (1 s each
+        # here) without a leader; the store then resumes on another member.
+        event: WatchEvent = await asyncio.wait_for(waiting, 10)
+        if event.kind is EventKind.RESET:
+            assert PREFIX + "b" in [kv.key for kv in event.snapshot]
+        else:
+            assert (event.kind, event.key, event.revision) == (EventKind.PUT, PREFIX + "b", written)
+        took = time.monotonic() - cut_at
+        assert "no leader" in caplog.text, caplog.text[-2000:]
+        assert store.endpoints.index(store._current().endpoint) != 0
+        assert took < 8, f"the watch moved {took:.1f}s after the partition"
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await events.aclose()  # type: ignore[attr-defined]
+        await store.close()
+        if healthy is not None:
+            await healthy.close()
+
+
+async def test_replicas_spread_over_the_endpoints_in_an_order_fixed_by_their_seed(
+    etcd_endpoints: list[str],
+) -> None:
+    endpoints = [*etcd_endpoints, f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    orders = set()
+    for seed in ("node-0", "node-1", "node-2", "node-3", "node-0"):
+        store = await connect(endpoints, rpc_timeout_s=RPC_TIMEOUT_S, seed=seed)
+        try:
+            assert sorted(store.endpoints) == sorted(endpoints)
+            again = await connect(endpoints, rpc_timeout_s=RPC_TIMEOUT_S, seed=seed)
+            assert again.endpoints == store.endpoints
+            await again.close()
+            orders.add(store.endpoints)
+        finally:
+            await store.close()
+    assert len(orders) > 1, "every seed gave the same order"
+
+
+# -- an etcd out of space -------------------------------------------------------------------
+
+QUOTA_BYTES = 1024 * 1024
+
+
+@pytest.fixture
+def tiny_etcd(tmp_path: Path) -> Iterator[str]:
+    """A private etcd member whose backend quota is 1 MiB; yields its endpoint."""
+    client, peer = free_port(), free_port()
+    client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+    # fmt: off
+    args = [
+        find_etcd(), "--name", "tiny", "--data-dir", str(tmp_path / "tiny.etcd"),
+        "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+        "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+        "--initial-cluster", f"tiny={peer_url}", "--quota-backend-bytes", str(QUOTA_BYTES),
+        "--logger", "zap", "--log-level", "error",
+    ]
+    # fmt: on
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, f"etcd exited with {proc.returncode}"
+            try:
+                with urllib.request.urlopen(f"{client_url}/health", timeout=1) as resp:
+                    if json.loads(resp.read()).get("health") == "true":
+                        break
+            except (OSError, ValueError):
+                pass
+            assert time.monotonic() < deadline, "etcd with a tiny quota did not start"
+            time.sleep(0.05)
+        yield f"127.0.0.1:{client}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+async def test_an_etcd_out_of_space_refuses_writes_with_store_full(tiny_etcd: str) -> None:
+    store = await connect([tiny_etcd], rpc_timeout_s=RPC_TIMEOUT_S)
+    try:
+        lease = await store.grant_lease(30)
+        owner = await store.create(PREFIX + "owner", b"n0", lease=lease)
+        assert owner is not None
+        blob = bytes(range(256)) * 512  # 128 KiB; every revision is kept (no compaction)
+        for i in range(200):
+            try:
+                await store.put(f"{PREFIX}fill/{i % 4}", blob)
+            except StoreFull as e:
+                assert "space" in str(e)
+                break
+        else:
+            raise AssertionError(f"etcd took 200 puts of 128 KiB with a {QUOTA_BYTES} quota")
+
+        with pytest.raises(StoreFull):
+            await store.put(PREFIX + "small", b"x")
+        with pytest.raises(StoreFull):
+            await store.put_fenced(
+                PREFIX + "state",
+                b"s",
+                fence_key=owner.key,
+                fence_revision=owner.create_revision,
+                timeout_s=2.0,
+            )
+        with pytest.raises(StoreFull):
+            await store.create(PREFIX + "other-owner", b"n1", lease=lease)
+        # Reads still answer: a full store refuses writes only.
+        assert (await store.get(owner.key)) is not None
+    finally:
+        await store.close()
