@@ -81,9 +81,14 @@ async def test_sigterm_under_overload_in_etcd_mode_exits_in_time_with_status_0(
     tmp_path: pathlib.Path, etcd_endpoints: list[str]
 ) -> None:
     prefix = f"/sigterm-{uuid.uuid4().hex[:8]}"
+    key_file = tmp_path / "grant-keys"
+    key_file.write_text(uuid.uuid4().hex + uuid.uuid4().hex + "\n", encoding="utf-8")
     try:
         took = await _rounds(
-            tmp_path, ETCD_ROUNDS, ["--etcd", ",".join(etcd_endpoints), "--prefix", prefix]
+            tmp_path,
+            ETCD_ROUNDS,
+            ["--etcd", ",".join(etcd_endpoints), "--prefix", prefix],
+            f"grants: {{key_file: {key_file}}}\n",
         )
         print(f"etcd: shutdown took max {max(took):.2f}s, median {statistics.median(took):.2f}s")
     finally:
@@ -91,10 +96,12 @@ async def test_sigterm_under_overload_in_etcd_mode_exits_in_time_with_status_0(
     assert _etcdctl(etcd_endpoints, "get", "--prefix", "--keys-only", prefix + "/") == ""
 
 
-async def _rounds(tmp_path: pathlib.Path, rounds: int, flags: list[str]) -> list[float]:
+async def _rounds(
+    tmp_path: pathlib.Path, rounds: int, flags: list[str], extra_yaml: str = ""
+) -> list[float]:
     """Starts a server ``rounds`` times, floods it and SIGTERMs it; returns the stop times."""
     config = tmp_path / "pools.yaml"
-    config.write_text(f"node_id: term-0\n{POOLS_YAML}", encoding="utf-8")
+    config.write_text(f"node_id: term-0\n{extra_yaml}{POOLS_YAML}", encoding="utf-8")
     took: list[float] = []
     for round_ in range(rounds):
         address = f"127.0.0.1:{free_port()}"
