@@ -26,7 +26,7 @@ from typing import Final
 import yaml
 
 from ha.api import NodeId
-from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing
+from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing, UnknownTeams
 
 __all__ = [
     "AdminConfig",
@@ -195,7 +195,16 @@ _TOP = (
     "pools",
     *_SECTIONS,
 )
-_POOL_KEYS = ("name", "capacity", "shares", "half_life_s", "max_request_s", "degraded_mode")
+_POOL_KEYS = (
+    "name",
+    "capacity",
+    "shares",
+    "half_life_s",
+    "max_request_s",
+    "degraded_mode",
+    "unknown_teams",
+    "max_teams",
+)
 
 
 def _parse_text(path: str, text: str, source: str) -> object:
@@ -459,6 +468,13 @@ def _pools(value: object) -> tuple[PoolConfig, ...]:
             raise ConfigError(
                 f"{path}.degraded_mode", f"must be fail_open or fail_closed, got {mode_text!r}"
             ) from None
+        unknown_text = spec.get("unknown_teams", UnknownTeams.ALLOW.value)
+        try:
+            unknown = UnknownTeams(unknown_text)
+        except ValueError:
+            raise ConfigError(
+                f"{path}.unknown_teams", f"must be allow or deny, got {unknown_text!r}"
+            ) from None
         pool = PoolConfig(
             name=name,
             capacity=capacity,
@@ -470,6 +486,8 @@ def _pools(value: object) -> tuple[PoolConfig, ...]:
                 f"{path}.max_request_s", spec.get("max_request_s", defaults["max_request_s"])
             ),
             degraded_mode=mode,
+            unknown_teams=unknown,
+            max_teams=spec.get("max_teams", defaults["max_teams"]),  # type: ignore[arg-type]
         )
         pool.validate(path)
         pools.append(pool)

@@ -31,14 +31,22 @@ from ha.api import (
     Epoch,
     HeldGrant,
     InvalidArgument,
+    LimitExceeded,
     NoOwner,
+    OutOfRange,
     PeerUnavailable,
     StoreUnavailable,
     UnknownNode,
     UnknownPool,
     WrongEpoch,
 )
-from ha.settings import DegradedMode, PoolConfig
+from ha.limits import (
+    MAX_ADOPT_GRANTS,
+    MAX_EST_TOKENS,
+    MAX_GRANT_ID_BYTES,
+    MAX_NAME_BYTES,
+)
+from ha.settings import MAX_CAPACITY, DegradedMode, PoolConfig
 from server.auth import AdminAuth
 from server.convert import team_stat_pb
 from server.metrics import Metrics, Outcome
@@ -55,10 +63,13 @@ FIELD_KEY: Final = "fairshare-field"
 OWNER_KEY: Final = "fairshare-owner"
 OWNER_ADDRESS_KEY: Final = "fairshare-owner-address"
 EPOCH_KEY: Final = "fairshare-epoch"
+LIMIT_KEY: Final = "fairshare-limit"
 
 ERROR_CODES: Final[Mapping[type[AllocatorError], grpc.StatusCode]] = {
     UnknownPool: grpc.StatusCode.NOT_FOUND,
+    OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    LimitExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     WrongEpoch: grpc.StatusCode.FAILED_PRECONDITION,
     UnknownNode: grpc.StatusCode.FAILED_PRECONDITION,
     NoOwner: grpc.StatusCode.UNAVAILABLE,
@@ -67,7 +78,6 @@ ERROR_CODES: Final[Mapping[type[AllocatorError], grpc.StatusCode]] = {
 }
 """The one table from allocator errors to gRPC status codes."""
 
-_MAX_INT32: Final = 2**31 - 1
 _DEGRADED_PB: Final = {
     DegradedMode.FAIL_OPEN: pb.FAIL_OPEN,
     DegradedMode.FAIL_CLOSED: pb.FAIL_CLOSED,
@@ -88,6 +98,8 @@ def error_metadata(error: AllocatorError) -> tuple[tuple[str, str], ...]:
     metadata: list[tuple[str, str]] = [(ERROR_KEY, type(error).__name__)]
     if isinstance(error, InvalidArgument):
         metadata.append((FIELD_KEY, error.field))
+    if isinstance(error, LimitExceeded):
+        metadata.append((LIMIT_KEY, error.limit))
     if isinstance(error, WrongEpoch):
         metadata += [
             (OWNER_KEY, str(error.owner)),
@@ -116,19 +128,39 @@ def _forwarded(context: aio.ServicerContext) -> bool:
     )
 
 
+def _check_name(
+    field: str, value: str, *, empty: bool = False, limit: int = MAX_NAME_BYTES
+) -> None:
+    """Refuses an empty (unless allowed) or too long string field, before it is stored.
+
+    The length is counted in UTF-8 bytes; a str has at least one byte per character, so
+    a string with more characters than the limit is refused without encoding it.
+    """
+    if not value:
+        if not empty:
+            raise InvalidArgument(field, "must not be empty")
+        return
+    if len(value) > limit or len(value.encode("utf-8", "surrogatepass")) > limit:
+        raise InvalidArgument(field, f"longer than {limit} bytes")
+
+
 def _check_pool(pool: str) -> None:
-    if not pool:
-        raise InvalidArgument("pool", "must not be empty")
+    _check_name("pool", pool)
 
 
 def _check_team(field: str, team: str) -> None:
-    if not team:
-        raise InvalidArgument(field, "must not be empty")
+    _check_name(field, team)
 
 
 def _check_tokens(field: str, est_tokens: int) -> None:
     if est_tokens < 0:
         raise InvalidArgument(field, f"must be >= 0, got {est_tokens}")
+    if est_tokens > MAX_EST_TOKENS:
+        raise OutOfRange(field, f"must be <= {MAX_EST_TOKENS}, got {est_tokens}")
+
+
+def _check_grant_id(field: str, grant_id: str) -> None:
+    _check_name(field, grant_id, limit=MAX_GRANT_ID_BYTES)
 
 
 def _service_class(value: int) -> Class:
@@ -168,6 +200,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         try:
             _check_pool(request.pool)
             _check_team("team", request.team)
+            _check_name("holder", request.holder, empty=True)
+            _check_name("request_id", request.request_id, empty=True)
             klass = _service_class(request.service_class)
             _check_tokens("est_tokens", request.est_tokens)
             decision = await self._allocator.acquire(
@@ -203,12 +237,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
     ) -> pb.ReleaseResponse:
         """Ends a grant; non-finite or negative consumption counts as 0 (not an error)."""
         consumed = request.consumed if math.isfinite(request.consumed) else 0.0
-        if not request.grant_id:
-            await _abort(context, InvalidArgument("grant_id", "must not be empty"))
-        await _guard(
-            context,
-            self._allocator.release(request.grant_id, consumed, forwarded=_forwarded(context)),
-        )
+        try:
+            _check_grant_id("grant_id", request.grant_id)
+            await self._allocator.release(request.grant_id, consumed, forwarded=_forwarded(context))
+        except AllocatorError as e:
+            await _abort(context, e)
         return pb.ReleaseResponse()
 
     async def Adopt(  # noqa: N802 (gRPC method name)
@@ -217,10 +250,15 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         """Re-reports a holder's live grants to the pool's current owner."""
         try:
             _check_pool(request.pool)
+            _check_name("holder", request.holder, empty=True)
+            if len(request.grants) > MAX_ADOPT_GRANTS:
+                raise LimitExceeded(
+                    "max_adopt_grants",
+                    f"{len(request.grants)} grants in one Adopt, at most {MAX_ADOPT_GRANTS}",
+                )
             grants: list[HeldGrant] = []
             for i, held in enumerate(request.grants):
-                if not held.grant_id:
-                    raise InvalidArgument(f"grants[{i}].grant_id", "must not be empty")
+                _check_grant_id(f"grants[{i}].grant_id", held.grant_id)
                 _check_team(f"grants[{i}].team", held.team)
                 _check_tokens(f"grants[{i}].est_tokens", held.est_tokens)
                 grants.append(
@@ -253,11 +291,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self, request: pb.SnapshotRequest, context: aio.ServicerContext
     ) -> pb.SnapshotResponse:
         """The pool's team table with its owner and epoch."""
-        if not request.pool:
-            await _abort(context, InvalidArgument("pool", "must not be empty"))
-        view = await _guard(
-            context, self._allocator.snapshot(request.pool, forwarded=_forwarded(context))
-        )
+        try:
+            _check_pool(request.pool)
+            view = await self._allocator.snapshot(request.pool, forwarded=_forwarded(context))
+        except AllocatorError as e:
+            await _abort(context, e)
         return pb.SnapshotResponse(
             pool=view.pool,
             capacity=view.capacity,
@@ -304,21 +342,17 @@ class AdminServicer(pb_grpc.AdminServicer):  # type: ignore[misc]
     ) -> pb.SetCapacityResponse:
         """Changes a pool's capacity; answers the previous one."""
         await self._auth.check(context)
-        if not request.pool:
-            await _abort(context, InvalidArgument("pool", "must not be empty"))
-        if not 0 <= request.capacity <= _MAX_INT32:
-            await _abort(
-                context,
-                InvalidArgument(
-                    "capacity", f"must be in [0, {_MAX_INT32}], got {request.capacity}"
-                ),
-            )
-        previous = await _guard(
-            context,
-            self._allocator.set_capacity(
+        try:
+            _check_pool(request.pool)
+            if request.capacity < 0:
+                raise InvalidArgument("capacity", f"must be >= 0, got {request.capacity}")
+            if request.capacity > MAX_CAPACITY:
+                raise OutOfRange("capacity", f"must be <= {MAX_CAPACITY}, got {request.capacity}")
+            previous = await self._allocator.set_capacity(
                 request.pool, request.capacity, forwarded=_forwarded(context)
-            ),
-        )
+            )
+        except AllocatorError as e:
+            await _abort(context, e)
         logger.info(
             "pool %s: capacity set to %d (was %d)", request.pool, request.capacity, previous
         )
@@ -329,13 +363,13 @@ class AdminServicer(pb_grpc.AdminServicer):  # type: ignore[misc]
     ) -> pb.SwitchoverResponse:
         """Moves a pool to the named replica."""
         await self._auth.check(context)
-        if not request.pool:
-            await _abort(context, InvalidArgument("pool", "must not be empty"))
-        if not request.node:
-            await _abort(context, InvalidArgument("node", "must not be empty"))
-        await _guard(
-            context,
-            self._allocator.switchover(request.pool, request.node, forwarded=_forwarded(context)),
-        )
+        try:
+            _check_pool(request.pool)
+            _check_name("node", request.node)
+            await self._allocator.switchover(
+                request.pool, request.node, forwarded=_forwarded(context)
+            )
+        except AllocatorError as e:
+            await _abort(context, e)
         logger.info("pool %s: switchover to %s requested", request.pool, request.node)
         return pb.SwitchoverResponse()
