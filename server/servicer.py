@@ -191,6 +191,12 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self._modes = {p.name: p.degraded_mode for p in pools}
         self._metrics = metrics
 
+    async def _fail(self, context: aio.ServicerContext, error: AllocatorError) -> NoReturn:
+        """Aborts with the mapped status, counting a limit met in the metrics."""
+        if isinstance(error, LimitExceeded) and self._metrics is not None:
+            self._metrics.count_limited(error.limit)
+        await _abort(context, error)
+
     async def Acquire(  # noqa: N802 (gRPC method name)
         self, request: pb.AcquireRequest, context: aio.ServicerContext
     ) -> pb.AcquireResponse:
@@ -217,7 +223,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         except AllocatorError as e:
             if isinstance(e, NoOwner) and self._metrics is not None and not forwarded:
                 self._metrics.count(request.pool, request.team, Outcome.REFUSED, None)
-            await _abort(context, e)
+            await self._fail(context, e)
         if self._metrics is not None and not forwarded:
             elapsed = time.perf_counter() - started
             self._metrics.count(request.pool, request.team, Outcome.of(decision), elapsed)
@@ -241,7 +247,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             _check_grant_id("grant_id", request.grant_id)
             await self._allocator.release(request.grant_id, consumed, forwarded=_forwarded(context))
         except AllocatorError as e:
-            await _abort(context, e)
+            await self._fail(context, e)
         return pb.ReleaseResponse()
 
     async def Adopt(  # noqa: N802 (gRPC method name)
@@ -279,7 +285,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 forwarded=_forwarded(context),
             )
         except AllocatorError as e:
-            await _abort(context, e)
+            await self._fail(context, e)
         return pb.AdoptResponse(
             adopted=result.adopted,
             phantoms_dropped=result.phantoms_dropped,
