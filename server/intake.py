@@ -20,6 +20,8 @@ address (or replicas forwarding for many holders) get a budget each. This is fai
 between honest clients, not a defence against one that invents holder names: that needs
 authenticated identities (mutual TLS) and a limit at the network's edge.
 
+Health checks are outside the per-client limit (see ``UNLIMITED_PREFIXES``).
+
 Guarantees: the interceptor keeps no state for a client without calls in flight, so its
 memory is bounded by the calls in flight. Streaming handlers (health watch, reflection)
 are passed through unchanged.
@@ -45,6 +47,10 @@ DEFAULT_MAX_WAITING: Final = 1024
 """Calls of one client that may wait for their turn; beyond, RESOURCE_EXHAUSTED."""
 DEFAULT_WARN_EVERY_S: Final = 10.0
 """Least time between two warnings about malformed messages."""
+
+UNLIMITED_PREFIXES: Final = ("/grpc.health.v1.Health/",)
+"""Methods outside the per-client limit: a health check is cheap, and a probe that waited
+behind a flood from its host would get the replica restarted."""
 
 ERROR_KEY: Final = "fairshare-error"
 FIELD_KEY: Final = "fairshare-field"
@@ -128,10 +134,13 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         method: str = handler_call_details.method
         inner: _Behavior = handler.unary_unary
+        limited = not method.startswith(UNLIMITED_PREFIXES)
 
         async def behavior(request: Any, context: aio.ServicerContext) -> Any:
             if isinstance(request, Malformed):
                 await self._refuse_malformed(method, request, context)
+            if not limited:
+                return await inner(request, context)
             key = (peer_host(context.peer() or ""), _holder(request))
             client = await self._enter(key, method, context)
             try:

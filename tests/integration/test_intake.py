@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from grpc import aio
+from grpc_health.v1 import health as grpc_health
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.intake import Intake, peer_host
 from server.pb.fairshare.v1 import allocator_pb2 as pb
@@ -46,6 +48,8 @@ async def served() -> AsyncIterator[tuple[str, Gate, Intake]]:
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("test.Slow", {"Call": handler}),)
     )
+    health = grpc_health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -61,13 +65,10 @@ async def test_one_clients_flood_waits_then_is_refused_while_another_runs(
     address, gate, intake = served
     async with aio.insecure_channel(address) as channel:
         call = channel.unary_unary(METHOD, request_serializer=pb.AcquireRequest.SerializeToString)
-        flood = [
-            asyncio.ensure_future(call(pb.AcquireRequest(holder="flood"), timeout=10))
-            for _ in range(8)
-        ]
+        flood = [asyncio.ensure_future(call(pb.AcquireRequest(), timeout=10)) for _ in range(8)]
         await asyncio.sleep(0.5)
         # 2 run, 3 wait, 3 are refused at once.
-        assert gate.running.get("flood") == 2
+        assert gate.running.get("") == 2  # no holder: the client is its host
         refused = [f for f in flood if f.done()]
         assert len(refused) == 3
         for f in refused:
@@ -77,6 +78,10 @@ async def test_one_clients_flood_waits_then_is_refused_while_another_runs(
             assert (
                 dict(error.trailing_metadata() or ())["fairshare-limit"] == "max_calls_per_client"
             )
+        # Health checks are outside the limit: a probe from the flood's host answers.
+        check = health_pb2_grpc.HealthStub(channel).Check
+        answer = await check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
         # Another client is not behind the flood.
         other = asyncio.ensure_future(call(pb.AcquireRequest(holder="other"), timeout=10))
         await asyncio.sleep(0.2)
