@@ -57,6 +57,10 @@ ALLOWED = {
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
 }
+# An Adopt naming an epoch the owner does not have is forwarded to whoever owns that
+# epoch; in embedded mode nobody does, and after forward_deadline_s the answer is NoOwner
+# (UNAVAILABLE with fairshare-error: NoOwner). Named, so still not UNKNOWN.
+NO_OWNER = "has no reachable owner"
 
 REQUESTS: dict[str, type[Message]] = {
     "/fairshare.v1.Allocator/Acquire": pb.AcquireRequest,
@@ -167,7 +171,7 @@ MESSAGES: dict[str, st.SearchStrategy[Message]] = {
     "/fairshare.v1.Allocator/Adopt": st.builds(
         pb.AdoptRequest,
         pool=names,
-        epoch=uint64,
+        epoch=st.one_of(st.just(0), st.just(0), uint64),  # 0: the current owner's
         holder=names,
         complete=st.booleans(),
         grants=st.lists(held_grants, max_size=5),
@@ -239,5 +243,6 @@ def test_every_rpc_survives_random_and_mutated_messages(
         code = grpc.StatusCode.OK
     except grpc.RpcError as e:
         code = e.code()
-        assert code in ALLOWED, f"{method} {data!r}: {code} {e.details()}"
+        no_owner = code == grpc.StatusCode.UNAVAILABLE and NO_OWNER in (e.details() or "")
+        assert code in ALLOWED or no_owner, f"{method} {data!r}: {code} {e.details()}"
     check_invariants(server, channel)
