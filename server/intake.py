@@ -39,6 +39,8 @@ from typing import Any, Final
 import grpc
 from grpc import aio
 
+from server.servicer import ERROR_KEY, FIELD_KEY, LIMIT_KEY
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CALLS: Final = 32
@@ -51,10 +53,6 @@ DEFAULT_WARN_EVERY_S: Final = 10.0
 UNLIMITED_PREFIXES: Final = ("/grpc.health.v1.Health/",)
 """Methods outside the per-client limit: a health check is cheap, and a probe that waited
 behind a flood from its host would get the replica restarted."""
-
-ERROR_KEY: Final = "fairshare-error"
-FIELD_KEY: Final = "fairshare-field"
-LIMIT_KEY: Final = "fairshare-limit"
 
 
 @dataclass(frozen=True, slots=True)
