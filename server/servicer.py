@@ -3,9 +3,10 @@
 The servicers validate request fields (``INVALID_ARGUMENT`` naming the field), translate
 messages to ``ha.api`` types and back, and map the allocator's exceptions to status codes
 in one table, ``ERROR_CODES``. A mapped error also carries the trailing metadata
-``fairshare-error`` (the exception's class name) and, for ``InvalidArgument``,
-``fairshare-field``; ``WrongEpoch`` adds ``fairshare-owner``, ``fairshare-owner-address``
-and ``fairshare-epoch``. ``server.peers`` reads them to rebuild the same exceptions on the
+``fairshare-error`` (the exception's class name) and, for ``InvalidArgument`` (and its
+``OutOfRange``), ``fairshare-field``; ``LimitExceeded`` adds ``fairshare-limit``;
+``WrongEpoch`` adds ``fairshare-owner``, ``fairshare-owner-address`` and
+``fairshare-epoch``. ``server.peers`` reads them to rebuild the same exceptions on the
 forwarding replica, so an error crosses a forward unchanged.
 
 A call from a forwarding peer carries the metadata ``fairshare-forwarded: 1``; it is
