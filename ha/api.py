@@ -22,7 +22,10 @@ Epoch = NewType("Epoch", int)
 
 # -- grant ids ----------------------------------------------------------------------------
 
-_GRANT_ID_TAG = "g1"
+_UNSIGNED_TAG = "g1"
+_SIGNED_TAG = "g2"
+MAC_BYTES = 16
+"""Length of a grant id's MAC: HMAC-SHA256 truncated to 128 bits (22 base64url chars)."""
 
 
 def _b64(text: str) -> str:
@@ -37,7 +40,16 @@ def _unb64(text: str) -> str:
 class GrantRef:
     """What a grant id encodes: enough for any replica to route and settle a release.
 
-    Epoch 0 marks a degraded grant, decided while no owner could be reached.
+    Two forms (see docs/ha.md, "Grant ids"):
+
+    - signed, issued by a replica: ``g2.<epoch>.<seq>.<pool>.<team>.<holder>.<mac>``;
+    - unsigned, made by a client while no replica answered: ``g1.<epoch>.<seq>.<pool>.
+      <team>.<holder>``, honoured only with epoch 0 (a degraded grant).
+
+    Epoch and seq are lower-case hex, pool, team and holder base64url of their UTF-8
+    without padding, and ``mac`` base64url of ``MAC_BYTES`` bytes (``ha.grantkeys``
+    computes and checks it over ``signed_text``). Decoding checks the form only; whether
+    the MAC is genuine is for ``ha.grantkeys.GrantKeys.verify``.
     """
 
     pool: PoolName
@@ -45,12 +57,14 @@ class GrantRef:
     seq: int
     team: str = ""
     holder: str = ""
+    mac: str = ""
+    """The MAC of a signed id; empty for an unsigned one."""
 
-    def encode(self) -> str:
-        """The opaque grant id string."""
+    def signed_text(self) -> str:
+        """What the MAC covers: the id's fields in their canonical encoding."""
         return ".".join(
             (
-                _GRANT_ID_TAG,
+                _SIGNED_TAG,
                 f"{self.epoch:x}",
                 f"{self.seq:x}",
                 _b64(self.pool),
@@ -59,24 +73,32 @@ class GrantRef:
             )
         )
 
+    def encode(self) -> str:
+        """The opaque grant id string (signed when ``mac`` is set)."""
+        if self.mac:
+            return f"{self.signed_text()}.{self.mac}"
+        return _UNSIGNED_TAG + self.signed_text()[len(_SIGNED_TAG) :]
+
     @classmethod
     def decode(cls, grant_id: str) -> GrantRef:
-        """Parses a grant id.
+        """Parses a grant id (its form; not whether its MAC is genuine).
 
         Raises:
             InvalidArgument: not a grant id of this service.
         """
         parts = grant_id.split(".")
-        if len(parts) != 6 or parts[0] != _GRANT_ID_TAG:
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id!r}")
+        signed = len(parts) == 7 and parts[0] == _SIGNED_TAG
+        if not signed and (len(parts) != 6 or parts[0] != _UNSIGNED_TAG):
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
         try:
             epoch, seq = int(parts[1], 16), int(parts[2], 16)
-            pool, team, holder = (_unb64(p) for p in parts[3:])
+            pool, team, holder = (_unb64(p) for p in parts[3:6])
         except (ValueError, binascii.Error, UnicodeDecodeError):
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id!r}") from None
-        if not pool or epoch < 0 or seq < 0:
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id!r}")
-        return cls(PoolName(pool), Epoch(epoch), seq, team, holder)
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}") from None
+        mac = parts[6] if signed else ""
+        if not pool or epoch < 0 or seq < 0 or (signed and not mac):
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
+        return cls(PoolName(pool), Epoch(epoch), seq, team, holder, mac)
 
 
 # -- results ------------------------------------------------------------------------------
@@ -164,6 +186,10 @@ class PoolStatus:
         snapshot_age_s: seconds since the last snapshot written (owner only; -1 if none).
         teams: the owner's team table; empty when this replica does not own the pool.
         degraded_decisions: decisions made without an owner by this replica.
+        charges_clamped: releases this replica, as owner, charged at the pool's bound
+            (``PoolConfig.max_charge``) instead of the larger amount claimed.
+        grant_ids_refused: releases and adopted grants this replica, as owner, refused
+            as not genuine (bad MAC, unsigned with an epoch, another holder's).
     """
 
     pool: PoolName
@@ -175,6 +201,8 @@ class PoolStatus:
     snapshot_age_s: float
     teams: Sequence[TeamStat]
     degraded_decisions: int
+    charges_clamped: int = 0
+    grant_ids_refused: int = 0
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -194,6 +222,15 @@ class UnknownPool(AllocatorError):
 
 class InvalidArgument(AllocatorError):
     """A request field is invalid (INVALID_ARGUMENT); ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class PermissionDenied(AllocatorError):
+    """A grant id is not genuine, or the caller is not its holder (PERMISSION_DENIED);
+    ``field`` names the request field."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

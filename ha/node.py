@@ -48,9 +48,10 @@ from ha.api import (
 )
 from ha.clock import Clock, SystemClock
 from ha.cluster import ClusterView, preferred_owner
+from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.keys import Keys, Route, encode_handover, encode_owner
 from ha.lease import NodeLease
-from ha.owner import NotDeciding, OwnedPool, degraded_grant_id
+from ha.owner import IdCounters, NotDeciding, OwnedPool, degraded_grant_id
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
 from ha.store import LeaseNotFound, Store, StoreUnavailable, bounded
@@ -89,8 +90,12 @@ class Node:
         clock: Clock | None = None,
         embedded: bool = False,
         owns_store: bool = False,
+        grant_keys: GrantKeys | None = None,
     ) -> None:
         self.node_id = node_id
+        # Every replica of a cluster must hold the same keys (ha.grantkeys); the default,
+        # one key per process, only suits tests whose nodes share a process.
+        self._grant_keys = grant_keys if grant_keys is not None else ephemeral_keys()
         self.address = advertise
         self.timing = timing
         self.embedded = embedded
@@ -117,6 +122,7 @@ class Node:
         self._absent_since: dict[PoolName, float] = {}
         self._transitions: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
         self._degraded: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
+        self._id_counters = {name: IdCounters() for name in self._configs}
         self._stubs: dict[str, _Stub] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -434,6 +440,8 @@ class Node:
                     snapshot_age_s=age,
                     teams=owned.teams() if owning and owned is not None else (),
                     degraded_decisions=self._degraded[name],
+                    charges_clamped=self._id_counters[name].charges_clamped,
+                    grant_ids_refused=self._id_counters[name].ids_refused,
                 )
             )
         return result
@@ -512,7 +520,7 @@ class Node:
         priority = BORROW_BASE + RANK_STEP * MAX_RANK + int(cls)
         decision = Decision(
             True,
-            degraded_grant_id(config.name, team, holder),
+            degraded_grant_id(config.name, team, holder, self._grant_keys),
             priority,
             True,
             False,
@@ -627,6 +635,8 @@ class Node:
             commit_window_s=self.timing.commit_window_s,
             release_commit_s=self.timing.release_commit_s,
             release_memory_s=self.timing.release_memory_s,
+            keys=self._grant_keys,
+            counters=self._id_counters[name],
         )
         state = await bounded(self._store.get(self._keys.state(name)), rpc)
         snapshot = PoolSnapshot.decode(state.value) if state is not None else None
@@ -845,12 +855,25 @@ async def open_node(
     prefix: str,
     peers: Peers,
     clock: Clock | None = None,
+    grant_keys: GrantKeys | None = None,
 ) -> Node:
     """Builds a node: embedded on a local file store when no etcd endpoint is given.
+
+    ``grant_keys`` sign and verify grant ids; None: with etcd endpoints an error (the
+    replicas must share keys), embedded the key kept in ``state_dir`` (made on first use).
+
+    Raises:
+        KeyFileError: replicated without grant keys, or the generated key file is unusable.
 
     The caller starts it with ``await node.start()``.
     """
     store: Store
+    if grant_keys is not None:
+        keys = grant_keys
+    elif etcd_endpoints:
+        raise KeyFileError("replicas on etcd need a grant key file shared by all (grants.key_file)")
+    else:
+        keys = GrantKeys.generated(state_dir)
     if etcd_endpoints:
         from ha.etcdstore import connect
 
@@ -872,4 +895,5 @@ async def open_node(
         clock=clock,
         embedded=embedded,
         owns_store=True,
+        grant_keys=keys,
     )

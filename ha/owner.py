@@ -7,9 +7,18 @@ Guarantees:
   A failed write loses the pool (``lost``): nothing more is decided from it.
 - A retried Acquire (same holder and request id) returns the first answer.
 - A release is counted once per grant id, whatever the epoch that issued it.
+- Only genuine ids count: a signed id whose MAC does not verify under the cluster's grant
+  keys, or an unsigned id of an epoch other than 0, is refused (``PermissionDenied``)
+  before anything is charged or counted.
+- A release charges at most ``config.max_charge()`` (``max_charge_per_s`` x
+  ``max_request_s``); more is clamped to it, logged and counted (``IdCounters``).
+- Adopt counts unsigned (client-made degraded) grants only when they name the calling
+  holder, at most ``config.capacity`` of them per holder at a time, each for at most
+  ``max_request_s`` from its adoption; a complete re-report closes the holder's phantoms
+  only when it proves to be that holder by carrying at least one signed grant of it.
 - On restore, the previous owner's in-flight requests count as phantoms until
   ``max_request_s``, attributed to their holders, so a holder's complete re-report
-  closes its share of them at once.
+  (carrying a signed grant of that holder) closes its share of them at once.
 
 Non-guarantees: borrowing grants and releases since the last snapshot are lost on a
 crash; the successor is then more cautious (more phantoms), never less.
@@ -38,12 +47,14 @@ from ha.api import (
     InvalidArgument,
     LimitExceeded,
     NodeId,
+    PermissionDenied,
     PoolName,
     PoolView,
     WrongEpoch,
 )
 from ha.clock import Clock
 from ha.commit import CommitFailed, GroupCommitter
+from ha.grantkeys import GrantKeys, ephemeral_keys
 from ha.limits import MAX_ANSWER_BYTES, MAX_ANSWERS
 from ha.settings import PoolConfig, UnknownTeams
 from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
@@ -63,6 +74,16 @@ _FORGET_EVERY_S = 1.0
 _Answer = tuple[bool, str, int, bool, bool]  # granted, grant id, priority, borrowing, saturated
 
 
+@dataclass(slots=True)
+class IdCounters:
+    """What a node counts of a pool's grant ids across its epochs (for metrics)."""
+
+    charges_clamped: int = 0
+    """Releases that claimed more than ``max_charge()`` and were charged that."""
+    ids_refused: int = 0
+    """Releases and adopted grants refused as not genuine (``PermissionDenied``)."""
+
+
 class NotDeciding(Exception):
     """The owner may not decide for the pool now (handover, fence, lost write)."""
 
@@ -74,6 +95,7 @@ class _Held:
     team: str
     wall: float  # when it was issued or adopted
     row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
+    unsigned: bool = False  # a client-made degraded grant (no MAC)
 
 
 class _Phantom(NamedTuple):
@@ -97,6 +119,8 @@ class OwnedPool:
         commit_window_s: float,
         release_commit_s: float,
         release_memory_s: float,
+        keys: GrantKeys | None = None,
+        counters: IdCounters | None = None,
     ) -> None:
         """Args:
         config: the pool's configuration.
@@ -109,6 +133,9 @@ class OwnedPool:
         commit_window_s: group commit window.
         release_commit_s: group commit window of releases (see ha.commit).
         release_memory_s: how long released ids of earlier epochs are remembered.
+        keys: the cluster's grant keys; None: this process's ephemeral key (tests).
+        counters: where refused ids and clamped charges are counted (kept by the node
+            across epochs); None: a fresh one.
         """
         self.config = config
         self.name = PoolName(config.name)
@@ -145,6 +172,9 @@ class OwnedPool:
         self._answer_bytes = 0  # what they hold, estimated (see _remember)
         self._teams_cache: tuple[float, Sequence[TeamStat]] | None = None
         self._release_memory_s = release_memory_s
+        self._keys = keys if keys is not None else ephemeral_keys()
+        self.counters = counters if counters is not None else IdCounters()
+        self._clamp_logged = -math.inf
         self._write = write
         self.last_snapshot_mono = -1.0
         self._forgot_at = -math.inf
@@ -172,7 +202,7 @@ class OwnedPool:
         if snapshot.capacity != self.pool.capacity:
             self.pool.set_capacity(snapshot.capacity)
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
-        for team, usage in self._bounded(snapshot.usage).items():
+        for team, usage in self._restorable(snapshot.usage).items():
             self.pool.set_usage(team, usage * decay)
         # Each phantom lasts as long as its request could still be running, and never
         # beyond max_request_s from now: chained failovers do not stretch it.
@@ -266,7 +296,7 @@ class OwnedPool:
             self._grants[self._seq] = self._held(
                 grant, GrantKey(self.epoch, self._seq, holder), team, self._clock.time()
             )
-            answer = (True, ref.encode(), grant.priority, grant.borrowing, grant.saturated)
+            answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
         decision = Decision(*answer, False, self.node, self.epoch)
         if request_id:
             self._remember(key, answer)
@@ -279,14 +309,17 @@ class OwnedPool:
 
         Raises:
             WrongEpoch: the grant is of a later epoch than this owner's (it is stale).
+            PermissionDenied: the id is not genuine (see ``check_id``).
         """
+        self.check_id(ref, "grant_id")
+        if ref.epoch > self.epoch:
+            raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
+        consumed = self._bounded(ref, consumed)
         if ref.epoch == self.epoch:
             held = self._grants.pop(ref.seq, None)
             if held is not None:
                 held.grant.release(consumed)
             return
-        if ref.epoch > self.epoch:
-            raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
         key = GrantKey(ref.epoch, ref.seq, ref.holder)
         adopted = self._adopted.pop(key, None)
         if adopted is not None:
@@ -314,17 +347,49 @@ class OwnedPool:
 
         A grant the previous owner counted closes its own phantom; a grant nobody counted
         (see ``release``) is simply counted; a grant already settled is ignored. A
-        complete inventory closes every phantom of ``holder`` it did not claim.
+        complete inventory closes every phantom of ``holder`` it did not claim, if it
+        carries a signed grant of ``holder`` (an unsigned one proves nothing).
+
+        Raises:
+            PermissionDenied: a grant id is not genuine, or is unsigned and names
+                another holder; nothing is counted then.
+            InvalidArgument: a grant is of another pool.
+
+        Unsigned grants beyond the holder's bound (``capacity`` counted at a time) are
+        not counted, and logged.
         """
+        refs = [GrantRef.decode(held.grant_id) for held in grants]
+        proven = False
+        for i, ref in enumerate(refs):
+            field = f"grants[{i}].grant_id"
+            if ref.pool != self.name:
+                raise InvalidArgument(field, f"grant of pool {ref.pool!r}, not {self.name!r}")
+            self.check_id(ref, field)
+            if not ref.mac and ref.holder != holder:
+                self.counters.ids_refused += 1
+                raise PermissionDenied(
+                    field, f"an unsigned grant of holder {ref.holder!r} adopted by {holder!r}"
+                )
+            proven = proven or (bool(ref.mac) and ref.holder == holder)
+        unsigned_live = sum(1 for h in self._adopted.values() if h.unsigned and h.holder == holder)
         adopted = 0
         dropped = 0
-        for held in grants:
-            ref = GrantRef.decode(held.grant_id)
-            if ref.pool != self.name:
-                raise InvalidArgument("grants", f"grant {held.grant_id} is of pool {ref.pool}")
+        for held, ref in zip(grants, refs, strict=True):
             key = GrantKey(ref.epoch, ref.seq, ref.holder)
             if ref.epoch >= self.epoch or key in self._adopted or key in self._settled:
                 continue
+            if not ref.mac:
+                if unsigned_live >= self.pool.capacity:
+                    logger.warning(
+                        "pool %s at epoch %d: holder %r re-reported more unsigned grants "
+                        "than the capacity (%d); the rest are not counted",
+                        self.name,
+                        self.epoch,
+                        holder,
+                        self.pool.capacity,
+                    )
+                    continue
+                unsigned_live += 1
             counted = key in self._phantoms
             if not counted and not self._chargeable(key):
                 continue  # settled or expired before the snapshot
@@ -341,10 +406,19 @@ class OwnedPool:
                 self._clock.time() if phantom is None else phantom[1] - self.config.max_request_s
             )
             self._adopted[key] = self._held(grant, key, grant.team, issued)
+            self._adopted[key].unsigned = not ref.mac
             adopted += 1
             if phantom is not None and self.pool.drop_phantom(phantom[0]):
                 dropped += 1
-        if complete:
+        if complete and not proven and any(k.holder == holder for k in self._phantoms):
+            logger.warning(
+                "pool %s at epoch %d: a complete re-report for holder %r carries no signed "
+                "grant of it; its phantoms stay until they expire",
+                self.name,
+                self.epoch,
+                holder,
+            )
+        if complete and proven:
             # The holder does not hold these any more: their releases may still be on the
             # way, so they stay chargeable, but they no longer count in flight.
             now = self._clock.time()
@@ -466,6 +540,48 @@ class OwnedPool:
         except CommitFailed as e:
             raise NotDeciding(f"{self.name}: durable write failed: {e}") from e
 
+    # -- genuine ids and bounded charges ------------------------------------------------
+
+    def check_id(self, ref: GrantRef, field: str) -> None:
+        """Raises PermissionDenied naming ``field`` unless ``ref`` is a genuine id: signed
+        with a MAC the grant keys verify, or unsigned of epoch 0 (a client's degraded
+        grant, bounded elsewhere)."""
+        if ref.mac:
+            if self._keys.verify(ref):
+                return
+            reason = "its MAC does not verify under the cluster's grant keys"
+        elif ref.epoch == 0:
+            return
+        else:
+            reason = f"an unsigned id of epoch {ref.epoch} (only degraded ids may be unsigned)"
+        self.counters.ids_refused += 1
+        raise PermissionDenied(field, f"not a genuine grant id: {reason}")
+
+    def _bounded(self, ref: GrantRef, consumed: float) -> float:
+        """``consumed`` clamped to what a grant can consume in its life (logged, counted)."""
+        limit = self.config.max_charge()
+        if not consumed > limit:  # also NaN: the pool counts it as 0
+            return consumed
+        self.counters.charges_clamped += 1
+        now = self._clock.monotonic()
+        if now >= self._clamp_logged + _CLAMP_LOG_EVERY_S:
+            self._clamp_logged = now
+            logger.warning(
+                "pool %s at epoch %d: release of grant %d.%d of holder %r claimed %g, more "
+                "than a grant can consume (max_charge_per_s x max_request_s = %g); charged "
+                "%g (%d clamped so far)",
+                self.name,
+                self.epoch,
+                ref.epoch,
+                ref.seq,
+                ref.holder[:64],
+                consumed,
+                limit,
+                limit,
+                self.counters.charges_clamped,
+            )
+        return limit
+
     # -- internals --------------------------------------------------------------------
 
     def _admit(self, team: str) -> None:
@@ -496,7 +612,7 @@ class OwnedPool:
                 f"usage; team {team!r} refused",
             )
 
-    def _bounded(self, usage: Mapping[str, float]) -> Mapping[str, float]:
+    def _restorable(self, usage: Mapping[str, float]) -> Mapping[str, float]:
         """The restored usage within ``max_teams`` (and ``unknown_teams``): configured teams
         and then the largest users; the others start afresh if they come back. A state
         written before the limits, or under a larger ``max_teams``, restores in time."""
@@ -566,6 +682,7 @@ class OwnedPool:
 
 
 _MEMORY_CAP = 10_000  # entries kept per accounting table in every snapshot
+_CLAMP_LOG_EVERY_S = 10.0  # clamped charges are logged at most this often per pool
 
 
 def _cap(table: dict[GrantKey, float], pool: str, what: str) -> None:
@@ -594,9 +711,10 @@ def _expire(table: dict[_K, _Held], horizon: float) -> int:
     return expired
 
 
-def degraded_grant_id(pool: str, team: str, holder: str) -> str:
-    """A grant id for a degraded decision: epoch 0, a random sequence number."""
-    return GrantRef(PoolName(pool), Epoch(0), secrets.randbits(62), team, holder).encode()
+def degraded_grant_id(pool: str, team: str, holder: str, keys: GrantKeys) -> str:
+    """A replica's grant id for a degraded decision: epoch 0, a random sequence number,
+    signed (unlike a client's degraded ids, it is genuine for any owner)."""
+    return keys.sign(GrantRef(PoolName(pool), Epoch(0), secrets.randbits(62), team, holder))
 
 
 def _answer_size(key: tuple[str, str], answer: _Answer) -> int:

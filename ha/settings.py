@@ -74,6 +74,9 @@ class PoolConfig:
         max_request_s: longest a request can stay in flight, seconds; bounds how long a
             failover's phantoms count. Default 600.
         degraded_mode: what to answer when no owner can be reached.
+        max_charge_per_s: the most cost units one grant can consume per second of its
+            life (e.g. the GPUs one request can occupy, for GPU-seconds). A release
+            charges at most ``max_charge()`` = this x ``max_request_s``. Default 8.
         unknown_teams: whether teams missing from ``shares`` are served. Default allow.
         max_teams: most teams the pool keeps state for at once, configured ones
             included; a request that would add one more is refused with
@@ -86,6 +89,12 @@ class PoolConfig:
     half_life_s: float = 7 * 24 * 3600.0
     max_request_s: float = 600.0
     degraded_mode: DegradedMode = DegradedMode.FAIL_OPEN
+    max_charge_per_s: float = 8.0
+
+    def max_charge(self) -> float:
+        """The most one release may charge: what a grant could consume in its life."""
+        return self.max_charge_per_s * self.max_request_s
+
     unknown_teams: UnknownTeams = UnknownTeams.ALLOW
     max_teams: int = DEFAULT_MAX_TEAMS
 
@@ -108,6 +117,7 @@ class PoolConfig:
             raise ConfigError(f"{path}.shares", str(e)) from e
         _finite(f"{path}.half_life_s", self.half_life_s)
         _finite(f"{path}.max_request_s", self.max_request_s, strict=True)
+        _finite(f"{path}.max_charge_per_s", self.max_charge_per_s, strict=True)
         if not isinstance(self.degraded_mode, DegradedMode):
             raise ConfigError(f"{path}.degraded_mode", "must be fail_open or fail_closed")
         if not isinstance(self.unknown_teams, UnknownTeams):

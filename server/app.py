@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ha.api import Allocator, NodeId, Peers
+from ha.grantkeys import GrantKeys, KeyFileError
 from ha.settings import ConfigError, PoolConfig, Timing
 from server.auth import AdminAuth, read_token
 from server.config import Config, load_config
@@ -85,6 +86,7 @@ class NodeFactory(Protocol):
         etcd_endpoints: Sequence[str],
         prefix: str,
         peers: Peers,
+        grant_keys: GrantKeys | None,
     ) -> Awaitable[Node]: ...
 
 
@@ -234,23 +236,39 @@ async def start_server(
     except RuntimeError as e:
         raise ConfigError("listen", f"cannot listen on {config.listen}: {e}") from e
     if node is None:
+        grant_keys = None
+        if config.grants.key_file is not None:
+            try:
+                grant_keys = GrantKeys.from_file(config.grants.key_file)
+            except (OSError, KeyFileError) as e:
+                raise ConfigError("grants.key_file", str(e)) from e
         factory = node_factory if node_factory is not None else default_node_factory()
-        node = await factory(
-            node_id=config.node_id,
-            advertise=_advertised(config, port),
-            pools=config.pools,
-            timing=config.timing,
-            state_dir=config.state_dir,
-            etcd_endpoints=config.etcd.endpoints,
-            prefix=config.etcd.prefix,
-            peers=peers,
-        )
+        try:
+            node = await factory(
+                node_id=config.node_id,
+                advertise=_advertised(config, port),
+                pools=config.pools,
+                timing=config.timing,
+                state_dir=config.state_dir,
+                etcd_endpoints=config.etcd.endpoints,
+                prefix=config.etcd.prefix,
+                peers=peers,
+                grant_keys=grant_keys,
+            )
+        except KeyFileError as e:
+            raise ConfigError("grants.key_file", str(e)) from e
     metrics.watch(node.status)
     auth = AdminAuth(
         token=token, identities=config.tls.admin_identities, token_file=config.admin.token_file
     )
     pb_grpc.add_AllocatorServicer_to_server(
-        AllocatorServicer(node, pools=config.pools, metrics=metrics), server
+        AllocatorServicer(
+            node,
+            pools=config.pools,
+            metrics=metrics,
+            peer_identities=config.tls.peer_identities,
+        ),
+        server,
     )
     pb_grpc.add_AdminServicer_to_server(AdminServicer(node, auth=auth), server)
     health = grpc_health.aio.HealthServicer()

@@ -75,12 +75,17 @@ class TlsConfig:
             required of every client.
         admin_identities: client-certificate subject CNs or SANs allowed to call the
             admin service (mutual TLS only).
+        peer_identities: client-certificate CNs or SANs of the replicas themselves
+            (mutual TLS only). Set, it binds holders to client certificates: any other
+            caller may act only as a holder its certificate names (the CN or a SAN, alone
+            or followed by ``/``), for Acquire, Release and Adopt.
     """
 
     cert_file: str | None = None
     key_file: str | None = None
     client_ca_file: str | None = None
     admin_identities: tuple[str, ...] = ()
+    peer_identities: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -107,6 +112,19 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GrantsConfig:
+    """How grant ids are signed (see docs/ha.md, "Grant ids").
+
+    Attributes:
+        key_file: file of grant keys, current first (a mounted Secret; followed for
+            rotation). Required with etcd endpoints (every replica needs the same keys);
+            in embedded mode None means a key generated in ``state_dir``.
+    """
+
+    key_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything ``fairshare serve`` needs.
 
@@ -121,6 +139,7 @@ class Config:
         timing: leases, fencing, persistence and forwarding timings.
         tls: TLS on the gRPC port.
         admin: admin-service credentials.
+        grants: grant-id signing keys.
         log_level: one of DEBUG, INFO, WARNING, ERROR, CRITICAL.
         pools: the pools, names unique.
     """
@@ -134,6 +153,7 @@ class Config:
     timing: Timing = field(default_factory=Timing)
     tls: TlsConfig = field(default_factory=TlsConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    grants: GrantsConfig = field(default_factory=GrantsConfig)
     log_level: str = DEFAULT_LOG_LEVEL
     pools: tuple[PoolConfig, ...] = ()
 
@@ -166,7 +186,9 @@ _SCALARS: dict[str, _Kind] = {
     "tls.key_file": _Kind.OPT_STR,
     "tls.client_ca_file": _Kind.OPT_STR,
     "tls.admin_identities": _Kind.LIST,
+    "tls.peer_identities": _Kind.LIST,
     "admin.token_file": _Kind.OPT_STR,
+    "grants.key_file": _Kind.OPT_STR,
     **{f"timing.{name}": _Kind.FLOAT for name in Timing.__slots__},
 }
 
@@ -182,8 +204,9 @@ _ENV: dict[str, str] = {_env_name(path): path for path in _SCALARS}
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "etcd": ("endpoints", "prefix"),
     "timing": tuple(Timing.__slots__),
-    "tls": ("cert_file", "key_file", "client_ca_file", "admin_identities"),
+    "tls": ("cert_file", "key_file", "client_ca_file", "admin_identities", "peer_identities"),
     "admin": ("token_file",),
+    "grants": ("key_file",),
 }
 _TOP = (
     "node_id",
@@ -202,6 +225,7 @@ _POOL_KEYS = (
     "half_life_s",
     "max_request_s",
     "degraded_mode",
+    "max_charge_per_s",
     "unknown_teams",
     "max_teams",
 )
@@ -393,6 +417,7 @@ def _build(raw: Mapping[str, object]) -> Config:
         key_file=_opt_file("tls.key_file", tls_raw.get("key_file")),
         client_ca_file=_opt_file("tls.client_ca_file", tls_raw.get("client_ca_file")),
         admin_identities=_strings("tls.admin_identities", tls_raw.get("admin_identities")),
+        peer_identities=_strings("tls.peer_identities", tls_raw.get("peer_identities")),
     )
     if (tls.cert_file is None) != (tls.key_file is None):
         missing = "tls.key_file" if tls.key_file is None else "tls.cert_file"
@@ -401,9 +426,20 @@ def _build(raw: Mapping[str, object]) -> Config:
         raise ConfigError("tls.client_ca_file", "mutual TLS needs tls.cert_file and tls.key_file")
     if tls.admin_identities and not tls.mutual:
         raise ConfigError("tls.admin_identities", "client identities need tls.client_ca_file")
+    if tls.peer_identities and not tls.mutual:
+        raise ConfigError("tls.peer_identities", "client identities need tls.client_ca_file")
 
     admin_raw = _mapping("admin", top.get("admin"), _SECTIONS["admin"])
     admin = AdminConfig(token_file=_opt_file("admin.token_file", admin_raw.get("token_file")))
+
+    grants_raw = _mapping("grants", top.get("grants"), _SECTIONS["grants"])
+    grants = GrantsConfig(key_file=_opt_file("grants.key_file", grants_raw.get("key_file")))
+    if grants.key_file is None and etcd.endpoints:
+        raise ConfigError(
+            "grants.key_file",
+            "is required with etcd endpoints: every replica must sign and verify grant ids "
+            "with the same keys (see docs/deploy.md)",
+        )
 
     pools = _pools(top.get("pools"))
     timing_raw = _mapping("timing", top.get("timing"), _SECTIONS["timing"])
@@ -420,6 +456,7 @@ def _build(raw: Mapping[str, object]) -> Config:
         timing=timing,
         tls=tls,
         admin=admin,
+        grants=grants,
         log_level=level,
         pools=pools,
     )
@@ -486,6 +523,10 @@ def _pools(value: object) -> tuple[PoolConfig, ...]:
                 f"{path}.max_request_s", spec.get("max_request_s", defaults["max_request_s"])
             ),
             degraded_mode=mode,
+            max_charge_per_s=_number(
+                f"{path}.max_charge_per_s",
+                spec.get("max_charge_per_s", defaults["max_charge_per_s"]),
+            ),
             unknown_teams=unknown,
             max_teams=spec.get("max_teams", defaults["max_teams"]),  # type: ignore[arg-type]
         )

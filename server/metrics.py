@@ -262,8 +262,21 @@ class _StatusCollector(Collector):
             "Decisions made by this replica with no owner reachable.",
             labels=["pool"],
         )
+        clamped = CounterMetricFamily(
+            "fairshare_charges_clamped",
+            "Releases charged at the pool's bound (max_charge_per_s x max_request_s) "
+            "instead of the larger amount claimed.",
+            labels=["pool"],
+        )
+        refused = CounterMetricFamily(
+            "fairshare_grant_ids_refused",
+            "Releases and adopted grants refused as not genuine grant ids.",
+            labels=["pool"],
+        )
         for view in pools:
             name = str(view.pool)
+            clamped.add_metric([name], float(view.charges_clamped))
+            refused.add_metric([name], float(view.grant_ids_refused))
             owner.add_metric([name], 1.0 if view.owned else 0.0)
             epoch.add_metric([name], float(view.epoch))
             transitions.add_metric([name], float(view.transitions))
@@ -287,4 +300,5 @@ class _StatusCollector(Collector):
                 usage.add_metric(labels, used)
                 reserved.add_metric(labels, slots)
         yield from (in_flight, borrowing, phantoms, usage, reserved, owner, epoch)
-        yield from (transitions, snapshot_age, fence_left, degraded, teams_known)
+        yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused)
+        yield teams_known

@@ -35,6 +35,7 @@ from ha.api import (
     NoOwner,
     OutOfRange,
     PeerUnavailable,
+    PermissionDenied,
     PoolName,
     PoolView,
     StoreUnavailable,
@@ -99,6 +100,9 @@ def to_allocator_error(
     elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and LIMIT_KEY in meta:
         limit = meta[LIMIT_KEY]
         return LimitExceeded(limit, details.removeprefix(f"{limit}: "))
+    elif code == grpc.StatusCode.PERMISSION_DENIED and kind == PermissionDenied.__name__:
+        field = meta.get(FIELD_KEY, "request")
+        return PermissionDenied(field, details.removeprefix(f"{field}: "))
     elif code == grpc.StatusCode.UNAVAILABLE:
         if kind == NoOwner.__name__:
             return NoOwner(pool)

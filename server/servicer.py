@@ -30,12 +30,14 @@ from ha.api import Allocator as AllocatorApi
 from ha.api import (
     AllocatorError,
     Epoch,
+    GrantRef,
     HeldGrant,
     InvalidArgument,
     LimitExceeded,
     NoOwner,
     OutOfRange,
     PeerUnavailable,
+    PermissionDenied,
     StoreUnavailable,
     UnknownNode,
     UnknownPool,
@@ -48,7 +50,7 @@ from ha.limits import (
     MAX_NAME_BYTES,
 )
 from ha.settings import MAX_CAPACITY, DegradedMode, PoolConfig
-from server.auth import AdminAuth
+from server.auth import AdminAuth, peer_identities
 from server.convert import team_stat_pb
 from server.metrics import Metrics, Outcome
 from server.pb.fairshare.v1 import allocator_pb2 as pb
@@ -71,6 +73,7 @@ ERROR_CODES: Final[Mapping[type[AllocatorError], grpc.StatusCode]] = {
     OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     LimitExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     WrongEpoch: grpc.StatusCode.FAILED_PRECONDITION,
     UnknownNode: grpc.StatusCode.FAILED_PRECONDITION,
     NoOwner: grpc.StatusCode.UNAVAILABLE,
@@ -97,7 +100,7 @@ def status_code(error: AllocatorError) -> grpc.StatusCode:
 def error_metadata(error: AllocatorError) -> tuple[tuple[str, str], ...]:
     """The trailing metadata that lets a peer rebuild ``error`` (see module doc)."""
     metadata: list[tuple[str, str]] = [(ERROR_KEY, type(error).__name__)]
-    if isinstance(error, InvalidArgument):
+    if isinstance(error, InvalidArgument | PermissionDenied):
         metadata.append((FIELD_KEY, error.field))
     if isinstance(error, LimitExceeded):
         metadata.append((LIMIT_KEY, error.limit))
@@ -171,8 +174,29 @@ def _service_class(value: int) -> Class:
         raise InvalidArgument("service_class", f"unknown service class {value}") from None
 
 
+def _bound_to(holder: str, identities: Sequence[str]) -> bool:
+    """True when a client certificate with ``identities`` may act as ``holder``: the
+    holder is one of them, or starts with one followed by ``/``."""
+    return bool(holder) and any(
+        holder == name or holder.startswith(name + "/") for name in identities
+    )
+
+
+def _check_holder(field: str, holder: str, identities: Sequence[str] | None) -> None:
+    if identities is not None and not _bound_to(holder, identities):
+        names = ", ".join(identities) or "none"
+        raise PermissionDenied(
+            field, f"holder {holder[:64]!r} is not bound to the client identity ({names})"
+        )
+
+
 class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
-    """The ``fairshare.v1.Allocator`` service over an allocator."""
+    """The ``fairshare.v1.Allocator`` service over an allocator.
+
+    With ``peer_identities`` (mutual TLS), holders are bound to client certificates: a
+    caller that is not a replica may acquire, release and re-report only as a holder named
+    by its certificate (``_bound_to``), and its ``fairshare-forwarded`` mark is ignored.
+    """
 
     def __init__(
         self,
@@ -180,6 +204,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         *,
         pools: Sequence[PoolConfig] = (),
         metrics: Metrics | None = None,
+        peer_identities: Sequence[str] = (),
     ) -> None:
         """Creates the servicer.
 
@@ -187,10 +212,22 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             allocator: the replica's allocator (``ha.node.Node`` or a test double).
             pools: the configured pools; ListPools reports their degraded modes.
             metrics: where decisions are counted; None counts nothing.
+            peer_identities: client-certificate CNs/SANs of the replicas; empty: holders
+                are not bound to identities.
         """
         self._allocator = allocator
         self._modes = {p.name: p.degraded_mode for p in pools}
         self._metrics = metrics
+        self._peers = frozenset(peer_identities)
+
+    def _caller(self, context: aio.ServicerContext) -> tuple[bool, list[str] | None]:
+        """(forwarded, the identities a holder must be bound to; None: not checked)."""
+        if not self._peers:
+            return _forwarded(context), None
+        identities = peer_identities(context)
+        if self._peers.intersection(identities):
+            return _forwarded(context), None  # a replica forwarding or re-reporting
+        return False, identities
 
     async def _fail(self, context: aio.ServicerContext, error: AllocatorError) -> NoReturn:
         """Aborts with the mapped status, counting a limit met in the metrics."""
@@ -203,11 +240,12 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
     ) -> pb.AcquireResponse:
         """Decides one request (see the proto for the fields)."""
         started = time.perf_counter()
-        forwarded = _forwarded(context)
+        forwarded, identities = self._caller(context)
         try:
+            _check_name("holder", request.holder, empty=True)
+            _check_holder("holder", request.holder, identities)
             _check_pool(request.pool)
             _check_team("team", request.team)
-            _check_name("holder", request.holder, empty=True)
             _check_name("request_id", request.request_id, empty=True)
             klass = _service_class(request.service_class)
             _check_tokens("est_tokens", request.est_tokens)
@@ -244,9 +282,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
     ) -> pb.ReleaseResponse:
         """Ends a grant; non-finite or negative consumption counts as 0 (not an error)."""
         consumed = request.consumed if math.isfinite(request.consumed) else 0.0
+        forwarded, identities = self._caller(context)
         try:
             _check_grant_id("grant_id", request.grant_id)
-            await self._allocator.release(request.grant_id, consumed, forwarded=_forwarded(context))
+            if identities is not None:
+                holder = GrantRef.decode(request.grant_id).holder
+                _check_holder("grant_id", holder, identities)
+            await self._allocator.release(request.grant_id, consumed, forwarded=forwarded)
         except AllocatorError as e:
             await self._fail(context, e)
         return pb.ReleaseResponse()
@@ -255,9 +297,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self, request: pb.AdoptRequest, context: aio.ServicerContext
     ) -> pb.AdoptResponse:
         """Re-reports a holder's live grants to the pool's current owner."""
+        forwarded, identities = self._caller(context)
         try:
-            _check_pool(request.pool)
             _check_name("holder", request.holder, empty=True)
+            _check_holder("holder", request.holder, identities)
+            _check_pool(request.pool)
             if len(request.grants) > MAX_ADOPT_GRANTS:
                 raise LimitExceeded(
                     "max_adopt_grants",
@@ -266,6 +310,9 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             grants: list[HeldGrant] = []
             for i, held in enumerate(request.grants):
                 _check_grant_id(f"grants[{i}].grant_id", held.grant_id)
+                if identities is not None:
+                    holder = GrantRef.decode(held.grant_id).holder
+                    _check_holder(f"grants[{i}].grant_id", holder, identities)
                 _check_team(f"grants[{i}].team", held.team)
                 _check_tokens(f"grants[{i}].est_tokens", held.est_tokens)
                 grants.append(
@@ -283,7 +330,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 holder=request.holder,
                 grants=grants,
                 complete=request.complete,
-                forwarded=_forwarded(context),
+                forwarded=forwarded,
             )
         except AllocatorError as e:
             await self._fail(context, e)

@@ -58,12 +58,14 @@ RESERVED = {p: apportion(CAPACITY[p], s.keys(), s) for p, s in POOLS.items()}
 
 
 ADMIN_TOKEN = "drill-admin-token"
+GRANT_KEY = "drill-grant-key-shared-by-every-replica"
 
 
-def drill_config(token_file: Path) -> dict[str, object]:
+def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
     """The replicas' YAML config: short timings, as DESIGN.md allows for tests."""
     return {
         "admin": {"token_file": str(token_file)},
+        "grants": {"key_file": str(key_file)},
         "timing": {
             "lease_ttl_s": LEASE_TTL_S,
             "keepalive_interval_s": 0.5,
@@ -404,7 +406,11 @@ class DrillCluster:
         self.config_path = self.workdir / "pools.yaml"
         token_file = self.workdir / "admin-token"
         token_file.write_text(ADMIN_TOKEN, encoding="utf-8")
-        self.config_path.write_text(yaml.safe_dump(drill_config(token_file)), encoding="utf-8")
+        key_file = self.workdir / "grant-keys"
+        key_file.write_text(GRANT_KEY + "\n", encoding="utf-8")
+        self.config_path.write_text(
+            yaml.safe_dump(drill_config(token_file, key_file)), encoding="utf-8"
+        )
         self.replica_count = replicas
         self.replicas: list[Replica] = []
         self.ledger = Ledger()

@@ -39,7 +39,10 @@ def test_precedence_defaults_file_env_overrides(tmp_path: pathlib.Path) -> None:
         "listen: 127.0.0.1:1000\nmetrics_listen: 127.0.0.1:1001\nnode_id: file\n"
         "timing: {lease_ttl_s: 6}\npools: []\n",
     )
+    keys = tmp_path / "grant-keys"
+    keys.write_text("k" * 40 + "\n", encoding="utf-8")
     env = {
+        "FAIRSHARE_GRANTS_KEY_FILE": str(keys),
         "FAIRSHARE_LISTEN": "127.0.0.1:2000",
         "FAIRSHARE_NODE_ID": "env",
         "FAIRSHARE_LEASE_TTL_S": "9",
@@ -56,6 +59,7 @@ def test_precedence_defaults_file_env_overrides(tmp_path: pathlib.Path) -> None:
     assert config.timing.lease_ttl_s == 9.0
     assert config.etcd.endpoints == ("http://a:2379", "b:2379")
     assert not config.etcd.embedded
+    assert config.grants.key_file == str(keys)
 
 
 def test_empty_metrics_listen_disables_metrics() -> None:
@@ -97,6 +101,18 @@ def test_empty_metrics_listen_disables_metrics() -> None:
             {},
             "pools[0].degraded_mode",
             id="mode",
+        ),
+        pytest.param(
+            "etcd: {endpoints: [a:2379]}\n", {}, "grants.key_file", id="replicated-no-key"
+        ),
+        pytest.param(
+            "grants: {key_file: /nonexistent/grant-keys}\n", {}, "grants.key_file", id="no-key-file"
+        ),
+        pytest.param(
+            "pools: [{name: a, capacity: 1, max_charge_per_s: 0}]\n",
+            {},
+            "pools[0].max_charge_per_s",
+            id="max-charge",
         ),
         pytest.param(
             "pools: [{name: a, capacity: 1, max_request_s: 0}]\n",

@@ -275,7 +275,7 @@ def _materialise_files(
         replaced.add(path)
         return str(target)
 
-    for section in ("admin", "tls"):
+    for section in ("admin", "tls", "grants"):
         for key, value in (doc.get(section) or {}).items():
             if key.endswith("_file") and isinstance(value, str) and value.startswith("/"):
                 doc[section][key] = make(value)
@@ -289,8 +289,12 @@ def _materialise_files(
 
 
 def _base_config() -> server_config.Config:
-    """deploy/base/pools.yaml as the server loads it (the token file exists only in a pod)."""
-    return load_config(_pools_yaml(), environ={"FAIRSHARE_ADMIN_TOKEN_FILE": ""})
+    """deploy/base/pools.yaml as the server loads it (the token and key files exist only in
+    a pod; the loader checks only that a key file exists, so this file stands in)."""
+    return load_config(
+        _pools_yaml(),
+        environ={"FAIRSHARE_ADMIN_TOKEN_FILE": "", "FAIRSHARE_GRANTS_KEY_FILE": __file__},
+    )
 
 
 def _secret_paths(statefulset: Manifest) -> set[str]:
@@ -323,6 +327,7 @@ def test_config_loads_with_the_server_loader_in_each_pod(target: str, tmp_path: 
     assert cfg.etcd.endpoints, "Kubernetes runs the replicated mode: etcd endpoints are needed"
     assert cfg.pools, "the config declares no pool"
     assert cfg.admin.token_file is not None, "the admin service needs a token"
+    assert cfg.grants.key_file is not None, "replicas need the shared grant keys"
     assert (target == "overlays/tls") == cfg.tls.enabled == cfg.tls.mutual
 
 
@@ -729,3 +734,16 @@ def test_docs_name_only_metrics_the_server_exports() -> None:
     families = {n for n in exported if not n.endswith(("_bucket", "_count", "_sum", "_created"))}
     families -= {n.removesuffix("_total") for n in families if n.endswith("_total")}
     assert families - named == set(), f"undocumented metrics: {families - named}"
+
+
+def test_grant_keys_come_from_a_secret_mounted_as_a_directory() -> None:
+    # A subPath mount would never see the Secret change: rotation needs the directory.
+    sts = _find(_objects(), "StatefulSet", ALLOCATOR)
+    container = _container(sts, ALLOCATOR)
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    key_file = env["FAIRSHARE_GRANTS_KEY_FILE"]
+    assert key_file in _secret_paths(sts)
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    mount = next(m for m in container["volumeMounts"] if key_file.startswith(m["mountPath"] + "/"))
+    assert "subPath" not in mount and mount.get("readOnly")
+    assert volumes[mount["name"]]["secret"]["secretName"] == "fairshare-grant-keys"

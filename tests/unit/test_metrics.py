@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from prometheus_client import generate_latest
@@ -52,3 +53,10 @@ def test_teams_outside_the_configuration_share_one_label() -> None:
 def test_without_a_configuration_every_team_has_its_label() -> None:
     metrics = Metrics(lambda: [status([team("x", 1, 0.0)])])
     assert samples(metrics, "fairshare_in_flight") == {"x": 1.0}
+
+
+def test_refused_ids_and_clamped_charges_are_counted_per_pool() -> None:
+    view = dataclasses.replace(status([]), charges_clamped=3, grant_ids_refused=2)
+    text = generate_latest(Metrics(lambda: [view]).registry).decode()
+    assert 'fairshare_charges_clamped_total{pool="p"} 3.0' in text
+    assert 'fairshare_grant_ids_refused_total{pool="p"} 2.0' in text

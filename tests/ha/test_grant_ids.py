@@ -1,0 +1,282 @@
+"""Grant ids cannot be forged: their MAC, key rotation, the charge bound, bounded adoption.
+
+Owner-level (in-memory, fake clock); the same findings through a real server are in
+tests/integration/test_grant_ids.py.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from fairshare import Class
+from ha.api import Decision, Epoch, GrantRef, HeldGrant, NodeId, PermissionDenied, PoolName
+from ha.clock import FakeClock
+from ha.grantkeys import GrantKeys, KeyFileError, parse_keys
+from ha.owner import OwnedPool
+from ha.settings import PoolConfig
+from ha.snapshot import PoolSnapshot
+
+pytestmark = pytest.mark.timeout(30)
+
+KEY_A = "a" * 40
+KEY_B = "b" * 40
+CONFIG = PoolConfig("p", 10, {"a": 0.5, "b": 0.5}, max_request_s=600.0, max_charge_per_s=2.0)
+
+
+class Disk:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+def owner(
+    epoch: int, keys: GrantKeys, *, clock: FakeClock | None = None, disk: Disk | None = None
+) -> OwnedPool:
+    return OwnedPool(
+        config=CONFIG,
+        epoch=Epoch(epoch),
+        node=NodeId("n"),
+        clock=clock or FakeClock(),
+        fenced=lambda: True,
+        write=(disk or Disk()).write,
+        commit_window_s=0.0,
+        release_commit_s=0.0,
+        release_memory_s=600.0,
+        keys=keys,
+    )
+
+
+async def grant(pool: OwnedPool, team: str = "a", holder: str = "gw") -> Decision:
+    return await pool.acquire(
+        team=team, cls=Class.INTERACTIVE, est_tokens=1, holder=holder, request_id="", try_only=False
+    )
+
+
+def usage(pool: OwnedPool, team: str) -> float:
+    return next((s.usage for s in pool.view().teams if s.team == team), 0.0)
+
+
+def in_flight(pool: OwnedPool, team: str) -> tuple[int, int]:
+    stat = next(s for s in pool.view().teams if s.team == team)
+    return stat.in_flight, stat.phantoms
+
+
+def write_keys(path: pathlib.Path, *keys: str) -> None:
+    """Replaces the key file as Kubernetes does: a new file renamed over the old one."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text("".join(k + "\n" for k in keys), encoding="utf-8")
+    os.replace(partial, path)
+
+
+# -- the MAC and its keys ---------------------------------------------------------------------
+
+
+def test_a_signed_id_round_trips_and_any_changed_field_breaks_its_mac() -> None:
+    keys = GrantKeys([KEY_A.encode()])
+    ref = GrantRef(PoolName("p"), Epoch(5), 42, "team", "holder")
+    signed = GrantRef.decode(keys.sign(ref))
+    assert signed.encode().startswith("g2.") and len(signed.mac) == 22
+    assert (signed.pool, signed.epoch, signed.seq, signed.team, signed.holder) == (
+        "p",
+        5,
+        42,
+        "team",
+        "holder",
+    )
+    assert keys.verify(signed)
+    for changed in (
+        GrantRef(PoolName("p"), Epoch(4), 42, "team", "holder", signed.mac),
+        GrantRef(PoolName("p"), Epoch(5), 43, "team", "holder", signed.mac),
+        GrantRef(PoolName("p"), Epoch(5), 42, "other", "holder", signed.mac),
+        GrantRef(PoolName("p"), Epoch(5), 42, "team", "other", signed.mac),
+        GrantRef(PoolName("q"), Epoch(5), 42, "team", "holder", signed.mac),
+    ):
+        assert not keys.verify(changed)
+    assert not GrantKeys([KEY_B.encode()]).verify(signed)
+    assert not keys.verify(ref), "an unsigned id never verifies"
+
+
+def test_unsigned_ids_keep_the_form_clients_make() -> None:
+    ref = GrantRef(PoolName("p"), Epoch(0), 7, "t", "gw")
+    text = ref.encode()
+    assert text.startswith("g1.") and len(text.split(".")) == 6
+    assert GrantRef.decode(text) == ref
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("", "no grant key", id="empty"),
+        pytest.param("# only a comment\n\n", "no grant key", id="comments-only"),
+        pytest.param("short\n", "at least 32", id="short-key"),
+    ],
+)
+def test_a_key_file_without_a_usable_key_is_refused(text: str, message: str) -> None:
+    with pytest.raises(KeyFileError, match=message):
+        parse_keys(text, "keys")
+
+
+def test_rotation_old_keys_verify_until_removed(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "grant-keys"
+    write_keys(path, KEY_A)
+    keys = GrantKeys.from_file(path, recheck_s=0.0)  # look at the file at every call
+    ref = GrantRef(PoolName("p"), Epoch(3), 1, "a", "gw")
+    old = GrantRef.decode(keys.sign(ref))
+    # Rotate: B becomes current, A stays listed to verify the grants it signed.
+    write_keys(path, KEY_B, KEY_A)
+    new = GrantRef.decode(keys.sign(ref))
+    assert new.mac != old.mac, "the current key signs"
+    assert GrantKeys([KEY_B.encode()]).verify(new)
+    assert keys.verify(old) and keys.verify(new)
+    # A is removed: what it signed no longer verifies.
+    write_keys(path, KEY_B)
+    assert not keys.verify(old) and keys.verify(new)
+    # A replacement without a usable key leaves the keys in force.
+    write_keys(path, "too short")
+    assert keys.verify(new)
+
+
+def test_a_generated_key_is_kept_in_the_state_dir(tmp_path: pathlib.Path) -> None:
+    first = GrantKeys.generated(tmp_path / "state")
+    ref = GrantRef(PoolName("p"), Epoch(3), 1, "a", "gw")
+    signed = GrantRef.decode(first.sign(ref))
+    assert (tmp_path / "state" / "grant.key").stat().st_mode & 0o777 == 0o600
+    assert GrantKeys.generated(tmp_path / "state").verify(signed), "the key survives a restart"
+
+
+# -- release ----------------------------------------------------------------------------------
+
+
+async def test_a_guessed_id_of_another_holders_grant_is_refused_and_charges_nothing() -> None:
+    pool = owner(5, GrantKeys([KEY_A.encode()]))
+    real = GrantRef.decode((await grant(pool)).grant_id)
+    guessed = GrantRef(real.pool, real.epoch, real.seq, real.team, real.holder)
+    with pytest.raises(PermissionDenied) as info:
+        pool.release(guessed, 100.0)
+    assert info.value.field == "grant_id"
+    bogus = GrantRef(real.pool, real.epoch, real.seq, real.team, real.holder, "A" * 22)
+    with pytest.raises(PermissionDenied):
+        pool.release(bogus, 100.0)
+    assert in_flight(pool, "a") == (1, 0) and usage(pool, "a") == 0.0
+    assert pool.counters.ids_refused == 2
+    pool.release(real, 1.0)
+    assert in_flight(pool, "a") == (0, 0) and usage(pool, "a") == pytest.approx(1.0)
+
+
+async def test_a_charge_above_what_a_grant_can_consume_is_clamped() -> None:
+    pool = owner(5, GrantKeys([KEY_A.encode()]))
+    pool.release(GrantRef.decode((await grant(pool)).grant_id), 3e12)
+    bound = CONFIG.max_charge_per_s * CONFIG.max_request_s
+    assert CONFIG.max_charge() == bound == 1200.0
+    assert usage(pool, "a") == pytest.approx(bound)
+    assert pool.counters.charges_clamped == 1
+
+
+async def test_old_epoch_and_degraded_ids_charge_once_and_within_the_bound() -> None:
+    keys = GrantKeys([KEY_A.encode()])
+    pool = owner(5, keys)
+    pool.restore(None)  # no snapshot: every earlier grant is of an unknown window
+    forged_old = GrantRef(PoolName("p"), Epoch(3), 9, "b", "x")
+    with pytest.raises(PermissionDenied):
+        pool.release(forged_old, 1e12)
+    # A genuine id of an earlier epoch (signed by the cluster's key) charges once.
+    genuine_old = GrantRef.decode(keys.sign(GrantRef(PoolName("p"), Epoch(3), 9, "b", "x")))
+    for _ in range(3):
+        pool.release(genuine_old, 1e12)
+    assert usage(pool, "b") == pytest.approx(CONFIG.max_charge())
+    # A client's degraded id (epoch 0, no MAC) too: bounded, and once per id.
+    degraded = GrantRef(PoolName("p"), Epoch(0), 77, "a", "gw")
+    for _ in range(3):
+        pool.release(degraded, 1e12)
+    assert usage(pool, "a") == pytest.approx(CONFIG.max_charge())
+    assert pool.counters.charges_clamped == 6
+
+
+async def test_a_new_owner_verifies_ids_of_the_old_one_only_under_the_same_keys() -> None:
+    clock = FakeClock()
+    disk = Disk()
+    shared = GrantKeys([KEY_A.encode()])
+    old = owner(3, shared, clock=clock, disk=disk)
+    ids = [GrantRef.decode((await grant(old)).grant_id) for _ in range(2)]
+    await old.durable()
+    snapshot = PoolSnapshot.decode(disk.written[-1])
+    new = owner(5, GrantKeys([KEY_A.encode()]), clock=clock)
+    new.restore(snapshot)
+    new.release(ids[0], 2.0)
+    assert usage(new, "a") == pytest.approx(2.0) and in_flight(new, "a") == (0, 1)
+    stranger = owner(5, GrantKeys([KEY_B.encode()]), clock=clock)
+    stranger.restore(snapshot)
+    with pytest.raises(PermissionDenied):
+        stranger.release(ids[1], 2.0)
+
+
+# -- adopt ------------------------------------------------------------------------------------
+
+
+async def test_forged_adopts_cannot_fill_a_teams_reservation() -> None:
+    keys = GrantKeys([KEY_A.encode()])
+    pool = owner(5, keys)
+    pool.restore(None)
+    forged = [
+        HeldGrant(GrantRef(PoolName("p"), Epoch(3), seq, "a", "evil").encode(), "a", 100, False)
+        for seq in range(1, 6)
+    ]
+    with pytest.raises(PermissionDenied) as info:
+        pool.adopt(holder="evil", grants=forged, complete=False)
+    assert info.value.field == "grants[0].grant_id"
+    # A client's unsigned degraded grant counts only for the holder that calls.
+    theirs = GrantRef(PoolName("p"), Epoch(0), 1, "a", "victim").encode()
+    with pytest.raises(PermissionDenied):
+        pool.adopt(holder="evil", grants=[HeldGrant(theirs, "a", 100, True)], complete=False)
+    assert not any(s.in_flight for s in pool.view().teams)
+    assert not (await grant(pool, "a")).borrowing
+
+
+async def test_unsigned_degraded_grants_are_counted_at_most_capacity_per_holder() -> None:
+    pool = owner(5, GrantKeys([KEY_A.encode()]))
+    pool.restore(None)
+    many = [
+        HeldGrant(GrantRef(PoolName("p"), Epoch(0), seq, "a", "gw").encode(), "a", 100, True)
+        for seq in range(1, 2 * CONFIG.capacity + 1)
+    ]
+    result = pool.adopt(holder="gw", grants=many, complete=False)
+    assert result.adopted == CONFIG.capacity
+    again = pool.adopt(holder="gw", grants=many, complete=False)
+    assert again.adopted == 0
+
+
+async def test_a_complete_adopt_speaks_only_for_a_holder_it_proves_to_be() -> None:
+    clock = FakeClock()
+    disk = Disk()
+    keys = GrantKeys([KEY_A.encode()])
+    old = owner(3, keys, clock=clock, disk=disk)
+    victim = [await grant(old, holder="victim") for _ in range(3)]
+    await old.durable()
+    new = owner(5, keys, clock=clock)
+    new.restore(PoolSnapshot.decode(disk.written[-1]))
+    assert in_flight(new, "a") == (0, 3)
+    # Another caller names the victim's holder with an empty, or unsigned, inventory.
+    fake = HeldGrant(GrantRef(PoolName("p"), Epoch(0), 5, "a", "victim").encode(), "a", 1, True)
+    for grants in ([], [fake]):
+        result = new.adopt(holder="victim", grants=grants, complete=True)
+        assert result.phantoms_dropped == 0
+    assert in_flight(new, "a")[1] == 3, "the victim's phantoms stand"
+    # The victim's own complete re-report carries a signed grant of it: it speaks for it.
+    mine = HeldGrant(victim[0].grant_id, "a", victim[0].priority, victim[0].borrowing, 1)
+    result = new.adopt(holder="victim", grants=[mine], complete=True)
+    assert (result.adopted, result.phantoms_dropped) == (1, 3)
+
+
+def test_the_key_file_is_looked_at_no_more_than_once_per_recheck(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "grant-keys"
+    write_keys(path, KEY_A)
+    keys = GrantKeys.from_file(path, recheck_s=3600.0)
+    ref = GrantRef(PoolName("p"), Epoch(3), 1, "a", "gw")
+    before = GrantRef.decode(keys.sign(ref))
+    write_keys(path, KEY_B)
+    assert keys.verify(before), "not re-read within recheck_s"
