@@ -11,7 +11,7 @@ from fairshare import Class
 from ha.api import Epoch, GrantRef, LimitExceeded, NodeId
 from ha.clock import FakeClock
 from ha.owner import OwnedPool
-from ha.settings import PoolConfig
+from ha.settings import PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
 
 pytestmark = pytest.mark.timeout(30)
@@ -53,7 +53,9 @@ async def test_a_state_with_205k_teams_restores_within_the_cap_and_the_lease() -
     teams = {t.team: t for t in owned.pool.snapshot()}
     assert len(teams) == 1024
     assert {"a", "b", "t204999", "t203978"} <= teams.keys() and "t203977" not in teams
-    assert elapsed < 2.5, elapsed  # half the default lease (0.35 s on an idle machine)
+    # The requirement is the lease; 0.35 s on an idle machine, 3.8 s seen on a 2-core
+    # machine running five test suites at once.
+    assert elapsed < Timing().lease_ttl_s, elapsed
 
 
 async def test_the_owner_refuses_a_new_team_at_the_cap_and_admits_after_pruning() -> None:
