@@ -237,6 +237,19 @@ class PermissionDenied(AllocatorError):
         self.field = field
 
 
+class OutOfRange(InvalidArgument):
+    """A numeric request field is outside what the service can hold (OUT_OF_RANGE)."""
+
+
+class LimitExceeded(AllocatorError):
+    """A request would take the service past a configured or built-in limit
+    (RESOURCE_EXHAUSTED); ``limit`` names it (``max_teams``, ``max_adopt_grants`` ...)."""
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(f"{limit}: {message}")
+        self.limit = limit
+
+
 class WrongEpoch(AllocatorError):
     """The request named an epoch this replica does not own (FAILED_PRECONDITION).
 

@@ -453,7 +453,7 @@ class Node:
                     transitions=self._transitions[name],
                     fence_left_s=self._lease.seconds_left() if owning else 0.0,
                     snapshot_age_s=age,
-                    teams=owned.pool.snapshot() if owning and owned is not None else (),
+                    teams=owned.teams() if owning and owned is not None else (),
                     degraded_decisions=self._degraded[name],
                     charges_clamped=self._id_counters[name].charges_clamped,
                     grant_ids_refused=self._id_counters[name].ids_refused,

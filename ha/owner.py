@@ -27,16 +27,17 @@ crash; the successor is then more cautious (more phantoms), never less.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import math
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import NamedTuple, TypeVar
 
-from fairshare import Class, Grant, Pool
+from fairshare import Class, Grant, Pool, TeamStat
 from ha.api import (
     AdoptResult,
     Decision,
@@ -44,6 +45,7 @@ from ha.api import (
     GrantRef,
     HeldGrant,
     InvalidArgument,
+    LimitExceeded,
     NodeId,
     PermissionDenied,
     PoolName,
@@ -53,13 +55,19 @@ from ha.api import (
 from ha.clock import Clock
 from ha.commit import CommitFailed, GroupCommitter
 from ha.grantkeys import GrantKeys, ephemeral_keys
-from ha.settings import PoolConfig
+from ha.limits import MAX_ANSWER_BYTES, MAX_ANSWERS
+from ha.settings import PoolConfig, UnknownTeams
 from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
 
 logger = logging.getLogger(__name__)
 
 _K = TypeVar("_K")
-_REQUEST_MEMORY = 100_000  # answered request ids kept for retries
+# What one remembered answer costs beyond its strings: the key and value tuples, the
+# dict slot and the ints and bools (measured with tracemalloc: about 330 bytes).
+_ANSWER_OVERHEAD = 400
+# A team table of more teams than this is built at most once per _VIEW_CACHE_S.
+_FRESH_TEAMS = 64
+_VIEW_CACHE_S = 1.0
 # Expired phantoms and accounting entries are dropped at a write at most this often: a
 # scan of every table at every write (hundreds a second) would cost more than the writes.
 _FORGET_EVERY_S = 1.0
@@ -161,6 +169,8 @@ class OwnedPool:
         # tuples of atoms, not Decisions: the garbage collector stops tracking them, so a
         # full table does not make every full collection scan (and pause for) its entries.
         self._answers: OrderedDict[tuple[str, str], _Answer] = OrderedDict()
+        self._answer_bytes = 0  # what they hold, estimated (see _remember)
+        self._teams_cache: tuple[float, Sequence[TeamStat]] | None = None
         self._release_memory_s = release_memory_s
         self._keys = keys if keys is not None else ephemeral_keys()
         self.counters = counters if counters is not None else IdCounters()
@@ -192,7 +202,7 @@ class OwnedPool:
         if snapshot.capacity != self.pool.capacity:
             self.pool.set_capacity(snapshot.capacity)
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
-        for team, usage in snapshot.usage.items():
+        for team, usage in self._restorable(snapshot.usage).items():
             self.pool.set_usage(team, usage * decay)
         # Each phantom lasts as long as its request could still be running, and never
         # beyond max_request_s from now: chained failovers do not stretch it.
@@ -268,6 +278,7 @@ class OwnedPool:
             if answered is not None:
                 await self.durable()  # the first answer may still be in its commit
                 return Decision(*answered, False, self.node, self.epoch)
+        self._admit(team)
         try:
             grant = (
                 self.pool.try_acquire(team, cls, est_tokens)
@@ -288,9 +299,7 @@ class OwnedPool:
             answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
         decision = Decision(*answer, False, self.node, self.epoch)
         if request_id:
-            self._answers[key] = answer
-            if len(self._answers) > _REQUEST_MEMORY:
-                self._answers.popitem(last=False)
+            self._remember(key, answer)
         if grant is not None and not grant.borrowing:
             await self.durable()
         return decision
@@ -327,6 +336,7 @@ class OwnedPool:
         elif self._chargeable(key) and key not in self._settled:
             # No owner ever counted it (made after a crashed owner's last write, or
             # degraded): charge it, once.
+            self._admit(ref.team or "unknown")
             self.pool.charge(ref.team or "unknown", consumed)
             self._settle(key)
         # Otherwise it was settled before the snapshot this owner restored: its
@@ -383,6 +393,7 @@ class OwnedPool:
             counted = key in self._phantoms
             if not counted and not self._chargeable(key):
                 continue  # settled or expired before the snapshot
+            self._admit(held.team or ref.team)
             try:
                 grant = self.pool.adopt(
                     held.team or ref.team, held.priority, held.borrowing, held.est_tokens
@@ -448,7 +459,19 @@ class OwnedPool:
             raise InvalidArgument("capacity", str(e)) from e
 
     def view(self) -> PoolView:
-        return PoolView(self.name, self.pool.capacity, self.node, self.epoch, self.pool.snapshot())
+        return PoolView(self.name, self.pool.capacity, self.node, self.epoch, self.teams())
+
+    def teams(self) -> Sequence[TeamStat]:
+        """The pool's team table (Snapshot, metrics). Fresh with at most
+        ``_FRESH_TEAMS`` teams; with more, up to ``_VIEW_CACHE_S`` old, so that the O(T)
+        table is built at most once per that time however often it is asked for."""
+        if self.pool.team_count <= _FRESH_TEAMS:
+            return self.pool.snapshot()
+        now = self._clock.monotonic()
+        cached = self._teams_cache
+        if cached is None or not 0 <= now - cached[0] < _VIEW_CACHE_S:
+            cached = self._teams_cache = (now, self.pool.snapshot())
+        return cached[1]
 
     # -- persistence ----------------------------------------------------------------
 
@@ -561,6 +584,72 @@ class OwnedPool:
 
     # -- internals --------------------------------------------------------------------
 
+    def _admit(self, team: str) -> None:
+        """Lets ``team`` into the pool's state, as the pool's config allows.
+
+        A known team is always admitted. An unknown one is refused under
+        ``unknown_teams: deny``; at ``max_teams`` the pool first forgets idle teams of
+        negligible usage (``Pool.prune``, O(log T)), and refuses if none can be.
+
+        Raises:
+            InvalidArgument: the team is not configured and the pool denies such teams.
+            LimitExceeded: the pool already keeps ``max_teams`` teams it cannot forget.
+        """
+        pool = self.pool
+        if not team or pool.knows(team):
+            return  # an empty team is refused by the pool itself, naming the field
+        if self.config.unknown_teams is UnknownTeams.DENY:
+            raise InvalidArgument(
+                "team", f"team {team!r} is not configured in pool {self.name} (unknown_teams: deny)"
+            )
+        limit = self.config.max_teams
+        if pool.team_count >= limit:
+            pool.prune(limit - 1)
+        if pool.team_count >= limit:
+            raise LimitExceeded(
+                "max_teams",
+                f"pool {self.name} already keeps {limit} teams, none idle with negligible "
+                f"usage; team {team!r} refused",
+            )
+
+    def _restorable(self, usage: Mapping[str, float]) -> Mapping[str, float]:
+        """The restored usage within ``max_teams`` (and ``unknown_teams``): configured teams
+        and then the largest users; the others start afresh if they come back. A state
+        written before the limits, or under a larger ``max_teams``, restores in time."""
+        shares = self.config.shares
+        if self.config.unknown_teams is UnknownTeams.DENY:
+            return {team: used for team, used in usage.items() if team in shares}
+        if len(usage) <= self.config.max_teams:
+            return usage
+        room = self.config.max_teams - len(shares)
+        others = heapq.nlargest(
+            room, ((used, team) for team, used in usage.items() if team not in shares)
+        )
+        kept = {team: usage[team] for team in shares if team in usage}
+        kept.update((team, used) for used, team in others)
+        logger.warning(
+            "pool %s: the restored state has %d teams, max_teams is %d; the %d smallest "
+            "users start afresh",
+            self.name,
+            len(usage),
+            self.config.max_teams,
+            len(usage) - len(kept),
+        )
+        return kept
+
+    def _remember(self, key: tuple[str, str], answer: _Answer) -> None:
+        """Remembers an answer for retries, within ``MAX_ANSWERS`` and
+        ``MAX_ANSWER_BYTES`` (estimated from its strings); the oldest go first."""
+        answers = self._answers
+        previous = answers.pop(key, None)
+        if previous is not None:
+            self._answer_bytes -= _answer_size(key, previous)
+        answers[key] = answer
+        self._answer_bytes += _answer_size(key, answer)
+        while len(answers) > MAX_ANSWERS or self._answer_bytes > MAX_ANSWER_BYTES:
+            old_key, old = answers.popitem(last=False)
+            self._answer_bytes -= _answer_size(old_key, old)
+
     def _chargeable(self, key: GrantKey) -> bool:
         """True for a grant of an unknown window: no owner ever counted it."""
         if key.epoch == 0 or key in self._uncounted:
@@ -626,6 +715,10 @@ def degraded_grant_id(pool: str, team: str, holder: str, keys: GrantKeys) -> str
     """A replica's grant id for a degraded decision: epoch 0, a random sequence number,
     signed (unlike a client's degraded ids, it is genuine for any owner)."""
     return keys.sign(GrantRef(PoolName(pool), Epoch(0), secrets.randbits(62), team, holder))
+
+
+def _answer_size(key: tuple[str, str], answer: _Answer) -> int:
+    return len(key[0]) + len(key[1]) + len(answer[1]) + _ANSWER_OVERHEAD
 
 
 def _field_of(error: ValueError) -> str:
