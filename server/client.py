@@ -67,6 +67,7 @@ from ha.api import (
     PeerUnavailable,
     PoolName,
 )
+from ha.limits import MAX_ADOPT_GRANTS
 from ha.settings import DegradedMode
 from server.channels import open_channel
 from server.convert import SERVICE_CLASS_PB, adopt_request
@@ -581,12 +582,23 @@ class AllocatorClient:
             unreported.intersection_update(self._live)
             if not grants:
                 return
-        request = adopt_request(
-            pool=pool, epoch=epoch, holder=self.holder, complete=complete, grants=grants
-        )
+        # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
+        # only the last one complete. Grants a replica signed go last, so the complete
+        # one carries the proof of holdership the owner asks for (docs/ha.md, "Adopt").
+        grants.sort(key=lambda g: g.epoch != 0)
         self._reporting.add(pool)
         try:
-            r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
+            for start in range(0, len(grants) or 1, MAX_ADOPT_GRANTS):
+                chunk = grants[start : start + MAX_ADOPT_GRANTS]
+                last = start + MAX_ADOPT_GRANTS >= len(grants)
+                request = adopt_request(
+                    pool=pool,
+                    epoch=epoch,
+                    holder=self.holder,
+                    complete=complete and last,
+                    grants=chunk,
+                )
+                r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
         except aio.AioRpcError as e:
             if not complete and e.code() not in (*RETRYABLE, grpc.StatusCode.FAILED_PRECONDITION):
                 # Refused for good (not a wrong epoch): retrying the same grants cannot help.

@@ -13,11 +13,13 @@ import logging
 import pathlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from fairshare import Class
-from ha.api import Decision, Epoch, GrantRef, NodeId, NoOwner, PoolName
+from ha.api import AdoptResult, Decision, Epoch, GrantRef, NodeId, NoOwner, PoolName
+from server import client as client_module
 from server.app import RunningServer, start_server
 from server.channels import open_channel
 from server.client import AllocatorClient
@@ -354,3 +356,40 @@ async def test_the_queue_of_acquires_given_up_on_is_bounded(
         assert len(warnings) == 1
     finally:
         await client.close(flush_timeout_s=0.1)
+
+
+# -- an inventory larger than one Adopt may carry ---------------------------------------------
+
+
+class RecordingAdopts(FakeAllocator):
+    """Records (number of grants, complete) of every Adopt it answers."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.adopts: list[tuple[int, bool]] = []
+
+    async def adopt(self, **kwargs: Any) -> AdoptResult:
+        self.adopts.append((len(kwargs["grants"]), bool(kwargs["complete"])))
+        return await super().adopt(**kwargs)
+
+
+async def test_a_large_inventory_is_re_reported_in_adopts_within_the_limit(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "MAX_ADOPT_GRANTS", 3)
+    port = free_port()
+    allocator = RecordingAdopts(config.pools, node_id="test-0", epoch=1)
+    server = await start_on(config, port, allocator)
+    client = AllocatorClient(
+        [f"127.0.0.1:{port}"], holder="gw", deadline_s=0.5, route_to_owner=False
+    )
+    try:
+        held = [await client.acquire("gpu-a", "inst-a") for _ in range(7)]
+        allocator.epoch = Epoch(2)  # the pool moves; the client re-reports its 7 grants
+        await client.acquire("gpu-a", "inst-a")
+        await eventually(lambda: sum(n for n, _ in allocator.adopts) == len(held))
+        # 3 + 3 + 1, and only the last one speaks for the whole inventory.
+        assert allocator.adopts == [(3, False), (3, False), (1, True)]
+    finally:
+        await client.close()
+        await server.shutdown(0)
