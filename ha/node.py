@@ -52,6 +52,7 @@ from ha.cluster import ClusterView, preferred_owner
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.keys import Keys, Route, encode_handover, encode_owner
 from ha.lease import NodeLease
+from ha.limits import MAX_ADOPT_GRANTS
 from ha.owner import IdCounters, NotDeciding, OwnedPool, degraded_grant_id
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
@@ -846,15 +847,17 @@ class Node:
                         owned.adopt(holder=holder, grants=grants, complete=False)
                         return
                 else:
-                    await self._peers.adopt(
-                        route.address,
-                        pool=pool,
-                        epoch=route.epoch,
-                        holder=holder,
-                        grants=grants,
-                        complete=False,
-                        timeout=self.timing.rpc_timeout_s,
-                    )
+                    while grants:  # an Adopt carries at most MAX_ADOPT_GRANTS
+                        await self._peers.adopt(
+                            route.address,
+                            pool=pool,
+                            epoch=route.epoch,
+                            holder=holder,
+                            grants=grants[:MAX_ADOPT_GRANTS],
+                            complete=False,
+                            timeout=self.timing.rpc_timeout_s,
+                        )
+                        grants = grants[MAX_ADOPT_GRANTS:]
                     return
             except (WrongEpoch, PeerUnavailable, NoOwner) as e:
                 logger.debug("pool %s: re-report to %s not taken yet: %s", pool, route.node, e)
