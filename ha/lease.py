@@ -60,6 +60,8 @@ class NodeLease:
         return self._clock.boottime() < self.valid_until
 
     def seconds_left(self) -> float:
+        """Seconds this node may still decide, on the boot-time clock (``valid_until``
+        is a boot-time instant too); 0 once fenced."""
         return max(0.0, self.valid_until - self._clock.boottime())
 
     async def acquire(self) -> None:
