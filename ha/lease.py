@@ -95,7 +95,12 @@ class NodeLease:
                 if self.lease == 0:
                     await self.acquire()
                 else:
-                    await bounded(self._store.keepalive(self.lease), self._timing.rpc_timeout_s)
+                    # A renewal may wait as long as this node may still decide: one
+                    # answered late (an etcd stall, a leader election) still moves the
+                    # deadline from when it was sent, so a stall that ends before the
+                    # deadline costs no pool (docs/ha.md, "Stall budget").
+                    budget = max(self._timing.rpc_timeout_s, self.seconds_left())
+                    await bounded(self._store.keepalive(self.lease, timeout_s=budget), budget)
                     self.valid_until = (
                         t_sent + self._timing.lease_ttl_s - self._timing.fence_margin_s
                     )

@@ -143,8 +143,10 @@ class Timing:
 
     lease_ttl_s: float = 5.0
     """T: the TTL of each replica's etcd lease."""
-    keepalive_interval_s: float = 1.0
-    """How often the lease is renewed; at most T/3."""
+    keepalive_interval_s: float = 0.5
+    """How often the lease is renewed; at most T/3. An etcd stall up to
+    ``T - fence_margin_s - keepalive_interval_s`` costs no pool (docs/ha.md, "Stall
+    budget"), so the default equals ``rpc_timeout_s``."""
     rpc_timeout_s: float = 0.5
     """Deadline of one etcd or peer call."""
     fence_margin_s: float = 1.0

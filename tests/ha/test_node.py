@@ -55,10 +55,10 @@ class FlakyStore(MemoryStore):
         super().__init__(clock)
         self.refuse_keepalive = False
 
-    async def keepalive(self, lease: LeaseId) -> float:
+    async def keepalive(self, lease: LeaseId, *, timeout_s: float | None = None) -> float:
         if self.refuse_keepalive:
             raise StoreUnavailable("partitioned")
-        return await super().keepalive(lease)
+        return await super().keepalive(lease, timeout_s=timeout_s)
 
 
 class LocalPeers:
