@@ -10,6 +10,10 @@ Guarantees:
 - On restore, the previous owner's in-flight requests count as phantoms until
   ``max_request_s``, attributed to their holders, so a holder's complete re-report
   closes its share of them at once.
+- Within an epoch, ages (grant expiry, usage decay, phantom ends) run on the monotonic
+  clock (``ha.clock.EpochTime``): a step of the wall clock, either way, neither expires a
+  live grant nor keeps a dead one. Wall time is read once, when the epoch starts, to
+  restore the previous owner's snapshot.
 
 Non-guarantees: borrowing grants and releases since the last snapshot are lost on a
 crash; the successor is then more cautious (more phantoms), never less.
@@ -40,7 +44,7 @@ from ha.api import (
     PoolView,
     WrongEpoch,
 )
-from ha.clock import Clock
+from ha.clock import Clock, EpochTime
 from ha.commit import CommitFailed, GroupCommitter
 from ha.settings import PoolConfig
 from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
@@ -94,7 +98,8 @@ class OwnedPool:
         config: the pool's configuration.
         epoch: the create_revision of this node's owner key.
         node: this node's id.
-        clock: wall time for the pool's decay and phantoms, monotonic for fencing.
+        clock: read once for wall time (the epoch's start), then for monotonic time:
+            the pool's decay, grant ages and phantoms run on ``ha.clock.EpochTime``.
         fenced: True while the node's lease is within its self-fencing deadline.
         write: coroutine function writing a snapshot, fenced on the epoch; raises
             on failure (the pool is then lost).
@@ -107,13 +112,17 @@ class OwnedPool:
         self.epoch = epoch
         self.node = node
         self._clock = clock
+        # Every age within this epoch runs on the monotonic clock: a wall step must not
+        # expire live grants (and let as many more in) nor decay usage. Wall time enters
+        # only where owners meet: the snapshot a successor restores.
+        self._now = EpochTime(clock)
         self._fenced = fenced
         self.pool = Pool(
             config.name,
             config.capacity,
             config.shares,
             half_life_s=config.half_life_s,
-            clock=clock.time,
+            clock=self._now,
         )
         self.deciding = True
         self._seq = 0
@@ -154,7 +163,7 @@ class OwnedPool:
         Returns:
             (teams whose usage was restored, phantoms added).
         """
-        now = self._clock.time()
+        now = self._now()
         if snapshot is None:
             # Nothing was ever written, or it is gone: no earlier grant was counted.
             self._unknown_between = [(0, self.epoch, now)]
@@ -191,7 +200,7 @@ class OwnedPool:
         whole reservation as phantoms for ``max_request_s``, and no grant of an earlier
         epoch is taken as settled. Returns the phantoms added.
         """
-        now = self._clock.time()
+        now = self._now()
         until = now + self.config.max_request_s
         added = 0
         for team, slots in self.pool.reserved().items():
@@ -253,7 +262,7 @@ class OwnedPool:
             self._seq += 1
             ref = GrantRef(self.name, self.epoch, self._seq, team, holder)
             self._grants[self._seq] = self._held(
-                grant, GrantKey(self.epoch, self._seq, holder), team, self._clock.time()
+                grant, GrantKey(self.epoch, self._seq, holder), team, self._now()
             )
             answer = (True, ref.encode(), grant.priority, grant.borrowing, grant.saturated)
         decision = Decision(*answer, False, self.node, self.epoch)
@@ -305,7 +314,13 @@ class OwnedPool:
         A grant the previous owner counted closes its own phantom; a grant nobody counted
         (see ``release``) is simply counted; a grant already settled is ignored. A
         complete inventory closes every phantom of ``holder`` it did not claim.
+
+        Raises:
+            NotDeciding: the node may not decide for this pool now (an adopt is a
+                decision: it changes what the pool counts in flight).
         """
+        if not self.can_decide():
+            raise NotDeciding(self.name)
         adopted = 0
         dropped = 0
         for held in grants:
@@ -326,9 +341,7 @@ class OwnedPool:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
             phantom = self._phantoms.pop(key, None)
             # It keeps the deadline its phantom had: re-counting does not extend a request.
-            issued = (
-                self._clock.time() if phantom is None else phantom[1] - self.config.max_request_s
-            )
+            issued = self._now() if phantom is None else phantom[1] - self.config.max_request_s
             self._adopted[key] = self._held(grant, key, grant.team, issued)
             adopted += 1
             if phantom is not None and self.pool.drop_phantom(phantom[0]):
@@ -336,7 +349,7 @@ class OwnedPool:
         if complete:
             # The holder does not hold these any more: their releases may still be on the
             # way, so they stay chargeable, but they no longer count in flight.
-            now = self._clock.time()
+            now = self._now()
             for key in [k for k in self._phantoms if k.holder == holder]:
                 if self.pool.drop_phantom(self._phantoms.pop(key)[0]):
                     dropped += 1
@@ -351,7 +364,7 @@ class OwnedPool:
         without releasing it. Without this a dead gateway would keep its team's slots for
         ever; with it, it keeps them no longer than a phantom would. Nothing is charged.
         """
-        now = self._clock.time()
+        now = self._now()
         self._forget(now)  # phantoms end here too: the pool's never expire by themselves
         horizon = now - self.config.max_request_s
         expired = _expire(self._grants, horizon) + _expire(self._adopted, horizon)
@@ -394,7 +407,7 @@ class OwnedPool:
 
     def _state(self) -> PoolSnapshot:
         """The state to persist now, but for the requests in flight."""
-        now = self._clock.time()
+        now = self._now()
         if now >= self._forgot_at + _FORGET_EVERY_S:
             self._forget(now)
         usage, _ = self.pool.usage()
@@ -456,7 +469,7 @@ class OwnedPool:
 
     def _settle(self, key: GrantKey) -> None:
         if self._chargeable(key):
-            self._settled[key] = self._clock.time()
+            self._settled[key] = self._now()
             _cap(self._settled, self.name, "settled releases")
 
     def _forget(self, now: float) -> None:

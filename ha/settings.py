@@ -117,6 +117,11 @@ class Timing:
     window and mostly share the writes that within-share Acquires start."""
     campaign_delay_s: float = 0.5
     """How long a replica that is not a pool's preferred owner waits before campaigning."""
+    rebalance_settle_s: float = 30.0
+    """Hysteresis of rebalancing: a pool moves to its preferred replica (or back to the
+    target of an operator's switchover) only once that replica has been a live member
+    without a break for this long, as this owner saw it. A replica that keeps restarting
+    therefore does not drag its pools back and forth. 0 moves them at once."""
     degraded_after_s: float = 0.2
     """How long to look for an owner before applying the pool's degraded mode."""
     forward_deadline_s: float = 2.0

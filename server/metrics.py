@@ -198,7 +198,7 @@ class _StatusCollector(Collector):
         )
         transitions = CounterMetricFamily(
             "fairshare_ownership_transitions",
-            "Ownership changes of the pool seen by this replica.",
+            "Epochs of the pool this replica started (an ownership change counts once, here).",
             labels=["pool"],
         )
         snapshot_age = GaugeMetricFamily(
