@@ -52,6 +52,7 @@ from ha.api import (
     PoolName,
 )
 from ha.settings import DegradedMode
+from server.channels import open_channel
 from server.convert import SERVICE_CLASS_PB, adopt_request
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -238,10 +239,9 @@ class AllocatorClient:
     def _stub(self, target: str) -> pb_grpc.AllocatorStub:
         channel = self._channels.get(target)
         if channel is None:
-            if self._credentials is not None:
-                channel = aio.secure_channel(target, self._credentials)
-            else:
-                channel = aio.insecure_channel(target)
+            # Bounded reconnect backoff: a replica restarted on its address is reached
+            # again within about a second (see server.channels).
+            channel = open_channel(target, self._credentials)
             self._channels[target] = channel
         return pb_grpc.AllocatorStub(channel)
 

@@ -38,6 +38,7 @@ from ha.api import (
     UnknownPool,
     WrongEpoch,
 )
+from server.channels import open_channel
 from server.convert import SERVICE_CLASS_PB, adopt_request, team_stat
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -117,7 +118,8 @@ class GrpcPeers:
             admin_token: bearer token sent with forwarded admin calls.
             observe: called with (method, seconds) after every forwarded call, for the
                 forward latency histogram.
-            options: extra channel options.
+            options: extra channel options, over ``server.channels.CHANNEL_OPTIONS``
+                (bounded reconnect backoff).
         """
         self._credentials = credentials
         self._admin_token = admin_token
@@ -128,10 +130,7 @@ class GrpcPeers:
     def _channel(self, address: str) -> aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            if self._credentials is not None:
-                channel = aio.secure_channel(address, self._credentials, options=self._options)
-            else:
-                channel = aio.insecure_channel(address, options=self._options)
+            channel = open_channel(address, self._credentials, self._options)
             self._channels[address] = channel
         return channel
 
