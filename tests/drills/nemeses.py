@@ -295,12 +295,14 @@ WALL_STEP_S = 600.0
 
 
 async def wall_clock_step(cluster: DrillCluster) -> tuple[float, float]:
-    """The owner's wall clock steps +10 minutes, then -10 minutes, then back (through
-    the replicas' injected-clock hook; the machine's clock is untouched)."""
-    owner = cluster.replica(await owner_of(cluster, "gpu-a"))
+    """Every pool owner's wall clock steps +10 minutes, then -10 minutes, then back
+    (through the replicas' injected-clock hook; the machine's clock is untouched)."""
+    nodes = sorted({node for node, _ in (await cluster.owners()).values()})
+    owners = [cluster.replica(node) for node in nodes]
     at = time.monotonic()
     for offset in (WALL_STEP_S, -WALL_STEP_S, 0.0):
-        owner.step_wall_clock(offset)
+        for owner in owners:
+            owner.step_wall_clock(offset)
         await asyncio.sleep(1.5)
     await cluster.wait_owned()
     return at, time.monotonic()
