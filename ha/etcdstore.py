@@ -51,6 +51,7 @@ from ha.store import (
     KeyValue,
     LeaseId,
     LeaseNotFound,
+    StoreFull,
     StoreUnavailable,
     WatchEvent,
 )
@@ -69,6 +70,10 @@ _MIN_ATTEMPT_S: Final = 0.05
 _KEEPALIVE_PING_MS: Final = 10_000
 """etcd refuses pings more often than every 5 s (``--grpc-keepalive-min-time``)."""
 _MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
+_REQUIRE_LEADER: Final = (("hasleader", "true"),)
+"""etcd's require-leader metadata (clientv3 ``WithRequireLeader``): a member without a
+leader refuses the call at once, and cancels an open watch with "no leader" once it has
+had none for three election timeouts, instead of keeping it open and silent."""
 
 
 # -- errors: translated once, here ----------------------------------------------------------
@@ -107,6 +112,13 @@ _ERRORS_BY_STATUS: Final[Mapping[grpc.StatusCode, _Translation]] = {
 }
 """gRPC status → project exception. etcd 3.4 uses NOT_FOUND only for leases."""
 
+_ERRORS_BY_MESSAGE: Final[tuple[tuple[str, _Translation], ...]] = (
+    # etcd answers RESOURCE_EXHAUSTED both for NOSPACE and for "too many requests";
+    # only the first is a refusal that lasts until an operator frees space.
+    ("database space exceeded", _Translation(StoreFull, "etcd is out of space (NOSPACE alarm)")),
+)
+"""Failures told apart by etcd's message, checked before the status table."""
+
 _ERRORS_BY_TYPE: Final[tuple[tuple[type[BaseException], _Translation], ...]] = (
     (TimeoutError, _Translation(StoreUnavailable, "no answer within the deadline", True)),
     (aetcd.WatchTimeoutError, _Translation(StoreUnavailable, "watch not created in time", True)),
@@ -122,6 +134,11 @@ _TRANSLATED: Final = (TimeoutError, aetcd.ClientError, grpc.RpcError)
 def _translate(e: BaseException) -> _Translation | None:
     """The translation of a failure, or None when it is not an etcd failure."""
     status = _status_of(e)
+    if status is not None:
+        details = _details_of(e)
+        for words, translation in _ERRORS_BY_MESSAGE:
+            if words in details:
+                return translation
     if status is not None and status in _ERRORS_BY_STATUS:
         return _ERRORS_BY_STATUS[status]
     for kind, translation in _ERRORS_BY_TYPE:
@@ -203,18 +220,26 @@ class _Conn:
 # -- the store ----------------------------------------------------------------------------
 
 
-async def connect(endpoints: Sequence[str], *, rpc_timeout_s: float) -> EtcdStore:
+async def connect(
+    endpoints: Sequence[str], *, rpc_timeout_s: float, seed: int | str | None = None
+) -> EtcdStore:
     """Connects to the first endpoint that answers a linearizable read.
 
     Args:
-        endpoints: ``host:port`` or ``http://host:port``, tried in order.
+        endpoints: ``host:port`` or ``http://host:port``, tried in an order shuffled
+            by ``seed`` (each replica passes its own, so replicas spread over the
+            members instead of all starting on the first one); ``store.endpoints`` is
+            that order.
         rpc_timeout_s: the deadline of every call, in seconds.
+        seed: seeds the shuffle (None: a random order).
 
     Raises:
         StoreUnavailable: no endpoint answered (each one's error is in the message).
         ValueError: no endpoints, a malformed one, or a non-positive timeout.
     """
-    store = EtcdStore(endpoints, rpc_timeout_s=rpc_timeout_s)
+    order = list(endpoints)
+    random.Random(seed).shuffle(order)
+    store = EtcdStore(order, rpc_timeout_s=rpc_timeout_s)
     failures: list[str] = []
     for index in range(len(store.endpoints)):
         conn = store._open(index)
@@ -438,6 +463,9 @@ class EtcdStore:
             timeout=self.rpc_timeout_s,
             options=_channel_options(self.rpc_timeout_s),
         )
+        # aetcd sends ``client.metadata`` with every call; it sets it only for
+        # authentication, which this store does not use.
+        client.metadata = _REQUIRE_LEADER
         return _Conn(client, self.endpoints[index], index)
 
     def _current(self) -> _Conn:

@@ -954,7 +954,9 @@ async def open_node(
     if etcd_endpoints:
         from ha.etcdstore import connect
 
-        store = await connect(etcd_endpoints, rpc_timeout_s=timing.rpc_timeout_s)
+        # Seeded by the node id: replicas start on different members, each on the same
+        # one every time it starts.
+        store = await connect(etcd_endpoints, rpc_timeout_s=timing.rpc_timeout_s, seed=node_id)
         embedded = False
     else:
         from ha.memstore import FileStore

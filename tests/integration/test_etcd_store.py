@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
-from etcd_process import EtcdProcess, free_port
+from etcd_process import EtcdCluster, EtcdProcess, free_port
 
 from fairshare import Class
 from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
@@ -296,3 +296,74 @@ async def test_an_etcd_stall_beyond_the_fencing_deadline_stops_the_owner_decidin
         assert time.monotonic() < deadline, f"pool not owned again: {now}"
         await asyncio.sleep(0.05)
     assert now.epoch > first.epoch and now.transitions > first.transitions
+
+
+# -- a watch on a member cut off from its peers -------------------------------------------
+
+
+@pytest.fixture
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """Three private etcd members, each peer URL behind a proxy the test can cut."""
+    cluster = EtcdCluster(name="watch-partition")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+async def test_a_watch_on_a_member_cut_off_from_its_peers_moves_to_a_member_with_a_leader(
+    etcd_cluster: EtcdCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await connect(etcd_cluster.endpoints, rpc_timeout_s=RPC_TIMEOUT_S, seed=7)
+    healthy: EtcdStore | None = None
+    # The store starts on the first endpoint of its shuffled order: that member is cut.
+    cut = next(m for m in etcd_cluster.members if m.endpoint == store.endpoints[0])
+    other = next(m for m in etcd_cluster.members if m is not cut)
+    before = await store.put(PREFIX + "a", b"1")
+    events = store.watch_prefix(PREFIX, start_revision=before)
+    waiting = asyncio.ensure_future(anext(events))
+    try:
+        await asyncio.sleep(0.3)  # the watch is open on ``cut``
+        assert not waiting.done()
+        await asyncio.to_thread(etcd_cluster.isolate, cut.name)
+        cut_at = time.monotonic()
+
+        healthy = await connect([other.endpoint], rpc_timeout_s=RPC_TIMEOUT_S)
+        written = await until_available(lambda: healthy.put(PREFIX + "b", b"2"))
+
+        # etcd cancels a require-leader watch after three election timeouts (1 s each
+        # here) without a leader; the store then resumes on another member.
+        event: WatchEvent = await asyncio.wait_for(waiting, 10)
+        if event.kind is EventKind.RESET:
+            assert PREFIX + "b" in [kv.key for kv in event.snapshot]
+        else:
+            assert (event.kind, event.key, event.revision) == (EventKind.PUT, PREFIX + "b", written)
+        took = time.monotonic() - cut_at
+        assert "no leader" in caplog.text, caplog.text[-2000:]
+        assert store.endpoints.index(store._current().endpoint) != 0
+        assert took < 8, f"the watch moved {took:.1f}s after the partition"
+    finally:
+        waiting.cancel()
+        await events.aclose()  # type: ignore[attr-defined]
+        await store.close()
+        if healthy is not None:
+            await healthy.close()
+
+
+async def test_replicas_spread_over_the_endpoints_in_an_order_fixed_by_their_seed(
+    etcd_endpoints: list[str],
+) -> None:
+    endpoints = [*etcd_endpoints, f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    orders = set()
+    for seed in ("node-0", "node-1", "node-2", "node-3", "node-0"):
+        store = await connect(endpoints, rpc_timeout_s=RPC_TIMEOUT_S, seed=seed)
+        try:
+            assert sorted(store.endpoints) == sorted(endpoints)
+            again = await connect(endpoints, rpc_timeout_s=RPC_TIMEOUT_S, seed=seed)
+            assert again.endpoints == store.endpoints
+            await again.close()
+            orders.add(store.endpoints)
+        finally:
+            await store.close()
+    assert len(orders) > 1, "every seed gave the same order"
