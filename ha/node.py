@@ -9,6 +9,11 @@ Guarantees:
 - Any replica accepts every call: a non-owner forwards with the epoch it expects and
   refreshes its route on FAILED_PRECONDITION; when no owner answers within
   ``degraded_after_s`` it applies the pool's degraded mode.
+- An operator's switchover holds until its target leaves the cluster or another
+  switchover is made (the pin lives in the handover key, so every replica agrees);
+  otherwise an owner hands a pool to its preferred replica only once that replica has
+  been a member without a break for ``rebalance_settle_s``. A graceful handover is one
+  transition (counted by the new owner) and is not logged as a loss.
 
 Non-guarantees: availability while the store is unreachable for longer than the fencing
 deadline (pools then run degraded); decisions made in degraded mode are not counted until

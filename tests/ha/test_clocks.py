@@ -5,21 +5,23 @@ only between owners (in-memory store, fake clock; the Cluster helper is test_nod
 from __future__ import annotations
 
 import os
+import pathlib
 import time
 
 import pytest
-from test_node import TIMING, Cluster, acquire
+from test_node import TIMING, Cluster, LocalPeers, acquire
 
 from fairshare import Class
-from ha.api import Epoch, GrantRef, HeldGrant, WrongEpoch
+from ha.api import Epoch, GrantRef, HeldGrant, NodeId, WrongEpoch
 from ha.clock import FakeClock, SystemClock, WallOffsetClock, system_clock
+from ha.node import open_node
 from ha.owner import NotDeciding
 from ha.settings import PoolConfig
 
 pytestmark = pytest.mark.timeout(30)
 
 # Team "a" has 5 reserved slots of 10; no decay, so charges can be read back exactly.
-POOL = PoolConfig("p", 10, {"a": 0.5, "b": 0.5}, half_life_s=0.0, max_request_s=300.0)
+POOL = PoolConfig("p", 10, {"a": 0.5, "b": 0.5}, half_life_s=0.0, max_request_s=120.0)
 
 
 def test_fake_clock_steps_wall_time_alone_and_models_a_suspend() -> None:
@@ -90,7 +92,7 @@ async def test_a_wall_step_neither_expires_grants_nor_admits_more(step_s: float)
     assert await _in_flight(node, "a") == 2
     # The ages still run on the monotonic clock: grants of a dead holder, issued before
     # and after the step, end max_request_s after they were issued, not 10 minutes off.
-    await c.clock.advance(POOL.max_request_s + 2 * TIMING.snapshot_interval_s, step=0.5)
+    await c.clock.advance(POOL.max_request_s + 2 * TIMING.snapshot_interval_s, step=1.0)
     assert await _in_flight(node, "a") == 0
     await c.close()
 
@@ -136,3 +138,41 @@ async def test_a_suspended_owner_stops_deciding_at_once() -> None:
     status = next(s for s in owner.status() if s.pool == "p")
     assert not status.owned and status.fence_left_s == 0.0
     await c.close()
+
+
+async def test_a_real_node_reads_the_wall_offset_hook_at_start_up(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    offset = tmp_path / "wall-offset"
+    offset.write_text("-600\n")
+    monkeypatch.setenv("FAIRSHARE_TEST_WALL_OFFSET_FILE", str(offset))
+    node = await open_node(
+        node_id=NodeId("n"),
+        advertise="addr-n",
+        pools=[POOL],
+        timing=TIMING,
+        state_dir=tmp_path,
+        etcd_endpoints=[],
+        prefix="/t",
+        peers=LocalPeers(),
+    )
+    try:
+        assert isinstance(node._clock, WallOffsetClock)
+        assert abs(node._clock.time() - (time.time() - 600.0)) < 1.0
+    finally:
+        await node._store.close()
+    monkeypatch.delenv("FAIRSHARE_TEST_WALL_OFFSET_FILE")
+    plain = await open_node(
+        node_id=NodeId("m"),
+        advertise="addr-m",
+        pools=[POOL],
+        timing=TIMING,
+        state_dir=tmp_path / "m",
+        etcd_endpoints=[],
+        prefix="/t",
+        peers=LocalPeers(),
+    )
+    try:
+        assert type(plain._clock) is SystemClock
+    finally:
+        await plain._store.close()
