@@ -313,7 +313,7 @@ async def wall_clock_step(cluster: DrillCluster) -> tuple[float, float]:
     for offset in (WALL_STEP_S, -WALL_STEP_S, 0.0):
         for owner in owners:
             owner.step_wall_clock(offset)
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.0)  # several max holds of the workers at each offset
     await cluster.wait_owned()
     return at, time.monotonic()
 
