@@ -87,8 +87,9 @@ class WallOffsetClock(SystemClock):
     clock: write a float (seconds, may be negative) to the file and the process's
     ``time()`` moves by that much. The file is looked at (one ``stat``) at most every
     ``check_every_s`` of monotonic time and read again only when its mtime or size
-    changed; a missing or unreadable file means offset 0. Monotonic and boot time are
-    not shifted. Production never builds one: see ``system_clock``.
+    changed. A missing file means offset 0; an unreadable one (say, caught half-written:
+    write a temporary file and rename it over) keeps the last offset. Monotonic and boot
+    time are not shifted. Production never builds one: see ``system_clock``.
     """
 
     def __init__(self, path: str, *, check_every_s: float = 0.05) -> None:
@@ -120,14 +121,14 @@ class WallOffsetClock(SystemClock):
         seen = (st.st_mtime_ns, st.st_size)
         if seen == self._seen:
             return
-        self._seen = seen
         try:
             with open(self._path, encoding="ascii") as f:
-                text = f.read().strip()
-            offset = float(text) if text else 0.0
+                offset = float(f.read().strip())
         except (OSError, ValueError) as e:
-            logger.warning("test wall offset file %s unreadable (%s); offset 0", self._path, e)
-            offset = 0.0
+            # Perhaps caught half-written: keep the offset, look again at the next check.
+            logger.warning("test wall offset file %s unreadable (%s); offset kept", self._path, e)
+            return
+        self._seen = seen
         if offset != self._offset:
             logger.warning("test wall offset is now %+.3fs (from %s)", offset, self._path)
         self._offset = offset

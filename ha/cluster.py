@@ -190,7 +190,7 @@ class ClusterView:
 
     def _handovers(self, name: str, kv: KeyValue | None, _listing: bool) -> None:
         pool = PoolName(name)
-        decoded = decode_handover(kv.value, kv.mod_revision) if kv is not None else None
+        decoded = decode_handover(kv.value) if kv is not None else None
         if decoded is None:
             self.handovers.pop(pool, None)
             return

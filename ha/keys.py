@@ -103,21 +103,19 @@ class Handover:
             very key lives: if the node leaves the cluster, even to join again, its new
             member key has another revision and the pin is void for every replica.
         pinned: an operator's switchover, not a hint.
-        revision: the record's own mod_revision (0 when not read from the store).
     """
 
     node: NodeId
     wall: float
     member: int = 0
     pinned: bool = False
-    revision: int = 0
 
 
 def encode_handover(node: str, wall: float, *, member: int = 0, pinned: bool = False) -> bytes:
     return json.dumps({"node": node, "wall": wall, "member": member, "pinned": pinned}).encode()
 
 
-def decode_handover(value: bytes, revision: int = 0) -> Handover | None:
+def decode_handover(value: bytes) -> Handover | None:
     """The record a handover key holds; None if unreadable. Records of earlier versions
     (no "member"/"pinned") read as hints."""
     try:
@@ -127,7 +125,6 @@ def decode_handover(value: bytes, revision: int = 0) -> Handover | None:
             float(doc["wall"]),
             int(doc.get("member", 0)),
             bool(doc.get("pinned", False)),
-            revision,
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

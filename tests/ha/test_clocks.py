@@ -58,6 +58,9 @@ def test_the_wall_offset_hook_is_off_unless_set_and_follows_its_file(
     os.utime(path, ns=(1, 1))  # a new mtime, whatever the file system's resolution
     assert hook.offset == -600.0
     assert abs(hook.monotonic() - time.monotonic()) < 1.0  # durations are not shifted
+    with open(path, "w") as f:
+        f.write("-")  # caught half-written: the last offset stays
+    assert hook.offset == -600.0
     os.remove(path)
     assert hook.offset == 0.0
 

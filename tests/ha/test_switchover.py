@@ -59,12 +59,12 @@ async def test_a_switchover_to_a_non_preferred_replica_holds(cluster: Cluster) -
     assert _owner_id(cluster, pool) == preferred
     target = next(n for n in cluster.nodes if n.node_id != preferred)
     await _switch(cluster, pool, target)
-    # Every replica reads the same pin from the store.
-    assert all(n.view.pinned(pool) == target.node_id for n in cluster.nodes)
     # Many ticks, well past the settle time that rebalancing waits for.
     for _ in range(int(3 * TIMING.rebalance_settle_s / 0.25)):
         await cluster.clock.advance(0.25)
         assert _owner_id(cluster, pool) == target.node_id
+    # Every replica reads the same pin from the store.
+    assert all(n.view.pinned(pool) == target.node_id for n in cluster.nodes)
     # Another switchover replaces the pin: back to the preferred replica, and it holds.
     back = next(n for n in cluster.nodes if n.node_id == preferred)
     await _switch(cluster, pool, back)
@@ -72,9 +72,35 @@ async def test_a_switchover_to_a_non_preferred_replica_holds(cluster: Cluster) -
     assert _owner_id(cluster, pool) == preferred
 
 
-async def test_a_pin_holds_for_a_new_owner_and_ends_when_its_target_leaves(
-    cluster: Cluster,
+async def test_a_pin_holds_for_every_owner(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The pinned target self-fences for a while (its member key stays): another replica
+    takes the pool meanwhile, then hands it back to the target, and the pin stays."""
+    pool = "pool-1"
+    preferred = preferred_owner(pool, _members(cluster))
+    target = next(n for n in cluster.nodes if n.node_id != preferred)
+    await _switch(cluster, pool, target)
+    monkeypatch.setattr(target._lease, "fenced", lambda: False)
+    for _ in range(40):
+        await cluster.clock.advance(0.05)
+        if _owner_id(cluster, pool) not in ("", target.node_id):
+            break
+    interim = _owner_id(cluster, pool)
+    assert interim not in ("", target.node_id)
+    monkeypatch.undo()
+    # Back once the target has been a member for rebalance_settle_s (it never left).
+    for _ in range(int((TIMING.rebalance_settle_s + 1.0) / 0.05)):
+        await cluster.clock.advance(0.05)
+        if cluster.owner(pool) is target:
+            break
+    assert cluster.owner(pool) is target, f"{pool} stayed on {_owner_id(cluster, pool)}"
+    assert all(n.view.pinned(pool) == target.node_id for n in cluster.nodes)
+    await cluster.clock.advance(2 * TIMING.rebalance_settle_s)
+    assert cluster.owner(pool) is target
+
+
+async def test_a_pin_ends_when_its_target_leaves_the_cluster(cluster: Cluster) -> None:
     pool = "pool-2"
     preferred = preferred_owner(pool, _members(cluster))
     target = next(n for n in cluster.nodes if n.node_id != preferred)
@@ -99,7 +125,6 @@ async def test_a_switchover_to_the_owner_itself_pins_it_there(cluster: Cluster) 
     assert owner is not None
     await cluster.nodes[0].switchover(pool, owner.node_id)
     await cluster.clock.advance(0.2)
-    assert all(n.view.pinned(pool) == owner.node_id for n in cluster.nodes)
     late = next(
         name
         for name in (f"late{i}" for i in range(100))
@@ -110,6 +135,7 @@ async def test_a_switchover_to_the_owner_itself_pins_it_there(cluster: Cluster) 
     await newcomer.start()
     await cluster.clock.advance(2 * TIMING.rebalance_settle_s)
     assert cluster.owner(pool) is owner
+    assert all(n.view.pinned(pool) == owner.node_id for n in cluster.nodes)
 
 
 async def test_a_flapping_preferred_replica_does_not_make_its_pools_ping_pong(
@@ -182,3 +208,12 @@ async def test_a_graceful_handover_is_one_transition_and_logs_no_loss(
     assert _transitions(cluster.nodes, pool) - before == 1
     assert any(f"handed pool {pool} over to {target.node_id}" in m for m in messages)
     assert not [m for m in messages if "BUG" in m]
+
+
+def test_a_handover_record_of_an_earlier_version_reads_as_a_hint() -> None:
+    from ha.keys import Handover, decode_handover, encode_handover
+
+    assert decode_handover(b'{"node": "n1", "wall": 5.0}') == Handover(NodeId("n1"), 5.0)
+    pin = decode_handover(encode_handover("n2", 7.0, member=42, pinned=True))
+    assert pin == Handover(NodeId("n2"), 7.0, 42, True)
+    assert decode_handover(b"[]") is None
