@@ -310,7 +310,8 @@ class AllocatorClient:
 
     @property
     def dropped_abandoned(self) -> int:
-        """Acquires given up on and dropped unresent (queue full or too old; a counter)."""
+        """Acquires given up on and dropped without their grant released: the queue was
+        full, the request too old, or the server refused it (a counter)."""
         return self._dropped_abandoned
 
     # -- calls ---------------------------------------------------------------------------------

@@ -208,6 +208,7 @@ class PartlyOwnerless(FakeAllocator):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.ownerless: set[str] = set()
+        self.refused: list[str] = []
         self.release_s = 0.0
         self.acquired_at: list[float] = []
         self.releasing = 0
@@ -219,6 +220,7 @@ class PartlyOwnerless(FakeAllocator):
 
     async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
         if GrantRef.decode(grant_id).pool in self.ownerless:
+            self.refused.append(grant_id)
             raise NoOwner(GrantRef.decode(grant_id).pool)
         self.releasing += 1
         self.most_releasing = max(self.most_releasing, self.releasing)
@@ -247,6 +249,10 @@ async def test_an_ownerless_pool_does_not_hold_back_the_releases_of_other_pools(
         server = await start_on(config, port, allocator)
         await eventually(lambda: client.pending_releases == 2)
         assert {g.grant_id for g in free} <= allocator.released
+        # While its owner does not answer, a pool gets one probe per round, not a call per
+        # buffered release.
+        await asyncio.sleep(0.2)
+        assert set(allocator.refused) == {stuck[0].grant_id}
     finally:
         await client.close(flush_timeout_s=0.2)
         await server.shutdown(0)
@@ -324,3 +330,18 @@ async def test_acquires_given_up_on_are_resent_paced_when_the_cluster_recovers(
     finally:
         await client.close()
         await server.shutdown(0)
+
+
+async def test_the_queue_of_acquires_given_up_on_is_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = client_of(f"127.0.0.1:{free_port()}", max_abandoned=3)  # nobody listens
+    try:
+        with caplog.at_level(logging.WARNING, logger="server.client"):
+            given_up = await asyncio.gather(*(client.acquire("gpu-a", "t") for _ in range(5)))
+        assert all(g.degraded for g in given_up)
+        assert (client.abandoned_acquires, client.dropped_abandoned) == (3, 2)
+        warnings = [r for r in caplog.records if "queued for resending" in r.getMessage()]
+        assert len(warnings) == 1
+    finally:
+        await client.close(flush_timeout_s=0.1)
