@@ -27,6 +27,7 @@ import contextlib
 import functools
 import logging
 import pathlib
+import random
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -59,13 +60,26 @@ from ha.lease import NodeLease
 from ha.owner import NotDeciding, OwnedPool, degraded_grant_id
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
-from ha.store import LeaseNotFound, Store, StoreUnavailable, bounded
+from ha.store import LeaseNotFound, Store, StoreFull, StoreUnavailable, bounded
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _TICK_S = 0.05
 _ROUTE_POLL_S = 0.01
+_CAMPAIGN_BACKOFF_MAX_S = 1.0
+"""Failed campaigns for a pool are retried after 50 ms, doubling up to this, jittered."""
+_CAMPAIGN_LOG_S = 10.0
+"""A streak of failed campaigns for a pool logs its first failure, then one line per this."""
+
+
+@dataclass(slots=True)
+class _Backoff:
+    """A pool's streak of failed campaigns: when the next may start, when it last logged."""
+
+    failures: int = 0
+    not_before: float = 0.0
+    logged_at: float = float("-inf")
 
 
 class _Mark(Enum):
@@ -132,6 +146,7 @@ class Node:
         self._owned: dict[PoolName, OwnedPool] = {}
         self._handing_over: set[PoolName] = set()  # owned, being handed over: not lost
         self._campaigns: dict[PoolName, asyncio.Task[None]] = {}
+        self._backoffs: dict[PoolName, _Backoff] = {}
         self._absent_since: dict[PoolName, float] = {}
         self._transitions: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
         self._degraded: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
@@ -628,6 +643,9 @@ class Node:
                 continue
             if name in self._campaigns or settling:
                 continue
+            backoff = self._backoffs.get(name)
+            if backoff is not None and now < backoff.not_before:
+                continue
             since = self._absent_since.setdefault(name, now)
             target = pinned or preferred_owner(name, members)
             hint = self.view.handovers.get(name)
@@ -643,15 +661,46 @@ class Node:
                 )
 
     async def _campaign(self, name: PoolName) -> None:
+        """One attempt to own the pool. A failure (the store refused or did not answer)
+        delays the next attempt for this pool by a jittered exponential backoff, so
+        replicas facing a store that refuses writes do not hammer it; an answer (won or
+        lost the race) ends the streak."""
         try:
             await self._take(name)
+            self._backoffs.pop(name, None)
         except (StoreUnavailable, LeaseNotFound) as e:
-            logger.warning("node %s: campaign for pool %s failed: %s", self.node_id, name, e)
+            self._campaign_failed(name, e)
         except Exception:
             logger.exception("BUG: campaign for pool %s failed", name)
         finally:
             self._campaigns.pop(name, None)
             self.view.changed.set()
+
+    def _campaign_failed(self, name: PoolName, e: Exception) -> None:
+        now = self._clock.monotonic()
+        backoff = self._backoffs.setdefault(name, _Backoff())
+        backoff.failures += 1
+        delay = min(_CAMPAIGN_BACKOFF_MAX_S, _TICK_S * 2 ** min(backoff.failures - 1, 10))
+        backoff.not_before = now + delay * random.uniform(0.5, 1.0)
+        if now - backoff.logged_at < _CAMPAIGN_LOG_S:
+            return
+        backoff.logged_at = now
+        if isinstance(e, StoreFull):
+            logger.error(
+                "node %s: campaign for pool %s failed: store full (attempt %d): %s",
+                self.node_id,
+                name,
+                backoff.failures,
+                e,
+            )
+        else:
+            logger.warning(
+                "node %s: campaign for pool %s failed (attempt %d): %s",
+                self.node_id,
+                name,
+                backoff.failures,
+                e,
+            )
 
     async def _take(self, name: PoolName) -> None:
         config = self._configs[name]

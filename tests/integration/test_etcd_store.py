@@ -8,20 +8,25 @@ lives through the disruption: nothing is recreated by the test.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from etcd_process import EtcdCluster, EtcdProcess, free_port
+from etcd_process import EtcdCluster, EtcdProcess, find_etcd, free_port
 
 from fairshare import Class
 from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
 from ha.etcdstore import EtcdStore, connect
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
-from ha.store import EventKind, StoreUnavailable, WatchEvent
+from ha.store import EventKind, StoreFull, StoreUnavailable, WatchEvent
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(45)]
 
@@ -329,7 +334,10 @@ async def test_a_watch_on_a_member_cut_off_from_its_peers_moves_to_a_member_with
         await asyncio.to_thread(etcd_cluster.isolate, cut.name)
         cut_at = time.monotonic()
 
-        healthy = await connect([other.endpoint], rpc_timeout_s=RPC_TIMEOUT_S)
+        # When the cut member led, the other two elect a leader first.
+        healthy = await until_available(
+            lambda: connect([other.endpoint], rpc_timeout_s=RPC_TIMEOUT_S)
+        )
         written = await until_available(lambda: healthy.put(PREFIX + "b", b"2"))
 
         # etcd cancels a require-leader watch after three election timeouts (1 s each
@@ -345,6 +353,7 @@ async def test_a_watch_on_a_member_cut_off_from_its_peers_moves_to_a_member_with
         assert took < 8, f"the watch moved {took:.1f}s after the partition"
     finally:
         waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
         await events.aclose()  # type: ignore[attr-defined]
         await store.close()
         if healthy is not None:
@@ -367,3 +376,86 @@ async def test_replicas_spread_over_the_endpoints_in_an_order_fixed_by_their_see
         finally:
             await store.close()
     assert len(orders) > 1, "every seed gave the same order"
+
+
+# -- an etcd out of space -------------------------------------------------------------------
+
+QUOTA_BYTES = 1024 * 1024
+
+
+@pytest.fixture
+def tiny_etcd(tmp_path: Path) -> Iterator[str]:
+    """A private etcd member whose backend quota is 1 MiB; yields its endpoint."""
+    client, peer = free_port(), free_port()
+    client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+    # fmt: off
+    args = [
+        find_etcd(), "--name", "tiny", "--data-dir", str(tmp_path / "tiny.etcd"),
+        "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+        "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+        "--initial-cluster", f"tiny={peer_url}", "--quota-backend-bytes", str(QUOTA_BYTES),
+        "--logger", "zap", "--log-level", "error",
+    ]
+    # fmt: on
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, f"etcd exited with {proc.returncode}"
+            try:
+                with urllib.request.urlopen(f"{client_url}/health", timeout=1) as resp:
+                    if json.loads(resp.read()).get("health") == "true":
+                        break
+            except (OSError, ValueError):
+                pass
+            assert time.monotonic() < deadline, "etcd with a tiny quota did not start"
+            time.sleep(0.05)
+        yield f"127.0.0.1:{client}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+async def test_an_etcd_out_of_space_refuses_writes_with_store_full(tiny_etcd: str) -> None:
+    store = await connect([tiny_etcd], rpc_timeout_s=RPC_TIMEOUT_S)
+    try:
+        lease = await store.grant_lease(30)
+        owner = await store.create(PREFIX + "owner", b"n0", lease=lease)
+        assert owner is not None
+        blob = bytes(range(256)) * 512  # 128 KiB; every revision is kept (no compaction)
+        for i in range(200):
+            try:
+                await store.put(f"{PREFIX}fill/{i % 4}", blob)
+            except StoreFull as e:
+                assert "space" in str(e)
+                break
+        else:
+            raise AssertionError(f"etcd took 200 puts of 128 KiB with a {QUOTA_BYTES} quota")
+
+        with pytest.raises(StoreFull):
+            await store.put(PREFIX + "small", b"x")
+        with pytest.raises(StoreFull):
+            await store.put_fenced(
+                PREFIX + "state",
+                b"s",
+                fence_key=owner.key,
+                fence_revision=owner.create_revision,
+                timeout_s=2.0,
+            )
+        with pytest.raises(StoreFull):
+            await store.create(PREFIX + "other-owner", b"n1", lease=lease)
+        # Reads still answer: a full store refuses writes only.
+        assert (await store.get(owner.key)) is not None
+    finally:
+        await store.close()
