@@ -201,20 +201,25 @@ async def test_a_grant_of_an_older_epoch_arriving_late_is_adopted(config: Config
 
 
 class PartlyOwnerless(FakeAllocator):
-    """Refuses releases of the ``ownerless`` pools with NoOwner (retryable), holds every
-    release ``release_s``, and records when each acquire arrived and how many releases
-    were in flight at most."""
+    """Refuses releases of the ``ownerless`` pools and acquires of the ``no_acquire``
+    pools with NoOwner (retryable), holds every release ``release_s``, and records each
+    acquire's arrival and request id and how many releases were in flight at most."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.ownerless: set[str] = set()
         self.refused: list[str] = []
         self.release_s = 0.0
+        self.no_acquire: set[str] = set()
         self.acquired_at: list[float] = []
+        self.request_ids: list[str] = []
         self.releasing = 0
         self.most_releasing = 0
 
     async def acquire(self, **kwargs: object) -> Decision:
+        if kwargs["pool"] in self.no_acquire:
+            self.request_ids.append(str(kwargs["request_id"]))
+            raise NoOwner(str(kwargs["pool"]))
         self.acquired_at.append(time.monotonic())
         return await super().acquire(**kwargs)  # type: ignore[arg-type]
 
@@ -302,7 +307,7 @@ async def test_a_full_release_buffer_drops_the_oldest_and_warns_once(
         await server.shutdown(0)
 
 
-async def test_acquires_given_up_on_are_resent_paced_when_the_cluster_recovers(
+async def test_acquires_given_up_on_are_probed_one_at_a_time_then_resent_paced(
     config: Config,
 ) -> None:
     port = free_port()
@@ -311,22 +316,26 @@ async def test_acquires_given_up_on_are_resent_paced_when_the_cluster_recovers(
     client = client_of(f"127.0.0.1:{port}", resend_batch=4)
     try:
         await client.refresh_pools()
-        await server.shutdown(0)
+        allocator.no_acquire.add("gpu-a")  # the replica answers; the pool has no owner
         given_up = await asyncio.gather(
             *(client.acquire("gpu-a", "inst-a", Class.BATCH) for _ in range(24))
         )
         assert all(g.degraded for g in given_up) and client.abandoned_acquires == 24
-        allocator.acquired_at.clear()
-        server = await start_on(config, port, allocator)
-        await eventually(lambda: client.abandoned_acquires == 0 and client.pending_releases == 0)
+        allocator.request_ids.clear()
+        await asyncio.sleep(0.6)
+        # While the pool has no owner, one queued request probes it, not all 24 each.
+        assert 1 <= len(set(allocator.request_ids)) <= 2, len(set(allocator.request_ids))
+        allocator.no_acquire.clear()
+        await eventually(lambda: len(allocator.released) == 24)
+        assert client.abandoned_acquires == 0 and client.pending_releases == 0
         arrivals = sorted(allocator.acquired_at)
         assert len(arrivals) == 24
         # At most resend_batch per round and rounds release_retry_s apart: never more than
         # two rounds' worth inside one period (a burst would send all 24 at once).
         bursts = [b - a for a, b in zip(arrivals, arrivals[8:], strict=False)]
-        assert min(bursts) >= 0.05, f"8 resends within {min(bursts):.3f}s"
+        assert min(bursts) >= 0.05, f"9 resends within {min(bursts):.3f}s"
         # Each grant they named was released at no cost; the degraded ones are still live.
-        assert len(allocator.released) == 24 and client.dropped_abandoned == 0
+        assert client.dropped_abandoned == 0
     finally:
         await client.close()
         await server.shutdown(0)
