@@ -639,6 +639,17 @@ class EtcdCluster:
         for m in self._pick(member):
             m.stop()
 
+    def restart(self) -> None:
+        """Stops every member and starts them all again on their data dirs and ports (an
+        etcd restart under load); returns once they are healthy and agree on a leader."""
+        for m in self.members:
+            m.stop()
+        for m in self.members:
+            m.spawn()
+        for m in self.members:
+            m.wait_healthy()
+        self.leader(timeout_s=self.start_timeout_s)
+
     def restart_member(self, member: str) -> None:
         """Starts a stopped or killed member again on its data dir and ports, and waits
         until it is healthy (it rejoins the cluster)."""
