@@ -74,6 +74,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the listening socket of 127.0.0.1:``port``.
+
+    A member that lost the race for a port free_port() gave it exits a moment later; until
+    then its health URL is answered by whichever process holds that port (another test's
+    etcd), and a test would go on against the wrong etcd. Off Linux, where /proc is not
+    there, this cannot be told and is taken as true.
+    """
+    fds = Path("/proc", str(pid), "fd")
+    tcp = Path("/proc", "net", "tcp")
+    if not fds.is_dir() or not tcp.is_file():
+        return True
+    inodes = set()
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:[") : -1])
+    for line in tcp.read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
+        if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes:
+            return True  # 0A: LISTEN
+    return False
+
+
 def _fast_tmp_root() -> str | None:
     """A RAM-backed directory when the machine has one: etcd fsyncs every write."""
     shm = Path(os.sep, "dev", "shm")
@@ -317,7 +343,7 @@ class EtcdProcess:
             try:
                 with urllib.request.urlopen(f"{self.client_url}/health", timeout=1) as resp:
                     doc = json.loads(resp.read())
-                if doc.get("health") == "true":
+                if doc.get("health") == "true" and _listens(proc.pid, self.client_port):
                     return
                 last = f"health answer {doc}"
             except (OSError, urllib.error.URLError, ValueError) as e:
