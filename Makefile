@@ -14,7 +14,7 @@ help:
 	@echo "make check     lint, format check, mypy --strict, import layers"
 	@echo "make bench     run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make proto     regenerate the gRPC stubs from proto/"
-	@echo "make drill     randomized failover drill (MINUTES=5 SEED=1)"
+	@echo "make drill     randomized failover drill on a three-member etcd (MINUTES=5 SEED=1)"
 
 # Debian's own python3 needs python3-venv for `-m venv`; it is installed when missing.
 $(STAMP): pyproject.toml
@@ -29,11 +29,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Debian's etcd-server (3.4) gives the tests a real etcd; they start and stop it themselves.
+# etcd-client's etcdctl lets the drills find and move the leader of their three-member etcd.
 etcd:
-	@command -v etcd >/dev/null 2>&1 || { \
-	  echo "installing etcd-server (Debian package)"; \
+	@{ command -v etcd && command -v etcdctl; } >/dev/null 2>&1 || { \
+	  echo "installing etcd-server and etcd-client (Debian packages)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server etcd-client >/dev/null; \
 	  command -v etcd >/dev/null 2>&1 || command -v /usr/bin/etcd >/dev/null 2>&1; }
 
 run: venv

@@ -41,6 +41,13 @@ MAX_RANK: Final = 9
 # any difference in service that matters.
 _KEY_BITS: Final = 40
 
+NEGLIGIBLE_FRACTION: Final = 2.0**-20
+"""A team's decayed usage is negligible when it is at most this fraction (about one
+millionth) of the pool's total decayed usage, or when the pool has no usage at all. Usage
+of a team without share does not affect any rank (its level fairshare is 0 whatever it
+used): it only enters the reported level fairshare of others, through the total, and a
+millionth of it is below anything an operator reads there."""
+
 # Once usage is stored scaled by more than e**_REBASE_EXPONENT, every team is rescaled to
 # the present (O(T), and rare: about every 90 half-lives).
 _REBASE_EXPONENT: Final = 64.0
@@ -100,6 +107,7 @@ class _Team:
 
     __slots__ = (
         "borrowing",
+        "idle",
         "in_flight",
         "key",
         "name",
@@ -120,6 +128,8 @@ class _Team:
         self.stored = 0.0  # usage scaled to the pool's reference time
         self.key = 0.0  # orders teams like LF does; see Pool._key
         self.phantoms: list[float] = []  # expiry times, ascending
+        # Its entry (stored, name) in the pool's prunable list, while it has one.
+        self.idle: tuple[float, str] | None = None
 
 
 class Grant:
@@ -296,6 +306,10 @@ class Pool:
         # Dense rank support: every distinct ordering key once, with its multiplicity.
         self._keys = SortedList()
         self._key_count: dict[float, int] = {}
+        # Teams without share and with nothing in flight, by stored usage: the candidates
+        # for ``prune``. ``_stored_total`` is the sum of every team's stored usage.
+        self._idle = SortedList()
+        self._stored_total = 0.0
         for team in sorted(self._shares):
             self._register(team, reserved.get(team, 0))
 
@@ -315,6 +329,44 @@ class Pool:
     def decay_rate(self) -> float:
         """Usage decay rate lambda = ln 2 / half-life, in 1/s (0 when decay is off)."""
         return self._lam
+
+    @property
+    def team_count(self) -> int:
+        """How many teams the pool knows now (configured ones included)."""
+        return len(self._teams)
+
+    def knows(self, team: str) -> bool:
+        """Whether the pool has state for ``team`` now."""
+        return team in self._teams
+
+    def prune(self, keep: int) -> int:
+        """Forgets idle teams until at most ``keep`` teams are known, if it can.
+
+        Only a team without configured share, with nothing in flight (no grant, no
+        phantom) and negligible decayed usage (see ``NEGLIGIBLE_FRACTION``) is forgotten,
+        smallest usage first; it comes back, from nothing, when next named. Forgetting one
+        changes no team's rank (a team without share ranks last whatever its usage).
+        Cost: O(log T) per team forgotten, O(log T) when none can be.
+
+        Returns:
+            The number of teams forgotten.
+        """
+        pruned = 0
+        with self._lock:
+            self._expire(self._clock())
+            while len(self._teams) > keep and self._idle:
+                stored, name = self._idle[0]
+                if stored > NEGLIGIBLE_FRACTION * max(self._stored_total, 0.0) and stored > 0.0:
+                    break
+                state = self._teams.pop(name)
+                self._idle.remove((stored, name))
+                state.idle = None
+                self._remove_key(state.key)
+                self._stored_total -= state.stored
+                pruned += 1
+            if not self._teams:
+                self._stored_total = 0.0
+        return pruned
 
     # -- decisions ------------------------------------------------------------------
 
@@ -395,6 +447,7 @@ class Pool:
                 state.phantoms.sort()
             self._phantoms += n
             self._next_expiry = min(self._next_expiry, state.phantoms[0])
+            self._touch(state)
 
     def drop_phantom(self, team: str) -> bool:
         """Removes the team's live phantom that would last longest.
@@ -409,6 +462,7 @@ class Pool:
                 return False
             state.phantoms.pop()
             self._phantoms -= 1
+            self._touch(state)
             return True
 
     def charge(self, team: str, consumed: float) -> None:
@@ -551,6 +605,7 @@ class Pool:
         if borrowing:
             state.borrowing += 1
         self._in_flight += 1
+        self._touch(state)
 
     def _release(self, grant: Grant, amount: float) -> None:
         """Called by ``Grant.release`` without the lock held."""
@@ -567,6 +622,7 @@ class Pool:
             self._in_flight -= 1
             if amount > 0.0:
                 self._charge(state, amount, self._clock())
+            self._touch(state)
 
     def _team(self, name: str) -> _Team:
         state = self._teams.get(name)
@@ -579,7 +635,20 @@ class Pool:
         state.key = self._key(state)
         self._teams[name] = state
         self._add_key(state.key)
+        self._touch(state)
         return state
+
+    def _touch(self, state: _Team) -> None:
+        """Keeps the team's entry in the prunable list in step with its state."""
+        entry = None
+        if state.in_flight == 0 and not state.phantoms and state.name not in self._shares:
+            entry = (state.stored, state.name)
+        if entry != state.idle:
+            if state.idle is not None:
+                self._idle.remove(state.idle)
+            if entry is not None:
+                self._idle.add(entry)
+            state.idle = entry
 
     def _key(self, state: _Team) -> float:
         """A value that orders teams as their level fairshare does.
@@ -619,12 +688,14 @@ class Pool:
             self._key_count[key] = count
 
     def _rekey(self, state: _Team, stored: float) -> None:
+        self._stored_total += stored - state.stored
         state.stored = stored
         key = self._key(state)
         if key != state.key:
             self._remove_key(state.key)
             self._add_key(key)
             state.key = key
+        self._touch(state)
 
     def _charge(self, state: _Team, amount: float, now: float) -> None:
         if amount <= 0.0:
@@ -643,10 +714,14 @@ class Pool:
         self._t_ref = now
         self._keys = SortedList()
         self._key_count = {}
+        self._idle = SortedList()
         for state in self._teams.values():
             state.stored *= factor
             state.key = self._key(state)
             self._add_key(state.key)
+            state.idle = None
+            self._touch(state)
+        self._stored_total = math.fsum(t.stored for t in self._teams.values())
 
     def _expire(self, now: float) -> None:
         """Drops phantoms whose time has come and finds the next expiry."""
@@ -663,6 +738,7 @@ class Pool:
             if live:
                 del phantoms[:live]
                 self._phantoms -= live
+                self._touch(state)
             if phantoms:
                 next_expiry = min(next_expiry, phantoms[0])
         self._next_expiry = next_expiry

@@ -181,7 +181,9 @@ class PoolStatus:
         owned: this replica owns the pool and may decide for it now.
         owner: node id of the owner this replica routes to (empty: none known).
         epoch: that owner's epoch (0: none).
-        transitions: ownership changes of this pool seen by this replica.
+        transitions: epochs of this pool that this replica started (each ownership
+            change is counted once, by the new owner; summed over replicas it is the
+            number of ownership changes).
         fence_left_s: seconds before this replica self-fences (0 when it does not own).
         snapshot_age_s: seconds since the last snapshot written (owner only; -1 if none).
         teams: the owner's team table; empty when this replica does not own the pool.
@@ -240,6 +242,19 @@ class PermissionDenied(AllocatorError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class OutOfRange(InvalidArgument):
+    """A numeric request field is outside what the service can hold (OUT_OF_RANGE)."""
+
+
+class LimitExceeded(AllocatorError):
+    """A request would take the service past a configured or built-in limit
+    (RESOURCE_EXHAUSTED); ``limit`` names it (``max_teams``, ``max_adopt_grants`` ...)."""
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(f"{limit}: {message}")
+        self.limit = limit
 
 
 class WrongEpoch(AllocatorError):

@@ -3,9 +3,12 @@
 Kept by watches on the store, which resume by themselves; a watch that fails is listed
 again from scratch. Every change sets ``changed`` so the node reconciles at once.
 
-Guarantee: the view converges to the store's state once the store answers. Non-guarantee:
-it may lag the store by a watch round trip; decisions never rely on it for safety (the
-epoch carried by every forwarded call and the fenced writes do).
+Guarantee: the view converges to the store's state once the store answers. A member is
+"seen since" the first time this view saw its current member key (a key of another
+create_revision, even seen only through a re-listing, is a new membership), so how long
+a member has been live without a break is known to each replica, on its own monotonic
+clock. Non-guarantee: it may lag the store by a watch round trip; decisions never rely on
+it for safety (the epoch carried by every forwarded call and the fenced writes do).
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from collections.abc import Callable, Iterable
 
 from ha.api import NodeId, PoolName
 from ha.clock import Clock
-from ha.keys import Keys, Route, decode_handover, decode_member, decode_owner, pool_of
+from ha.keys import (
+    Handover,
+    Keys,
+    Route,
+    decode_handover,
+    decode_member,
+    decode_owner,
+    pool_of,
+)
 from ha.store import EventKind, KeyValue, Store, StoreUnavailable, WatchEvent
 
 logger = logging.getLogger(__name__)
@@ -55,8 +66,9 @@ class ClusterView:
         self._clock = clock
         self._on_owner_change = on_owner_change
         self.members: dict[NodeId, tuple[str, float]] = {}  # node -> (address, seen since)
+        self.member_revs: dict[NodeId, int] = {}  # node -> create_revision of its key
         self.routes: dict[PoolName, Route] = {}
-        self.handovers: dict[PoolName, tuple[NodeId, float, int]] = {}  # node, wall, rev
+        self.handovers: dict[PoolName, Handover] = {}
         self.changed = asyncio.Event()
         self.ready = asyncio.Event()
         self._ready_parts: set[str] = set()
@@ -72,6 +84,21 @@ class ClusterView:
 
     def route(self, pool: str) -> Route | None:
         return self.routes.get(PoolName(pool))
+
+    def pinned(self, pool: str) -> NodeId | None:
+        """The node an operator's switchover pinned ``pool`` to, while that pin holds:
+        the node is still the member it was (same member key) when the pin was made."""
+        record = self.handovers.get(PoolName(pool))
+        if record is None or not record.pinned or record.member == 0:
+            return None
+        if self.member_revs.get(record.node) != record.member:
+            return None
+        return record.node
+
+    def settled(self, settle_s: float) -> list[NodeId]:
+        """Members this view has seen live without a break for at least ``settle_s``."""
+        now = self._clock.monotonic()
+        return [node for node, (_, since) in self.members.items() if now - since >= settle_s]
 
     def address_of(self, node: str) -> str | None:
         entry = self.members.get(NodeId(node))
@@ -135,15 +162,20 @@ class ClusterView:
     def _members(self, name: str, kv: KeyValue | None, _listing: bool) -> None:
         node = NodeId(name)
         if kv is None:
+            self.member_revs.pop(node, None)
             if self.members.pop(node, None) is not None:
                 logger.info("member %s left", node)
             return
         address = decode_member(kv.value)
         old = self.members.get(node)
+        same = old is not None and self.member_revs.get(node) == kv.create_revision
         if old is None:
             logger.info("member %s joined at %s", node, address)
-        since = old[1] if old is not None else self._clock.monotonic()
+        elif not same:
+            logger.info("member %s joined again at %s", node, address)
+        since = old[1] if old is not None and same else self._clock.monotonic()
         self.members[node] = (address, since)
+        self.member_revs[node] = kv.create_revision
 
     def _owners(self, name: str, kv: KeyValue | None, _listing: bool) -> None:
         pool = PoolName(name)
@@ -159,7 +191,7 @@ class ClusterView:
     def _handovers(self, name: str, kv: KeyValue | None, _listing: bool) -> None:
         pool = PoolName(name)
         decoded = decode_handover(kv.value) if kv is not None else None
-        if kv is None or decoded is None:
+        if decoded is None:
             self.handovers.pop(pool, None)
             return
-        self.handovers[pool] = (decoded[0], decoded[1], kv.create_revision)
+        self.handovers[pool] = decoded

@@ -290,9 +290,13 @@ class EtcdStore:
         lease = await self._call("grant a lease", lambda c, _: c.lease(ttl))
         return LeaseId(int(lease.id))
 
-    async def keepalive(self, lease: LeaseId) -> float:
+    async def keepalive(self, lease: LeaseId, *, timeout_s: float | None = None) -> float:
         reply = await self._call(
-            "renew a lease", lambda c, _: c.refresh_lease(int(lease)), idempotent=True
+            "renew a lease",
+            lambda c, _: c.refresh_lease(int(lease)),
+            idempotent=True,
+            budget_s=timeout_s,
+            repeat=True,  # a renewal sent twice renews twice: harmless
         )
         if reply is None:
             raise StoreUnavailable(f"etcd closed the keepalive of lease {lease:x} unanswered")

@@ -4,7 +4,10 @@
 <prefix>/members/<node>    {"address": ...}          on the node's lease
 <prefix>/owners/<pool>     {"node": ..., "address": ...}  on the owner's lease;
                            its create_revision is the pool's epoch
-<prefix>/handover/<pool>   {"node": ..., "wall": ...}  a planned switchover's target
+<prefix>/handover/<pool>   {"node": ..., "wall": ..., "member": ..., "pinned": ...}
+                           where the pool goes next: an operator's switchover
+                           (pinned: holds while that node's member key of
+                           create_revision "member" lives) or a rebalancing hint
 <prefix>/state/<pool>      the owner's snapshot (see ha.snapshot), written fenced
 ```
 """
@@ -88,15 +91,42 @@ def decode_member(value: bytes) -> str:
         return ""
 
 
-def encode_handover(node: str, wall: float) -> bytes:
-    return json.dumps({"node": node, "wall": wall}).encode()
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """Where a pool goes next, as recorded in ``handover/<pool>``.
+
+    Attributes:
+        node: the successor.
+        wall: wall time of the record (a hint is fresh for a short while only).
+        member: the create_revision of ``node``'s member key when an operator's
+            switchover named it (0 for a rebalancing hint). The pin holds while that
+            very key lives: if the node leaves the cluster, even to join again, its new
+            member key has another revision and the pin is void for every replica.
+        pinned: an operator's switchover, not a hint.
+    """
+
+    node: NodeId
+    wall: float
+    member: int = 0
+    pinned: bool = False
 
 
-def decode_handover(value: bytes) -> tuple[NodeId, float] | None:
+def encode_handover(node: str, wall: float, *, member: int = 0, pinned: bool = False) -> bytes:
+    return json.dumps({"node": node, "wall": wall, "member": member, "pinned": pinned}).encode()
+
+
+def decode_handover(value: bytes) -> Handover | None:
+    """The record a handover key holds; None if unreadable. Records of earlier versions
+    (no "member"/"pinned") read as hints."""
     try:
         doc = json.loads(value)
-        return NodeId(str(doc["node"])), float(doc["wall"])
-    except (ValueError, KeyError, TypeError):
+        return Handover(
+            NodeId(str(doc["node"])),
+            float(doc["wall"]),
+            int(doc.get("member", 0)),
+            bool(doc.get("pinned", False)),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

@@ -1,17 +1,20 @@
 """This node's lease: its membership in the cluster and the basis of self-fencing.
 
 Guarantees:
-- ``fenced()`` (may decide) holds only while ``monotonic() < t_sent + T - margin``, where
+- ``fenced()`` (may decide) holds only while ``boottime() < t_sent + T - margin``, where
   ``t_sent`` is when the last renewal that the store acknowledged was *sent*. The store
   expires the lease no earlier than T after it received that renewal, which came after
   ``t_sent``, so an owner stops deciding at least ``margin`` before anyone else can own
-  its pools, however long this process was paused.
+  its pools, however long this process was paused, and even if its machine was
+  suspended: boot time counts a suspend, where the monotonic clock stops.
 - A failed renewal is retried until that deadline; one failure is not a loss.
 - When the store says the lease is gone, every key on it is gone: the node gets a new
   lease and re-registers as a member, and ``on_lost`` tells the owner of the loss.
 
-Non-guarantee: clocks are not compared across machines; only this node's monotonic
-clock and the store's TTL are trusted.
+Non-guarantee: clocks are not compared across machines; only this node's boot-time
+clock and the store's TTL are trusted. The renewal interval is measured on the monotonic
+clock (``Clock.sleep``), so after a suspend the next renewal may come late: the node is
+then fenced until it comes, which is the safe side.
 """
 
 from __future__ import annotations
@@ -54,10 +57,12 @@ class NodeLease:
 
     def fenced(self) -> bool:
         """True while this node may decide (its lease is surely live)."""
-        return self._clock.monotonic() < self.valid_until
+        return self._clock.boottime() < self.valid_until
 
     def seconds_left(self) -> float:
-        return max(0.0, self.valid_until - self._clock.monotonic())
+        """Seconds this node may still decide, on the boot-time clock (``valid_until``
+        is a boot-time instant too); 0 once fenced."""
+        return max(0.0, self.valid_until - self._clock.boottime())
 
     async def acquire(self) -> None:
         """Grants a new lease and registers this node as a member on it.
@@ -65,7 +70,7 @@ class NodeLease:
         Raises:
             StoreUnavailable: the store did not answer.
         """
-        t_sent = self._clock.monotonic()
+        t_sent = self._clock.boottime()
         lease = await bounded(
             self._store.grant_lease(self._timing.lease_ttl_s), self._timing.rpc_timeout_s
         )
@@ -85,12 +90,17 @@ class NodeLease:
         failures = 0
         while True:
             await self._clock.sleep(interval if failures == 0 else interval / 3)
-            t_sent = self._clock.monotonic()
+            t_sent = self._clock.boottime()
             try:
                 if self.lease == 0:
                     await self.acquire()
                 else:
-                    await bounded(self._store.keepalive(self.lease), self._timing.rpc_timeout_s)
+                    # A renewal may wait as long as this node may still decide: one
+                    # answered late (an etcd stall, a leader election) still moves the
+                    # deadline from when it was sent, so a stall that ends before the
+                    # deadline costs no pool (docs/ha.md, "Stall budget").
+                    budget = max(self._timing.rpc_timeout_s, self.seconds_left())
+                    await bounded(self._store.keepalive(self.lease, timeout_s=budget), budget)
                     self.valid_until = (
                         t_sent + self._timing.lease_ttl_s - self._timing.fence_margin_s
                     )

@@ -81,8 +81,8 @@ class MemoryStore:
                 self._expirer = asyncio.create_task(self._expire_loop(), name="store-expirer")
             return lease
 
-    async def keepalive(self, lease: LeaseId) -> float:
-        async with self._op():
+    async def keepalive(self, lease: LeaseId, *, timeout_s: float | None = None) -> float:
+        async with within(timeout_s), self._op():
             entry = self._leases.get(lease)
             if entry is None:
                 raise LeaseNotFound(f"lease {lease:x} not found")

@@ -9,6 +9,11 @@ Guarantees:
 - Any replica accepts every call: a non-owner forwards with the epoch it expects and
   refreshes its route on FAILED_PRECONDITION; when no owner answers within
   ``degraded_after_s`` it applies the pool's degraded mode.
+- An operator's switchover holds until its target leaves the cluster or another
+  switchover is made (the pin lives in the handover key, so every replica agrees);
+  otherwise an owner hands a pool to its preferred replica only once that replica has
+  been a member without a break for ``rebalance_settle_s``. A graceful handover is one
+  transition (counted by the new owner) and is not logged as a loss.
 
 Non-guarantees: availability while the store is unreachable for longer than the fencing
 deadline (pools then run degraded); decisions made in degraded mode are not counted until
@@ -26,6 +31,7 @@ import random
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import TypeVar
 
 from fairshare import BORROW_BASE, MAX_RANK, RANK_STEP, Class, Grant
@@ -47,11 +53,12 @@ from ha.api import (
     UnknownPool,
     WrongEpoch,
 )
-from ha.clock import Clock, SystemClock
+from ha.clock import Clock, SystemClock, system_clock
 from ha.cluster import ClusterView, preferred_owner
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.keys import Keys, Route, encode_handover, encode_owner
 from ha.lease import NodeLease
+from ha.limits import MAX_ADOPT_GRANTS
 from ha.owner import IdCounters, NotDeciding, OwnedPool, degraded_grant_id
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
@@ -81,6 +88,17 @@ class _Backoff:
     logged_at: float = float("-inf")
 
 
+class _Mark(Enum):
+    """What a handover records in the handover key about the successor."""
+
+    PIN = "pin"
+    """An operator's switchover: the pool stays on the successor while it is a member."""
+    HINT = "hint"
+    """Rebalancing: the successor campaigns at once, the others wait (for a short while)."""
+    KEEP = "keep"
+    """Write nothing: the key already pins the pool to the successor."""
+
+
 @dataclass(slots=True)
 class _Stub:
     """A grant this replica obtained for its caller from another owner (or degraded)."""
@@ -89,7 +107,7 @@ class _Stub:
     held: HeldGrant
     pool: PoolName
     epoch: Epoch
-    wall: float
+    since: float  # monotonic: a wall step must not forget (or keep) it early
 
 
 class Node:
@@ -144,6 +162,7 @@ class Node:
             store=store, keys=self._keys, clock=self._clock, on_owner_change=self._owner_changed
         )
         self._owned: dict[PoolName, OwnedPool] = {}
+        self._handing_over: set[PoolName] = set()  # owned, being handed over: not lost
         self._campaigns: dict[PoolName, asyncio.Task[None]] = {}
         self._backoffs: dict[PoolName, _Backoff] = {}
         self._absent_since: dict[PoolName, float] = {}
@@ -458,14 +477,25 @@ class Node:
         )
 
     async def switchover(self, pool: str, node: str, *, forwarded: bool = False) -> None:
+        """Moves ``pool`` to ``node`` and pins it there.
+
+        The pin is the handover key, naming ``node`` and the revision of its member key;
+        every replica honours it (rebalancing does not move the pool away, a campaign
+        prefers ``node``) until ``node`` leaves the cluster or another switchover is
+        made. Raises StoreUnavailable (nothing moved) when the pin cannot be written.
+        """
         self._config(pool)
         name = PoolName(pool)
-        if NodeId(node) not in self.view.members:
+        target = NodeId(node)
+        if target not in self.view.members:
             raise UnknownNode(node)
         owned = self._owned.get(name)
-        if owned is not None:
-            if node != self.node_id:
-                await self._handover(owned, NodeId(node), why="planned switchover")
+        if owned is not None and name not in self._handing_over:
+            if target == self.node_id:
+                await self._mark_successor(name, target, _Mark.PIN)
+                logger.info("pool %s pinned to %s at epoch %d", name, target, owned.epoch)
+            else:
+                await self._handover(owned, target, why="planned switchover", mark=_Mark.PIN)
             return
         if forwarded:
             raise self._wrong_epoch(name)
@@ -494,7 +524,7 @@ class Node:
                     transitions=self._transitions[name],
                     fence_left_s=self._lease.seconds_left() if owning else 0.0,
                     snapshot_age_s=age,
-                    teams=owned.pool.snapshot() if owning and owned is not None else (),
+                    teams=owned.teams() if owning and owned is not None else (),
                     degraded_decisions=self._degraded[name],
                     store_full=self._writes.full(name),
                     store_refused_writes=self._writes.refused_writes(name),
@@ -555,7 +585,7 @@ class Node:
         grant = Grant.remote(
             team, decision.priority, decision.borrowing, decision.saturated, release
         )
-        self._stubs[grant_id] = _Stub(grant, held, pool, decision.epoch, self._clock.time())
+        self._stubs[grant_id] = _Stub(grant, held, pool, decision.epoch, self._clock.monotonic())
         del cls
 
     def _degrade(
@@ -606,9 +636,20 @@ class Node:
                 self._reconcile()
 
     def _reconcile(self) -> None:
-        """Campaigns for ownerless pools, gives up lost ones, and rebalances."""
+        """Campaigns for ownerless pools, gives up lost ones, and rebalances.
+
+        Placement: a pool belongs to the node an operator's switchover pinned it to while
+        that pin holds (``ClusterView.pinned``), otherwise to its preferred replica. An
+        owner moves a pool to that node only once it has been a member without a break
+        for ``rebalance_settle_s`` (hysteresis: a flapping replica does not drag pools
+        back and forth); an ownerless pool is campaigned for by the pin's target, a fresh
+        hint's target, or the preferred replica at once, by the others after
+        ``campaign_delay_s``.
+        """
         now = self._clock.monotonic()
         for name, owned in list(self._owned.items()):
+            if name in self._handing_over:
+                continue  # it stopped deciding on purpose; the handover lets it go
             if owned.lost or not self._lease.fenced():
                 self._drop(owned, "its fenced write failed" if owned.lost else "self-fenced")
                 self._spawn(f"resign-{name}", self._resign(owned))
@@ -616,22 +657,35 @@ class Node:
             return
         members = list(self.view.members) or [self.node_id]
         settling = not self.embedded and now - self._started < self.timing.campaign_delay_s
+        settled = self.view.settled(self.timing.rebalance_settle_s)
         for name in self._configs:
             route = self.view.route(name)
-            preferred = preferred_owner(name, members)
+            pinned = self.view.pinned(name)
             mine = self._owned.get(name)
             if mine is not None:
-                if preferred is not None and preferred != self.node_id and not settling:
-                    since = self.view.members.get(preferred, ("", now))[1]
-                    if now - since >= self.timing.lease_ttl_s and mine.can_decide():
-                        self._spawn(
-                            f"rebalance-{name}",
-                            self._handover(mine, preferred, why="rebalancing"),
-                        )
+                if settling or name in self._handing_over or not mine.can_decide():
+                    continue
+                target = pinned or preferred_owner(name, {*settled, self.node_id})
+                if target is not None and target != self.node_id and target in settled:
+                    self._handing_over.add(name)
+                    self._spawn(
+                        f"rebalance-{name}",
+                        self._handover(
+                            mine,
+                            target,
+                            why="back to its pinned replica" if pinned else "rebalancing",
+                            mark=_Mark.KEEP if pinned else _Mark.HINT,
+                            started=True,
+                        ),
+                    )
                 continue
             if route is not None:
                 self._absent_since.pop(name, None)
-                if route.node == self.node_id and name not in self._campaigns:
+                if (
+                    route.node == self.node_id
+                    and name not in self._campaigns
+                    and name not in self._handing_over
+                ):
                     # Our key, but this process does not decide from it (it self-fenced, a
                     # write failed, or an earlier process of ours held it): let it go so
                     # that a fresh epoch restores from the last snapshot.
@@ -645,11 +699,13 @@ class Node:
             if backoff is not None and now < backoff.not_before:
                 continue
             since = self._absent_since.setdefault(name, now)
-            target = preferred
+            target = pinned or preferred_owner(name, members)
             hint = self.view.handovers.get(name)
-            fresh = hint is not None and self._clock.time() - hint[1] < 2 * self.timing.lease_ttl_s
-            if hint is not None and fresh and hint[0] in self.view.members:
-                target = hint[0]
+            fresh = (
+                hint is not None and self._clock.time() - hint.wall < 2 * self.timing.lease_ttl_s
+            )
+            if pinned is None and hint is not None and fresh and hint.node in self.view.members:
+                target = hint.node
             delay = 0.0 if target == self.node_id else self.timing.campaign_delay_s
             if now - since >= delay:
                 self._campaigns[name] = asyncio.create_task(
@@ -752,6 +808,8 @@ class Node:
         ):
             return
         self._owned[name] = owned
+        # Counted once per epoch, by the node that starts it: a handover or a failover is
+        # one transition, whatever the losing side saw.
         self._transitions[name] += 1
         logger.info(
             "acquired pool %s at epoch %d: restored usage of %d teams, %d phantoms",
@@ -760,13 +818,6 @@ class Node:
             teams,
             phantoms,
         )
-        hint = self.view.handovers.get(name)
-        if hint is not None:
-            with contextlib.suppress(StoreUnavailable):
-                await bounded(
-                    self._store.delete_fenced(self._keys.handover(name), create_revision=hint[2]),
-                    rpc,
-                )
         self._spawn(f"first-snapshot-{name}", self._sync(owned))
 
     async def _write_state(self, name: PoolName, epoch: Epoch, data: bytes) -> None:
@@ -788,26 +839,74 @@ class Node:
         if not ok:
             raise WrongEpoch(name, NodeId(""), "", epoch)
 
-    async def _handover(self, owned: OwnedPool, to: NodeId, *, why: str) -> None:
-        """Stops deciding, writes the final snapshot, names the successor, lets go."""
-        if self._owned.get(owned.name) is not owned:
+    async def _handover(
+        self,
+        owned: OwnedPool,
+        to: NodeId,
+        *,
+        why: str,
+        mark: _Mark,
+        started: bool = False,
+    ) -> None:
+        """Stops deciding, writes the final snapshot, names the successor, lets go.
+
+        A pin (``_Mark.PIN``) is written before anything stops: if it cannot be written
+        the switchover fails (StoreUnavailable) and this node keeps deciding. The pool
+        stays in ``_owned`` (marked as being handed over, so the reconcile loop does not
+        take the closed committer for a failed write) until its owner key is deleted.
+
+        Args:
+            started: the caller already marked the pool as being handed over.
+        """
+        name = owned.name
+        if name in self._handing_over and not started:
+            return  # another handover of it is under way
+        if self._owned.get(name) is not owned:
+            if started:
+                self._handing_over.discard(name)
             return
-        owned.deciding = False
-        await self._final_snapshot(owned)
-        rpc = self.timing.rpc_timeout_s
+        self._handing_over.add(name)
         try:
-            await bounded(
-                self._store.put(
-                    self._keys.handover(owned.name), encode_handover(to, self._clock.time())
-                ),
-                rpc,
-            )
-        except StoreUnavailable as e:
-            logger.warning("pool %s: could not name successor %s: %s", owned.name, to, e)
-        self._owned.pop(owned.name, None)
-        self._transitions[owned.name] += 1
-        await self._resign(owned)
-        logger.info("handed pool %s over to %s at epoch %d (%s)", owned.name, to, owned.epoch, why)
+            if mark is _Mark.PIN:
+                await self._mark_successor(name, to, mark)
+            owned.deciding = False
+            await self._final_snapshot(owned)
+            if mark is _Mark.HINT:
+                try:
+                    await self._mark_successor(name, to, mark)
+                except StoreUnavailable as e:
+                    logger.warning("pool %s: could not name successor %s: %s", name, to, e)
+            if self._owned.get(name) is not owned:
+                return  # lost meanwhile (lease, owner key): that loss was logged
+            # Out of the table before the delete, so its watch event is no loss; still
+            # marked, so the reconcile loop does not let go of the key meanwhile.
+            del self._owned[name]
+            await self._resign(owned)
+            logger.info("handed pool %s over to %s at epoch %d (%s)", name, to, owned.epoch, why)
+        finally:
+            self._handing_over.discard(name)
+
+    async def _mark_successor(self, name: PoolName, to: NodeId, mark: _Mark) -> None:
+        """Writes the handover key: a pin on ``to``'s current member key, or a hint.
+
+        Raises:
+            StoreUnavailable: the store did not answer.
+            UnknownNode: a pin names a node that is no member now.
+        """
+        if mark is _Mark.KEEP:
+            return
+        member = 0
+        if mark is _Mark.PIN:
+            member = self.view.member_revs.get(to, 0)
+            if member == 0:
+                raise UnknownNode(to)
+        await bounded(
+            self._store.put(
+                self._keys.handover(name),
+                encode_handover(to, self._clock.time(), member=member, pinned=mark is _Mark.PIN),
+            ),
+            self.timing.rpc_timeout_s,
+        )
 
     async def _final_snapshot(self, owned: OwnedPool) -> None:
         try:
@@ -885,7 +984,6 @@ class Node:
         if self._owned.get(owned.name) is owned:
             del self._owned[owned.name]
             owned.deciding = False
-            self._transitions[owned.name] += 1
             logger.warning("lost pool %s at epoch %d: %s", owned.name, owned.epoch, why)
 
     def _owner_changed(self, pool: PoolName, route: Route | None) -> None:
@@ -922,15 +1020,17 @@ class Node:
                         owned.adopt(holder=holder, grants=grants, complete=False)
                         return
                 else:
-                    await self._peers.adopt(
-                        route.address,
-                        pool=pool,
-                        epoch=route.epoch,
-                        holder=holder,
-                        grants=grants,
-                        complete=False,
-                        timeout=self.timing.rpc_timeout_s,
-                    )
+                    while grants:  # an Adopt carries at most MAX_ADOPT_GRANTS
+                        await self._peers.adopt(
+                            route.address,
+                            pool=pool,
+                            epoch=route.epoch,
+                            holder=holder,
+                            grants=grants[:MAX_ADOPT_GRANTS],
+                            complete=False,
+                            timeout=self.timing.rpc_timeout_s,
+                        )
+                        grants = grants[MAX_ADOPT_GRANTS:]
                     return
             except (WrongEpoch, PeerUnavailable, NoOwner) as e:
                 logger.debug("pool %s: re-report to %s not taken yet: %s", pool, route.node, e)
@@ -956,8 +1056,8 @@ class Node:
 
     def _forget_stubs(self) -> None:
         longest = max((c.max_request_s for c in self._configs.values()), default=0.0)
-        horizon = self._clock.time() - longest
-        for grant_id in [g for g, s in self._stubs.items() if s.wall < horizon]:
+        horizon = self._clock.monotonic() - longest
+        for grant_id in [g for g, s in self._stubs.items() if s.since < horizon]:
             del self._stubs[grant_id]
 
     def _spawn(self, name: str, coro: Coroutine[object, object, None]) -> None:
@@ -990,6 +1090,8 @@ async def open_node(
 
     ``grant_keys`` sign and verify grant ids; None: with etcd endpoints an error (the
     replicas must share keys), embedded the key kept in ``state_dir`` (made on first use).
+    Without ``clock`` it runs on ``ha.clock.system_clock()``: the system's clocks, or
+    the test-only wall offset hook when ``FAIRSHARE_TEST_WALL_OFFSET_FILE`` is set.
 
     Raises:
         KeyFileError: replicated without grant keys, or the generated key file is unusable.
@@ -998,6 +1100,8 @@ async def open_node(
 
     The caller starts it with ``await node.start()``.
     """
+    if clock is None:
+        clock = system_clock()
     store: Store
     if grant_keys is None and etcd_endpoints:
         raise KeyFileError("replicas on etcd need a grant key file shared by all (grants.key_file)")

@@ -19,6 +19,10 @@ Guarantees:
 - On restore, the previous owner's in-flight requests count as phantoms until
   ``max_request_s``, attributed to their holders, so a holder's complete re-report
   (carrying a signed grant of that holder) closes its share of them at once.
+- Within an epoch, ages (grant expiry, usage decay, phantom ends) run on the monotonic
+  clock (``ha.clock.EpochTime``): a step of the wall clock, either way, neither expires a
+  live grant nor keeps a dead one. Wall time is read once, when the epoch starts, to
+  restore the previous owner's snapshot.
 
 Non-guarantees: borrowing grants and releases since the last snapshot are lost on a
 crash; the successor is then more cautious (more phantoms), never less.
@@ -27,16 +31,17 @@ crash; the successor is then more cautious (more phantoms), never less.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import math
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import NamedTuple, TypeVar
 
-from fairshare import Class, Grant, Pool
+from fairshare import Class, Grant, Pool, TeamStat
 from ha.api import (
     AdoptResult,
     Decision,
@@ -44,22 +49,29 @@ from ha.api import (
     GrantRef,
     HeldGrant,
     InvalidArgument,
+    LimitExceeded,
     NodeId,
     PermissionDenied,
     PoolName,
     PoolView,
     WrongEpoch,
 )
-from ha.clock import Clock
+from ha.clock import Clock, EpochTime
 from ha.commit import CommitFailed, GroupCommitter
 from ha.grantkeys import GrantKeys, ephemeral_keys
-from ha.settings import PoolConfig
+from ha.limits import MAX_ANSWER_BYTES, MAX_ANSWERS
+from ha.settings import PoolConfig, UnknownTeams
 from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
 
 logger = logging.getLogger(__name__)
 
 _K = TypeVar("_K")
-_REQUEST_MEMORY = 100_000  # answered request ids kept for retries
+# What one remembered answer costs beyond its strings: the key and value tuples, the
+# dict slot and the ints and bools (measured with tracemalloc: about 330 bytes).
+_ANSWER_OVERHEAD = 400
+# A team table of more teams than this is built at most once per _VIEW_CACHE_S.
+_FRESH_TEAMS = 64
+_VIEW_CACHE_S = 1.0
 # Expired phantoms and accounting entries are dropped at a write at most this often: a
 # scan of every table at every write (hundreds a second) would cost more than the writes.
 _FORGET_EVERY_S = 1.0
@@ -118,7 +130,8 @@ class OwnedPool:
         config: the pool's configuration.
         epoch: the create_revision of this node's owner key.
         node: this node's id.
-        clock: wall time for the pool's decay and phantoms, monotonic for fencing.
+        clock: read once for wall time (the epoch's start), then for monotonic time:
+            the pool's decay, grant ages and phantoms run on ``ha.clock.EpochTime``.
         fenced: True while the node's lease is within its self-fencing deadline.
         write: coroutine function writing a snapshot, fenced on the epoch; raises
             on failure (the pool is then lost).
@@ -134,13 +147,17 @@ class OwnedPool:
         self.epoch = epoch
         self.node = node
         self._clock = clock
+        # Every age within this epoch runs on the monotonic clock: a wall step must not
+        # expire live grants (and let as many more in) nor decay usage. Wall time enters
+        # only where owners meet: the snapshot a successor restores.
+        self._now = EpochTime(clock)
         self._fenced = fenced
         self.pool = Pool(
             config.name,
             config.capacity,
             config.shares,
             half_life_s=config.half_life_s,
-            clock=clock.time,
+            clock=self._now,
         )
         self.deciding = True
         self._seq = 0
@@ -161,6 +178,8 @@ class OwnedPool:
         # tuples of atoms, not Decisions: the garbage collector stops tracking them, so a
         # full table does not make every full collection scan (and pause for) its entries.
         self._answers: OrderedDict[tuple[str, str], _Answer] = OrderedDict()
+        self._answer_bytes = 0  # what they hold, estimated (see _remember)
+        self._teams_cache: tuple[float, Sequence[TeamStat]] | None = None
         self._release_memory_s = release_memory_s
         self._keys = keys if keys is not None else ephemeral_keys()
         self.counters = counters if counters is not None else IdCounters()
@@ -184,7 +203,7 @@ class OwnedPool:
         Returns:
             (teams whose usage was restored, phantoms added).
         """
-        now = self._clock.time()
+        now = self._now()
         if snapshot is None:
             # Nothing was ever written, or it is gone: no earlier grant was counted.
             self._unknown_between = [(0, self.epoch, now)]
@@ -192,7 +211,7 @@ class OwnedPool:
         if snapshot.capacity != self.pool.capacity:
             self.pool.set_capacity(snapshot.capacity)
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
-        for team, usage in snapshot.usage.items():
+        for team, usage in self._restorable(snapshot.usage).items():
             self.pool.set_usage(team, usage * decay)
         # Each phantom lasts as long as its request could still be running, and never
         # beyond max_request_s from now: chained failovers do not stretch it.
@@ -221,7 +240,7 @@ class OwnedPool:
         whole reservation as phantoms for ``max_request_s``, and no grant of an earlier
         epoch is taken as settled. Returns the phantoms added.
         """
-        now = self._clock.time()
+        now = self._now()
         until = now + self.config.max_request_s
         added = 0
         for team, slots in self.pool.reserved().items():
@@ -268,6 +287,7 @@ class OwnedPool:
             if answered is not None:
                 await self.durable()  # the first answer may still be in its commit
                 return Decision(*answered, False, self.node, self.epoch)
+        self._admit(team)
         try:
             grant = (
                 self.pool.try_acquire(team, cls, est_tokens)
@@ -283,14 +303,12 @@ class OwnedPool:
             self._seq += 1
             ref = GrantRef(self.name, self.epoch, self._seq, team, holder)
             self._grants[self._seq] = self._held(
-                grant, GrantKey(self.epoch, self._seq, holder), team, self._clock.time()
+                grant, GrantKey(self.epoch, self._seq, holder), team, self._now()
             )
             answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
         decision = Decision(*answer, False, self.node, self.epoch)
         if request_id:
-            self._answers[key] = answer
-            if len(self._answers) > _REQUEST_MEMORY:
-                self._answers.popitem(last=False)
+            self._remember(key, answer)
         if grant is not None and not grant.borrowing:
             await self.durable()
         return decision
@@ -327,6 +345,7 @@ class OwnedPool:
         elif self._chargeable(key) and key not in self._settled:
             # No owner ever counted it (made after a crashed owner's last write, or
             # degraded): charge it, once.
+            self._admit(ref.team or "unknown")
             self.pool.charge(ref.team or "unknown", consumed)
             self._settle(key)
         # Otherwise it was settled before the snapshot this owner restored: its
@@ -341,6 +360,8 @@ class OwnedPool:
         carries a signed grant of ``holder`` (an unsigned one proves nothing).
 
         Raises:
+            NotDeciding: the node may not decide for this pool now (an adopt is a
+                decision: it changes what the pool counts in flight).
             PermissionDenied: a grant id is not genuine, or is unsigned and names
                 another holder; nothing is counted then.
             InvalidArgument: a grant is of another pool.
@@ -348,6 +369,8 @@ class OwnedPool:
         Unsigned grants beyond the holder's bound (``capacity`` counted at a time) are
         not counted, and logged.
         """
+        if not self.can_decide():
+            raise NotDeciding(self.name)
         refs = [GrantRef.decode(held.grant_id) for held in grants]
         proven = False
         for i, ref in enumerate(refs):
@@ -383,6 +406,7 @@ class OwnedPool:
             counted = key in self._phantoms
             if not counted and not self._chargeable(key):
                 continue  # settled or expired before the snapshot
+            self._admit(held.team or ref.team)
             try:
                 grant = self.pool.adopt(
                     held.team or ref.team, held.priority, held.borrowing, held.est_tokens
@@ -391,9 +415,7 @@ class OwnedPool:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
             phantom = self._phantoms.pop(key, None)
             # It keeps the deadline its phantom had: re-counting does not extend a request.
-            issued = (
-                self._clock.time() if phantom is None else phantom[1] - self.config.max_request_s
-            )
+            issued = self._now() if phantom is None else phantom[1] - self.config.max_request_s
             self._adopted[key] = self._held(grant, key, grant.team, issued)
             self._adopted[key].unsigned = not ref.mac
             adopted += 1
@@ -410,7 +432,7 @@ class OwnedPool:
         if complete and proven:
             # The holder does not hold these any more: their releases may still be on the
             # way, so they stay chargeable, but they no longer count in flight.
-            now = self._clock.time()
+            now = self._now()
             for key in [k for k in self._phantoms if k.holder == holder]:
                 if self.pool.drop_phantom(self._phantoms.pop(key)[0]):
                     dropped += 1
@@ -425,7 +447,7 @@ class OwnedPool:
         without releasing it. Without this a dead gateway would keep its team's slots for
         ever; with it, it keeps them no longer than a phantom would. Nothing is charged.
         """
-        now = self._clock.time()
+        now = self._now()
         self._forget(now)  # phantoms end here too: the pool's never expire by themselves
         horizon = now - self.config.max_request_s
         expired = _expire(self._grants, horizon) + _expire(self._adopted, horizon)
@@ -448,7 +470,19 @@ class OwnedPool:
             raise InvalidArgument("capacity", str(e)) from e
 
     def view(self) -> PoolView:
-        return PoolView(self.name, self.pool.capacity, self.node, self.epoch, self.pool.snapshot())
+        return PoolView(self.name, self.pool.capacity, self.node, self.epoch, self.teams())
+
+    def teams(self) -> Sequence[TeamStat]:
+        """The pool's team table (Snapshot, metrics). Fresh with at most
+        ``_FRESH_TEAMS`` teams; with more, up to ``_VIEW_CACHE_S`` old, so that the O(T)
+        table is built at most once per that time however often it is asked for."""
+        if self.pool.team_count <= _FRESH_TEAMS:
+            return self.pool.snapshot()
+        now = self._clock.monotonic()
+        cached = self._teams_cache
+        if cached is None or not 0 <= now - cached[0] < _VIEW_CACHE_S:
+            cached = self._teams_cache = (now, self.pool.snapshot())
+        return cached[1]
 
     # -- persistence ----------------------------------------------------------------
 
@@ -468,7 +502,7 @@ class OwnedPool:
 
     def _state(self) -> PoolSnapshot:
         """The state to persist now, but for the requests in flight."""
-        now = self._clock.time()
+        now = self._now()
         if now >= self._forgot_at + _FORGET_EVERY_S:
             self._forget(now)
         usage, _ = self.pool.usage()
@@ -561,6 +595,72 @@ class OwnedPool:
 
     # -- internals --------------------------------------------------------------------
 
+    def _admit(self, team: str) -> None:
+        """Lets ``team`` into the pool's state, as the pool's config allows.
+
+        A known team is always admitted. An unknown one is refused under
+        ``unknown_teams: deny``; at ``max_teams`` the pool first forgets idle teams of
+        negligible usage (``Pool.prune``, O(log T)), and refuses if none can be.
+
+        Raises:
+            InvalidArgument: the team is not configured and the pool denies such teams.
+            LimitExceeded: the pool already keeps ``max_teams`` teams it cannot forget.
+        """
+        pool = self.pool
+        if not team or pool.knows(team):
+            return  # an empty team is refused by the pool itself, naming the field
+        if self.config.unknown_teams is UnknownTeams.DENY:
+            raise InvalidArgument(
+                "team", f"team {team!r} is not configured in pool {self.name} (unknown_teams: deny)"
+            )
+        limit = self.config.max_teams
+        if pool.team_count >= limit:
+            pool.prune(limit - 1)
+        if pool.team_count >= limit:
+            raise LimitExceeded(
+                "max_teams",
+                f"pool {self.name} already keeps {limit} teams, none idle with negligible "
+                f"usage; team {team!r} refused",
+            )
+
+    def _restorable(self, usage: Mapping[str, float]) -> Mapping[str, float]:
+        """The restored usage within ``max_teams`` (and ``unknown_teams``): configured teams
+        and then the largest users; the others start afresh if they come back. A state
+        written before the limits, or under a larger ``max_teams``, restores in time."""
+        shares = self.config.shares
+        if self.config.unknown_teams is UnknownTeams.DENY:
+            return {team: used for team, used in usage.items() if team in shares}
+        if len(usage) <= self.config.max_teams:
+            return usage
+        room = self.config.max_teams - len(shares)
+        others = heapq.nlargest(
+            room, ((used, team) for team, used in usage.items() if team not in shares)
+        )
+        kept = {team: usage[team] for team in shares if team in usage}
+        kept.update((team, used) for used, team in others)
+        logger.warning(
+            "pool %s: the restored state has %d teams, max_teams is %d; the %d smallest "
+            "users start afresh",
+            self.name,
+            len(usage),
+            self.config.max_teams,
+            len(usage) - len(kept),
+        )
+        return kept
+
+    def _remember(self, key: tuple[str, str], answer: _Answer) -> None:
+        """Remembers an answer for retries, within ``MAX_ANSWERS`` and
+        ``MAX_ANSWER_BYTES`` (estimated from its strings); the oldest go first."""
+        answers = self._answers
+        previous = answers.pop(key, None)
+        if previous is not None:
+            self._answer_bytes -= _answer_size(key, previous)
+        answers[key] = answer
+        self._answer_bytes += _answer_size(key, answer)
+        while len(answers) > MAX_ANSWERS or self._answer_bytes > MAX_ANSWER_BYTES:
+            old_key, old = answers.popitem(last=False)
+            self._answer_bytes -= _answer_size(old_key, old)
+
     def _chargeable(self, key: GrantKey) -> bool:
         """True for a grant of an unknown window: no owner ever counted it."""
         if key.epoch == 0 or key in self._uncounted:
@@ -572,7 +672,7 @@ class OwnedPool:
 
     def _settle(self, key: GrantKey) -> None:
         if self._chargeable(key):
-            self._settled[key] = self._clock.time()
+            self._settled[key] = self._now()
             _cap(self._settled, self.name, "settled releases")
 
     def _forget(self, now: float) -> None:
@@ -626,6 +726,10 @@ def degraded_grant_id(pool: str, team: str, holder: str, keys: GrantKeys) -> str
     """A replica's grant id for a degraded decision: epoch 0, a random sequence number,
     signed (unlike a client's degraded ids, it is genuine for any owner)."""
     return keys.sign(GrantRef(PoolName(pool), Epoch(0), secrets.randbits(62), team, holder))
+
+
+def _answer_size(key: tuple[str, str], answer: _Answer) -> int:
+    return len(key[0]) + len(key[1]) + len(answer[1]) + _ANSWER_OVERHEAD
 
 
 def _field_of(error: ValueError) -> str:

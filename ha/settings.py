@@ -43,6 +43,25 @@ def _finite(path: str, value: float, *, minimum: float = 0.0, strict: bool = Fal
         raise ConfigError(path, f"must be {sign} {minimum}, got {value!r}")
 
 
+class UnknownTeams(Enum):
+    """Whether a pool serves teams that are not in its ``shares``."""
+
+    ALLOW = "allow"
+    """Serve them with share 0 (they borrow at the lowest rank), up to ``max_teams``."""
+    DENY = "deny"
+    """Refuse them with INVALID_ARGUMENT naming the field ``team``."""
+
+
+MAX_CAPACITY = 2**31 - 1
+"""The largest capacity a pool can have: the wire carries it in 32 bits."""
+DEFAULT_MAX_TEAMS = 1024
+"""Default of ``PoolConfig.max_teams``."""
+MAX_MAX_TEAMS = 4096
+"""The largest ``max_teams`` accepted: 4096 teams with 256-byte names keep a snapshot's
+usage table near 1.2 MiB, under etcd's 1.5 MiB request limit, and a durable write (which
+encodes every team) near 10 ms."""
+
+
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
     """One pool as configured.
@@ -58,6 +77,10 @@ class PoolConfig:
         max_charge_per_s: the most cost units one grant can consume per second of its
             life (e.g. the GPUs one request can occupy, for GPU-seconds). A release
             charges at most ``max_charge()`` = this x ``max_request_s``. Default 8.
+        unknown_teams: whether teams missing from ``shares`` are served. Default allow.
+        max_teams: most teams the pool keeps state for at once, configured ones
+            included; a request that would add one more is refused with
+            RESOURCE_EXHAUSTED once no idle team can be forgotten. Default 1024.
     """
 
     name: str
@@ -72,14 +95,19 @@ class PoolConfig:
         """The most one release may charge: what a grant could consume in its life."""
         return self.max_charge_per_s * self.max_request_s
 
+    unknown_teams: UnknownTeams = UnknownTeams.ALLOW
+    max_teams: int = DEFAULT_MAX_TEAMS
+
     def validate(self, path: str = "pool") -> None:
         """Raises ConfigError naming the offending field."""
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"{path}.name", "must be a non-empty string")
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
             raise ConfigError(f"{path}.capacity", f"must be an int, got {self.capacity!r}")
-        if self.capacity < 0:
-            raise ConfigError(f"{path}.capacity", f"must be >= 0, got {self.capacity}")
+        if not 0 <= self.capacity <= MAX_CAPACITY:
+            raise ConfigError(
+                f"{path}.capacity", f"must be in [0, {MAX_CAPACITY}], got {self.capacity}"
+            )
         for team in self.shares:
             if not isinstance(team, str) or not team:
                 raise ConfigError(f"{path}.shares", f"team names must be non-empty, got {team!r}")
@@ -92,6 +120,16 @@ class PoolConfig:
         _finite(f"{path}.max_charge_per_s", self.max_charge_per_s, strict=True)
         if not isinstance(self.degraded_mode, DegradedMode):
             raise ConfigError(f"{path}.degraded_mode", "must be fail_open or fail_closed")
+        if not isinstance(self.unknown_teams, UnknownTeams):
+            raise ConfigError(f"{path}.unknown_teams", "must be allow or deny")
+        if isinstance(self.max_teams, bool) or not isinstance(self.max_teams, int):
+            raise ConfigError(f"{path}.max_teams", f"must be an int, got {self.max_teams!r}")
+        if not max(1, len(self.shares)) <= self.max_teams <= MAX_MAX_TEAMS:
+            raise ConfigError(
+                f"{path}.max_teams",
+                f"must be in [max(1, number of teams in shares) = {max(1, len(self.shares))}, "
+                f"{MAX_MAX_TEAMS}], got {self.max_teams}",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +143,10 @@ class Timing:
 
     lease_ttl_s: float = 5.0
     """T: the TTL of each replica's etcd lease."""
-    keepalive_interval_s: float = 1.0
-    """How often the lease is renewed; at most T/3."""
+    keepalive_interval_s: float = 0.5
+    """How often the lease is renewed; at most T/3. An etcd stall up to
+    ``T - fence_margin_s - keepalive_interval_s`` costs no pool (docs/ha.md, "Stall
+    budget"), so the default equals ``rpc_timeout_s``."""
     rpc_timeout_s: float = 0.5
     """Deadline of one etcd or peer call."""
     fence_margin_s: float = 1.0
@@ -126,6 +166,11 @@ class Timing:
     window and mostly share the writes that within-share Acquires start."""
     campaign_delay_s: float = 0.5
     """How long a replica that is not a pool's preferred owner waits before campaigning."""
+    rebalance_settle_s: float = 30.0
+    """Hysteresis of rebalancing: a pool moves to its preferred replica (or back to the
+    target of an operator's switchover) only once that replica has been a live member
+    without a break for this long, as this owner saw it. A replica that keeps restarting
+    therefore does not drag its pools back and forth. 0 moves them at once."""
     degraded_after_s: float = 0.2
     """How long to look for an owner before applying the pool's degraded mode."""
     forward_deadline_s: float = 2.0

@@ -148,11 +148,16 @@ class Store(Protocol):
         """Creates a lease that expires ``ttl_s`` seconds after its last renewal."""
         ...
 
-    async def keepalive(self, lease: LeaseId) -> float:
+    async def keepalive(self, lease: LeaseId, *, timeout_s: float | None = None) -> float:
         """Renews the lease once; returns its TTL in seconds as renewed.
+
+        ``timeout_s`` is the caller's whole budget for the renewal (None: the store's own
+        per-call deadline); a renewal sent once and answered late still renews from when
+        the store received it, so waiting long is safe.
 
         Raises:
             LeaseNotFound: the lease already expired or was revoked.
+            StoreUnavailable: no answer within the budget.
         """
         ...
 

@@ -85,10 +85,10 @@ class WatchedStore:
     async def grant_lease(self, ttl_s: float) -> LeaseId:
         return await self._observe(None, self._store.grant_lease(ttl_s))
 
-    async def keepalive(self, lease: LeaseId) -> float:
+    async def keepalive(self, lease: LeaseId, *, timeout_s: float | None = None) -> float:
         # Not a write that needs space (etcd and the file store renew a full store's
         # leases): its success says nothing about writes.
-        return await self._store.keepalive(lease)
+        return await self._store.keepalive(lease, timeout_s=timeout_s)
 
     async def revoke(self, lease: LeaseId) -> None:
         await self._store.revoke(lease)

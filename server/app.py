@@ -47,6 +47,7 @@ from ha.grantkeys import GrantKeys, KeyFileError
 from ha.settings import ConfigError, PoolConfig, Timing
 from server.auth import AdminAuth, read_token
 from server.config import Config, load_config
+from server.intake import Intake
 from server.metrics import Metrics
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -313,7 +314,11 @@ async def start_server(
         admin_token=token,
         observe=metrics.observe_forward,
     )
-    server = aio.server(options=[("grpc.so_reuseport", 0)])
+    intake = Intake(
+        on_malformed=metrics.count_malformed,
+        on_refused=lambda method: metrics.count_limited("max_calls_per_client"),
+    )
+    server = aio.server(interceptors=[intake], options=[("grpc.so_reuseport", 0)])
     check_tls_files(config)
     try:
         credentials = server_credentials(config)

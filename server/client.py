@@ -6,16 +6,30 @@ Guarantees:
   answers a retry with the same grant; when no replica answers in time it applies the
   pool's degraded mode (learnt from ``ListPools``; ``fail_open`` when unknown): a grant at
   the lowest borrowing priority marked ``degraded``, or ``NoOwner`` for ``fail_closed``.
-- An acquire it gave up on is not left counted at the owner: the same request is sent
-  again in the background and the grant it names is released at no cost.
-- A release is sent at least once: it is buffered until a replica acknowledges it, and a
-  background task retries the buffer. The server makes releases idempotent.
+- An acquire it gave up on is not left counted at the owner: the request is queued and
+  sent again in the background with the same request id, and the grant it names is
+  released at no cost. The resends cannot storm a recovering cluster: at most
+  ``resend_batch`` per ``release_retry_s``, and one probe per pool while its owner does
+  not answer. A queued resend is dropped after ``ABANDON_KEEP_S`` or when the queue
+  (``max_abandoned``) is full.
+- A release is sent at least once while the buffer has room: it is buffered until a
+  replica acknowledges it, and a background task retries the buffer every
+  ``release_retry_s``, pool by pool and ``flush_concurrency`` at a time, so a pool without
+  an owner holds back only its own releases. The server makes releases idempotent.
 - The client keeps its live grants; when a response shows a pool at a new epoch it
   re-reports them to the new owner with ``Adopt(complete=true)``.
+- A grant no owner counted is re-reported (``Adopt(complete=false)``) as soon as an owner
+  of its pool answers, whatever that owner's epoch: degraded grants (epoch 0, decided by
+  this client or by a replica without an owner) and late grants (decided at an epoch
+  older than one the client had already seen, so missing from its complete re-report).
+- Degraded grant ids are random (see ``degraded_grant_id``): a restarted gateway does not
+  reuse an id that an owner remembers as settled.
 
 Non-guarantees: releases buffered when the process dies are lost (the owner's phantoms
-then expire after the pool's ``max_request_s``); a degraded grant counts nowhere until a
-new owner adopts it.
+then expire after the pool's ``max_request_s``), and so are the oldest buffered releases
+once ``max_pending_releases`` are buffered (counted in ``dropped_releases``; their grants
+stay counted at the owner until ``max_request_s`` and their consumption is not charged);
+a degraded grant counts nowhere until an owner answers the client.
 """
 
 from __future__ import annotations
@@ -24,11 +38,13 @@ import asyncio
 import itertools
 import logging
 import random
+import secrets
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Final, TypeVar
 
 import grpc
@@ -51,7 +67,9 @@ from ha.api import (
     PeerUnavailable,
     PoolName,
 )
+from ha.limits import MAX_ADOPT_GRANTS
 from ha.settings import DegradedMode
+from server.channels import open_channel
 from server.convert import SERVICE_CLASS_PB, adopt_request
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -62,8 +80,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRYABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-_ABANDON_DEADLINE_S: Final = 2.0
-"""How long the client tries to release the grant of an acquire it gave up on."""
+ABANDON_KEEP_S: Final = 30.0
+"""How long the client keeps resending an acquire it gave up on (an owner that decided it
+remembers its answer for less than that under load, and a new owner closes it anyway)."""
 _MODES: Final = {pb.FAIL_OPEN: DegradedMode.FAIL_OPEN, pb.FAIL_CLOSED: DegradedMode.FAIL_CLOSED}
 
 
@@ -77,6 +96,17 @@ def _pool_of(grant_id: str) -> str:
         return GrantRef.decode(grant_id).pool
     except AllocatorError:
         return ""
+
+
+def degraded_grant_id(pool: str, team: str, holder: str) -> str:
+    """The id of a grant this client decides itself (``fail_open``, no replica answered).
+
+    Epoch 0 marks it degraded; its sequence number is random (62 bits, as the owners'
+    own degraded ids), so ids stay unique across the gateway's restarts: a restarted
+    gateway's grant never collides with one an owner remembers as settled. It carries no
+    owner's authentication: only owners can issue those.
+    """
+    return GrantRef(PoolName(pool), Epoch(0), secrets.randbits(62), team, holder).encode()
 
 
 def degraded_priority(service_class: Class) -> int:
@@ -145,6 +175,10 @@ class AllocatorClient:
         release_batch: int = 1000,
         epoch_check_s: float = 1.0,
         route_to_owner: bool = True,
+        max_pending_releases: int = 10_000,
+        flush_concurrency: int = 8,
+        max_abandoned: int = 1_000,
+        resend_batch: int = 16,
     ) -> None:
         """Creates the client; channels connect lazily.
 
@@ -156,7 +190,8 @@ class AllocatorClient:
                 ``degraded_after_s`` (0.2 s by default), so that a replica's own degraded
                 answer, counted in its metrics, arrives before the client gives up.
             credentials: TLS credentials; None uses plaintext.
-            release_retry_s: period of the background retry of unacknowledged releases.
+            release_retry_s: period of the background retry of unacknowledged releases
+                and of abandoned acquires.
             release_batch: most releases retried per period.
             route_to_owner: send each pool's calls straight to its owner (its address is
                 learnt from ListPools whenever a new epoch shows up), falling back to
@@ -164,14 +199,32 @@ class AllocatorClient:
             epoch_check_s: while it holds grants, how often the client reads ListPools to
                 notice a new owner it would not otherwise see (a gateway that only
                 releases), so its re-report closes the new owner's phantoms early.
+            max_pending_releases: most unacknowledged releases kept; when full the oldest
+                is dropped (``dropped_releases``), with one warning per episode.
+            flush_concurrency: most calls the background retry has in flight at once
+                (across pools; each pool is probed with one call before the rest is sent).
+            max_abandoned: most acquires given up on kept for resending; when full the
+                oldest is dropped (``dropped_abandoned``), with one warning per episode.
+            resend_batch: most acquires given up on resent per ``release_retry_s``, so a
+                recovering cluster is not met by a burst of them.
 
         Raises:
-            ValueError: no targets, or a deadline <= 0.
+            ValueError: no targets, a deadline <= 0, or a bound < 1.
         """
         if not targets:
             raise ValueError("targets must name at least one replica")
         if deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+        bounds = {
+            "max_pending_releases": max_pending_releases,
+            "flush_concurrency": flush_concurrency,
+            "max_abandoned": max_abandoned,
+            "resend_batch": resend_batch,
+            "release_batch": release_batch,
+        }
+        for name, bound in bounds.items():
+            if bound < 1:
+                raise ValueError(f"{name} must be >= 1, got {bound}")
         self.holder = holder
         self.deadline_s = deadline_s
         self._targets = list(targets)
@@ -185,7 +238,19 @@ class AllocatorClient:
         self._pending: dict[str, float] = {}
         self._release_retry_s = release_retry_s
         self._release_batch = release_batch
-        self._seq = itertools.count(1)
+        self._max_pending = max_pending_releases
+        self._dropped_releases = 0
+        self._pending_full = False  # warned once; re-armed when the buffer drains to half
+        # Acquires given up on, by request id, with when: resent by the background task.
+        self._abandoned: dict[str, tuple[pb.AcquireRequest, float]] = {}
+        self._max_abandoned = max_abandoned
+        self._dropped_abandoned = 0
+        self._abandoned_full = False
+        self._resend_batch = resend_batch
+        self._slots = asyncio.Semaphore(flush_concurrency)
+        # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
+        self._unreported: dict[str, set[str]] = {}
+        self._reporting: set[str] = set()  # pools with an Adopt in flight
         self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -234,15 +299,30 @@ class AllocatorClient:
         """Releases not yet acknowledged by a replica."""
         return len(self._pending)
 
+    @property
+    def dropped_releases(self) -> int:
+        """Releases dropped unsent because the buffer was full (a counter)."""
+        return self._dropped_releases
+
+    @property
+    def abandoned_acquires(self) -> int:
+        """Acquires given up on whose grant is still to be found and released."""
+        return len(self._abandoned)
+
+    @property
+    def dropped_abandoned(self) -> int:
+        """Acquires given up on and dropped without their grant released: the queue was
+        full, the request too old, or the server refused it (a counter)."""
+        return self._dropped_abandoned
+
     # -- calls ---------------------------------------------------------------------------------
 
     def _stub(self, target: str) -> pb_grpc.AllocatorStub:
         channel = self._channels.get(target)
         if channel is None:
-            if self._credentials is not None:
-                channel = aio.secure_channel(target, self._credentials)
-            else:
-                channel = aio.insecure_channel(target)
+            # Bounded reconnect backoff: a replica restarted on its address is reached
+            # again within about a second (see server.channels).
+            channel = open_channel(target, self._credentials)
             self._channels[target] = channel
         return pb_grpc.AllocatorStub(channel)
 
@@ -351,8 +431,9 @@ class AllocatorClient:
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise to_allocator_error(e, address="", pool=pool) from e
-            self._spawn(self._abandon(request), f"abandon {pool} {request.request_id}")
+            self._abandon(request)
             return self._degraded(pool, team, service_class, est_tokens, e)
+        known = self._epochs.get(pool, 0)
         self._saw_epoch(pool, r.epoch)
         if not r.granted:
             return None
@@ -371,35 +452,69 @@ class AllocatorClient:
             _client=self,
         )
         self._live[grant.grant_id] = grant
+        if r.epoch == 0 or r.epoch < known:
+            # Degraded at a replica, or late: decided at an epoch older than one this
+            # client already re-reported its grants to, so its complete inventory may
+            # have closed this grant's phantom. Either way no owner counts it now.
+            self._unreported.setdefault(pool, set()).add(grant.grant_id)
+            self._report(pool)
         self._ensure_watcher()
         return grant
 
-    async def _abandon(self, request: pb.AcquireRequest) -> None:
-        """Releases what an owner decided for an acquire this client gave up on.
+    def _abandon(self, request: pb.AcquireRequest) -> None:
+        """Queues an acquire this client gave up on, for the background task to resend.
 
         An answer that came too late still counts a grant at the owner, and nobody would
         release it: the team would lose a slot until ``max_request_s``. The same request
         id makes the owner answer with that grant (or decide one now), which is then
-        released at no cost.
+        released at no cost (see ``_resend``).
         """
+        if len(self._abandoned) >= self._max_abandoned:
+            del self._abandoned[next(iter(self._abandoned))]
+            self._dropped_abandoned += 1
+            if not self._abandoned_full:
+                self._abandoned_full = True
+                logger.warning(
+                    "%d acquires given up on are queued for resending; dropping the oldest: "
+                    "a grant an owner decided for one stays counted until its pool's "
+                    "max_request_s (dropped_abandoned counts them)",
+                    len(self._abandoned) + 1,
+                )
+        self._abandoned[request.request_id] = (request, time.monotonic())
+        self._ensure_flusher()
+
+    async def _resend(self, request_id: str) -> bool:
+        """Sends an abandoned acquire again and releases the grant it names.
+
+        Returns:
+            False when no replica answered (the pool's round stops), else True.
+        """
+        entry = self._abandoned.get(request_id)
+        if entry is None:
+            return True
+        request, since = entry
         try:
             r: pb.AcquireResponse = await self._call(
-                "Acquire",
-                request,
-                deadline_s=max(self.deadline_s, _ABANDON_DEADLINE_S),
-                pool=request.pool,
+                "Acquire", request, deadline_s=self.deadline_s, pool=request.pool
             )
         except aio.AioRpcError as e:
+            retryable = e.code() in RETRYABLE
+            if retryable and time.monotonic() - since < ABANDON_KEEP_S:
+                return False
+            self._abandoned.pop(request_id, None)
+            self._dropped_abandoned += 1
             logger.info(
                 "pool %s: an acquire given up on may hold a slot until it expires: %s",
                 request.pool,
                 e.code(),
             )
-            return
-        if r.granted:
-            self._pending[r.grant_id] = 0.0
-            if not await self._send_release(r.grant_id, 0.0):
-                self._ensure_flusher()
+            return not retryable
+        self._abandoned.pop(request_id, None)
+        self._saw_epoch(request.pool, r.epoch)
+        if not r.granted:
+            return True
+        self._buffer(r.grant_id, 0.0)
+        return await self._send_release(r.grant_id, 0.0)
 
     def _degraded(
         self, pool: str, team: str, service_class: Class, est_tokens: int, error: Exception
@@ -408,7 +523,7 @@ class AllocatorClient:
         if mode is DegradedMode.FAIL_CLOSED:
             raise NoOwner(pool) from error
         logger.warning("pool %s: no replica answered within %gs; fail_open", pool, self.deadline_s)
-        grant_id = GrantRef(PoolName(pool), Epoch(0), next(self._seq), team, self.holder).encode()
+        grant_id = degraded_grant_id(pool, team, self.holder)
         grant = ClientGrant(
             pool=pool,
             team=team,
@@ -424,30 +539,77 @@ class AllocatorClient:
             _client=self,
         )
         self._live[grant_id] = grant
+        # Counted nowhere yet: reported to the first owner of the pool that answers.
+        self._unreported.setdefault(pool, set()).add(grant_id)
         self._ensure_watcher()
         return grant
 
     def _saw_epoch(self, pool: str, epoch: int) -> None:
-        """Re-reports live grants when a pool shows an epoch they were not decided in."""
+        """Re-reports live grants when a pool shows an epoch they were not decided in, and
+        grants no owner counted yet whenever an owner of the pool answers."""
+        if epoch == 0:
+            return
         known = self._epochs.get(pool)
         self._epochs[pool] = max(epoch, known or 0)
-        if epoch == 0 or (known is not None and epoch <= known):
+        if known is not None and epoch <= known:
+            self._report(pool)
             return
         if self._route_to_owner:
             self._learn_routes()
         older = any(g.pool == pool and g.epoch != epoch for g in self._live.values())
         if known is None and not older:
             return
-        self._spawn(self._adopt(pool, epoch), f"adopt {pool}@{epoch}")
+        self._spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
 
-    async def _adopt(self, pool: str, epoch: int) -> None:
-        grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
-        request = adopt_request(
-            pool=pool, epoch=epoch, holder=self.holder, complete=True, grants=grants
-        )
+    def _report(self, pool: str) -> None:
+        """Reports the pool's grants no owner counted, at the newest epoch seen, unless an
+        Adopt of the pool is already in flight (it re-checks when it ends)."""
+        epoch = self._epochs.get(pool, 0)
+        if epoch and self._unreported.get(pool) and pool not in self._reporting:
+            self._spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
+
+    async def _adopt(self, pool: str, epoch: int, *, complete: bool) -> None:
+        """Re-reports grants to the pool's owner at ``epoch``.
+
+        Complete: every live grant of the pool not decided at ``epoch`` (the owner closes
+        this holder's other phantoms). Not complete: the grants no owner counted yet.
+        """
+        unreported = self._unreported.get(pool, set())
+        if complete:
+            grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
+        else:
+            grants = [self._live[i] for i in unreported if i in self._live]
+            unreported.intersection_update(self._live)
+            if not grants:
+                return
+        # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
+        # only the last one complete. Grants a replica signed go last, so the complete
+        # one carries the proof of holdership the owner asks for (docs/ha.md, "Adopt").
+        grants.sort(key=lambda g: g.epoch != 0)
+        self._reporting.add(pool)
         try:
-            r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
+            for start in range(0, len(grants) or 1, MAX_ADOPT_GRANTS):
+                chunk = grants[start : start + MAX_ADOPT_GRANTS]
+                last = start + MAX_ADOPT_GRANTS >= len(grants)
+                request = adopt_request(
+                    pool=pool,
+                    epoch=epoch,
+                    holder=self.holder,
+                    complete=complete and last,
+                    grants=chunk,
+                )
+                r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
         except aio.AioRpcError as e:
+            if not complete and e.code() not in (*RETRYABLE, grpc.StatusCode.FAILED_PRECONDITION):
+                # Refused for good (not a wrong epoch): retrying the same grants cannot help.
+                unreported.difference_update(g.grant_id for g in grants)
+                logger.error(
+                    "pool %s: the owner refused to count %d grants: %s",
+                    pool,
+                    len(grants),
+                    to_allocator_error(e, address="", pool=pool),
+                )
+                return
             logger.warning(
                 "pool %s: re-reporting %d grants failed: %s; will retry",
                 pool,
@@ -455,25 +617,48 @@ class AllocatorClient:
                 e.code(),
             )
             # Forget the epoch so that the next answer (or ListPools) naming it retries.
-            if self._epochs.get(pool) == epoch:
+            if complete and self._epochs.get(pool) == epoch:
                 self._epochs[pool] = epoch - 1
             return
+        finally:
+            self._reporting.discard(pool)
+        unreported.difference_update(g.grant_id for g in grants)
         logger.info(
-            "pool %s: re-reported %d live grants to %s at epoch %d (%d adopted)",
+            "pool %s: re-reported %d live grants to %s at epoch %d (%d adopted%s)",
             pool,
             len(grants),
             r.owner,
             r.epoch,
             r.adopted,
+            ", complete" if complete else "",
         )
+        self._report(pool)  # grants that became unreported while this call was out
 
     # -- releases ------------------------------------------------------------------------------
 
     async def _release(self, grant: ClientGrant, consumed: float) -> None:
         self._live.pop(grant.grant_id, None)
-        self._pending[grant.grant_id] = consumed
+        unreported = self._unreported.get(grant.pool)
+        if unreported is not None:
+            unreported.discard(grant.grant_id)  # its release charges it at the owner
+        self._buffer(grant.grant_id, consumed)
         if not await self._send_release(grant.grant_id, consumed):
             self._ensure_flusher()
+
+    def _buffer(self, grant_id: str, consumed: float) -> None:
+        """Keeps a release until a replica acknowledges it; drops the oldest when full."""
+        if grant_id not in self._pending and len(self._pending) >= self._max_pending:
+            del self._pending[next(iter(self._pending))]
+            self._dropped_releases += 1
+            if not self._pending_full:
+                self._pending_full = True
+                logger.warning(
+                    "%d releases are buffered unacknowledged; dropping the oldest: its "
+                    "grant stays counted at its owner until the pool's max_request_s and "
+                    "its consumption is not charged (dropped_releases counts them)",
+                    len(self._pending) + 1,
+                )
+        self._pending[grant_id] = consumed
 
     async def _send_release(self, grant_id: str, consumed: float) -> bool:
         """One release attempt; True when it is settled (acknowledged or hopeless)."""
@@ -494,16 +679,50 @@ class AllocatorClient:
         return True
 
     async def _flush(self, *, until_empty: bool = False) -> None:
-        """Retries buffered releases; once, or (``until_empty``) until none is left."""
-        while self._pending:
-            batch = list(itertools.islice(self._pending.items(), self._release_batch))
-            for grant_id, consumed in batch:
-                if not await self._send_release(grant_id, consumed):
-                    break  # no replica answers now: wait for the next round
+        """Retries buffered releases; once, or (``until_empty``) until none is left.
+
+        Only ``until_empty`` (closing) leaves the abandoned acquires out."""
+        while self._pending or (self._abandoned and not until_empty):
+            await self._flush_round(resend=not until_empty)
             if not until_empty:
                 return
             if self._pending:
                 await asyncio.sleep(self._release_retry_s)
+
+    async def _flush_round(self, *, resend: bool) -> None:
+        """One round of the backlog: up to ``resend_batch`` abandoned acquires and
+        ``release_batch`` releases, each pool on its own (see ``_flush_pool``)."""
+        work: dict[str, list[Callable[[], Awaitable[bool]]]] = {}
+        if resend:
+            for request_id, (request, _) in itertools.islice(
+                self._abandoned.items(), self._resend_batch
+            ):
+                work.setdefault(request.pool, []).append(partial(self._resend, request_id))
+        for grant_id, consumed in itertools.islice(self._pending.items(), self._release_batch):
+            work.setdefault(_pool_of(grant_id), []).append(
+                partial(self._send_release, grant_id, consumed)
+            )
+        await asyncio.gather(*(self._flush_pool(sends) for sends in work.values()))
+        if len(self._pending) <= self._max_pending // 2:
+            self._pending_full = False
+        if len(self._abandoned) <= self._max_abandoned // 2:
+            self._abandoned_full = False
+
+    async def _flush_pool(self, sends: Sequence[Callable[[], Awaitable[bool]]]) -> None:
+        """Sends one pool's share of a round: the first call alone, as a probe, then the
+        others ``flush_concurrency`` at a time (shared by all pools). A pool whose owner
+        does not answer stops at its first unanswered call, until the next round; the
+        other pools go on."""
+        stalled = False
+
+        async def send(call: Callable[[], Awaitable[bool]]) -> None:
+            nonlocal stalled
+            async with self._slots:
+                if not stalled and not await call():
+                    stalled = True
+
+        await send(sends[0])
+        await asyncio.gather(*(send(call) for call in sends[1:]))
 
     def _learn_routes(self) -> None:
         """Reads ListPools in the background (once at a time) to learn owners' addresses."""
@@ -545,13 +764,17 @@ class AllocatorClient:
 
     async def _flush_loop(self) -> None:
         try:
-            while self._pending and not self._closed:
+            while (self._pending or self._abandoned) and not self._closed:
                 await asyncio.sleep(self._release_retry_s)
                 await self._flush()
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("release flush task failed; %d releases buffered", len(self._pending))
+            logger.exception(
+                "release flush task failed; %d releases and %d abandoned acquires buffered",
+                len(self._pending),
+                len(self._abandoned),
+            )
 
     def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
         if self._closed:

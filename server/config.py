@@ -26,7 +26,7 @@ from typing import Final
 import yaml
 
 from ha.api import NodeId
-from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing
+from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing, UnknownTeams
 
 __all__ = [
     "AdminConfig",
@@ -226,6 +226,8 @@ _POOL_KEYS = (
     "max_request_s",
     "degraded_mode",
     "max_charge_per_s",
+    "unknown_teams",
+    "max_teams",
 )
 
 
@@ -507,6 +509,13 @@ def _pools(value: object) -> tuple[PoolConfig, ...]:
             raise ConfigError(
                 f"{path}.degraded_mode", f"must be fail_open or fail_closed, got {mode_text!r}"
             ) from None
+        unknown_text = spec.get("unknown_teams", UnknownTeams.ALLOW.value)
+        try:
+            unknown = UnknownTeams(unknown_text)
+        except ValueError:
+            raise ConfigError(
+                f"{path}.unknown_teams", f"must be allow or deny, got {unknown_text!r}"
+            ) from None
         pool = PoolConfig(
             name=name,
             capacity=capacity,
@@ -522,6 +531,8 @@ def _pools(value: object) -> tuple[PoolConfig, ...]:
                 f"{path}.max_charge_per_s",
                 spec.get("max_charge_per_s", defaults["max_charge_per_s"]),
             ),
+            unknown_teams=unknown,
+            max_teams=spec.get("max_teams", defaults["max_teams"]),  # type: ignore[arg-type]
         )
         pool.validate(path)
         pools.append(pool)

@@ -9,17 +9,19 @@ from fairshare import Class, TeamStat
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 
 _MAX_INT32: Final = 2**31 - 1
+_MAX_INT64: Final = 2**63 - 1
 
 
 def team_stat_pb(stat: TeamStat) -> pb.TeamStat:
-    """One TeamStat as its message (same field names; rank capped to int32)."""
+    """One TeamStat as its message (same field names; rank capped to int32 and tokens to
+    int64, so a table never fails to encode: the door keeps them far below anyway)."""
     return pb.TeamStat(
         team=stat.team,
         share=stat.share,
         reserved=stat.reserved,
         in_flight=stat.in_flight,
         borrowing=stat.borrowing,
-        in_flight_tokens=stat.in_flight_tokens,
+        in_flight_tokens=min(stat.in_flight_tokens, _MAX_INT64),
         usage=stat.usage,
         level_fairshare=stat.level_fairshare,
         rank=min(stat.rank, _MAX_INT32),

@@ -16,6 +16,8 @@ label ``UNCONFIGURED``, so clients cannot grow the number of series without boun
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from enum import Enum
 from typing import Final
@@ -110,6 +112,19 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.malformed = Counter(
+            "fairshare_malformed_requests",
+            "Requests refused because their body does not parse, by method.",
+            ["method"],
+            registry=self.registry,
+        )
+        self.limited = Counter(
+            "fairshare_limit_refusals",
+            "Requests refused with RESOURCE_EXHAUSTED, by the limit they met "
+            "(max_teams, max_adopt_grants, max_calls_per_client).",
+            ["limit"],
+            registry=self.registry,
+        )
         self._collector = _StatusCollector(self.team_label)
         self.registry.register(self._collector)
         if status is not None:
@@ -130,6 +145,14 @@ class Metrics:
         self.decisions.labels(pool, self.team_label(pool, team), outcome.value).inc()
         if seconds is not None:
             self.decision_latency.labels(pool).observe(seconds)
+
+    def count_malformed(self, method: str) -> None:
+        """Counts one request whose body did not parse."""
+        self.malformed.labels(method).inc()
+
+    def count_limited(self, limit: str) -> None:
+        """Counts one request refused at ``limit``."""
+        self.limited.labels(limit).inc()
 
     def observe_forward(self, method: str, seconds: float) -> None:
         """Records the latency of one forwarded call."""
@@ -153,18 +176,36 @@ class Metrics:
         return stop
 
 
+SCRAPE_CACHE_S: Final = 1.0
+"""A scrape within this many seconds of the previous one is answered from its gauges:
+reading every team of every pool is O(T), and several scrapers (or one in a loop) must
+not make the owner pay it more than once a second."""
+
+_Family = GaugeMetricFamily | CounterMetricFamily
+
+
 class _StatusCollector(Collector):
-    """Turns ``Allocator.status()`` into gauges at scrape time."""
+    """Turns ``Allocator.status()`` into gauges at scrape time (at most once a second)."""
 
     def __init__(self, team_label: Callable[[str, str], str]) -> None:
         self.status: Callable[[], Sequence[PoolStatus]] | None = None
         self._team_label = team_label
+        self._lock = threading.Lock()  # scrapes come from the HTTP server's threads
+        self._cached: tuple[float, list[_Family]] | None = None
 
     def describe(self) -> list[GaugeMetricFamily]:
         # Described lazily: the families depend on the status read at scrape time.
         return []
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[_Family]:
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is None or now - self._cached[0] >= SCRAPE_CACHE_S:
+                self._cached = (now, list(self._collect()))
+            families = self._cached[1]
+        yield from families
+
+    def _collect(self) -> Iterator[_Family]:
         status = self.status
         if status is None:
             return
@@ -198,7 +239,7 @@ class _StatusCollector(Collector):
         )
         transitions = CounterMetricFamily(
             "fairshare_ownership_transitions",
-            "Ownership changes of the pool seen by this replica.",
+            "Epochs of the pool this replica started (an ownership change counts once, here).",
             labels=["pool"],
         )
         snapshot_age = GaugeMetricFamily(
@@ -209,6 +250,11 @@ class _StatusCollector(Collector):
         fence_left = GaugeMetricFamily(
             "fairshare_fence_left_seconds",
             "Seconds this owner may still decide before it self-fences (0: not owner).",
+            labels=["pool"],
+        )
+        teams_known = GaugeMetricFamily(
+            "fairshare_teams",
+            "Teams the owner keeps state for (at most the pool's max_teams).",
             labels=["pool"],
         )
         degraded = CounterMetricFamily(
@@ -249,6 +295,8 @@ class _StatusCollector(Collector):
             snapshot_age.add_metric([name], view.snapshot_age_s)
             fence_left.add_metric([name], view.fence_left_s)
             degraded.add_metric([name], float(view.degraded_decisions))
+            if view.owned:
+                teams_known.add_metric([name], float(len(view.teams)))
             # Teams that share a label (the unconfigured ones) are summed under it.
             sums: dict[str, list[float]] = {}
             for team in view.teams:
@@ -266,3 +314,4 @@ class _StatusCollector(Collector):
         yield from (in_flight, borrowing, phantoms, usage, reserved, owner, epoch)
         yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused)
         yield from (store_full, store_refused)
+        yield teams_known

@@ -6,8 +6,10 @@ mapped back to ``ha.api`` exceptions in one table (the inverse of
 ``server.servicer.ERROR_CODES``, helped by the ``fairshare-error`` trailing metadata the
 servicer attaches): FAILED_PRECONDITION with owner metadata → WrongEpoch; UNAVAILABLE
 and DEADLINE_EXCEEDED → PeerUnavailable (unless the peer said NoOwner); NOT_FOUND →
-UnknownPool; INVALID_ARGUMENT → InvalidArgument. Any other failure of the peer is
-PeerUnavailable too: the caller cannot know what the peer did.
+UnknownPool; INVALID_ARGUMENT → InvalidArgument; OUT_OF_RANGE → OutOfRange;
+RESOURCE_EXHAUSTED naming a limit (``fairshare-limit``) → LimitExceeded, so a limit met on
+the owner reaches the client instead of sending this replica into its degraded mode. Any
+other failure of the peer is PeerUnavailable too: the caller cannot know what the peer did.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from ha.api import (
     Epoch,
     HeldGrant,
     InvalidArgument,
+    LimitExceeded,
     NodeId,
     NoOwner,
+    OutOfRange,
     PeerUnavailable,
     PermissionDenied,
     PoolName,
@@ -39,6 +43,7 @@ from ha.api import (
     UnknownPool,
     WrongEpoch,
 )
+from server.channels import open_channel
 from server.convert import SERVICE_CLASS_PB, adopt_request, team_stat
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -47,6 +52,7 @@ from server.servicer import (
     ERROR_KEY,
     FIELD_KEY,
     FORWARDED_KEY,
+    LIMIT_KEY,
     OWNER_ADDRESS_KEY,
     OWNER_KEY,
 )
@@ -88,10 +94,13 @@ def to_allocator_error(
             return UnknownNode(node)
     elif code == grpc.StatusCode.NOT_FOUND:
         return UnknownPool(pool)
-    elif code == grpc.StatusCode.INVALID_ARGUMENT:
+    elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
         field = meta.get(FIELD_KEY, "request")
-        prefix = f"{field}: "
-        return InvalidArgument(field, details.removeprefix(prefix))
+        kind_of = OutOfRange if code == grpc.StatusCode.OUT_OF_RANGE else InvalidArgument
+        return kind_of(field, details.removeprefix(f"{field}: "))
+    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and LIMIT_KEY in meta:
+        limit = meta[LIMIT_KEY]
+        return LimitExceeded(limit, details.removeprefix(f"{limit}: "))
     elif code == grpc.StatusCode.PERMISSION_DENIED and kind == PermissionDenied.__name__:
         field = meta.get(FIELD_KEY, "request")
         return PermissionDenied(field, details.removeprefix(f"{field}: "))
@@ -121,7 +130,8 @@ class GrpcPeers:
             admin_token: bearer token sent with forwarded admin calls.
             observe: called with (method, seconds) after every forwarded call, for the
                 forward latency histogram.
-            options: extra channel options.
+            options: extra channel options, over ``server.channels.CHANNEL_OPTIONS``
+                (bounded reconnect backoff).
         """
         self._credentials = credentials
         self._admin_token = admin_token
@@ -132,10 +142,7 @@ class GrpcPeers:
     def _channel(self, address: str) -> aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            if self._credentials is not None:
-                channel = aio.secure_channel(address, self._credentials, options=self._options)
-            else:
-                channel = aio.insecure_channel(address, options=self._options)
+            channel = open_channel(address, self._credentials, self._options)
             self._channels[address] = channel
         return channel
 

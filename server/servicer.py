@@ -3,9 +3,10 @@
 The servicers validate request fields (``INVALID_ARGUMENT`` naming the field), translate
 messages to ``ha.api`` types and back, and map the allocator's exceptions to status codes
 in one table, ``ERROR_CODES``. A mapped error also carries the trailing metadata
-``fairshare-error`` (the exception's class name) and, for ``InvalidArgument``,
-``fairshare-field``; ``WrongEpoch`` adds ``fairshare-owner``, ``fairshare-owner-address``
-and ``fairshare-epoch``. ``server.peers`` reads them to rebuild the same exceptions on the
+``fairshare-error`` (the exception's class name) and, for ``InvalidArgument`` (and its
+``OutOfRange``), ``fairshare-field``; ``LimitExceeded`` adds ``fairshare-limit``;
+``WrongEpoch`` adds ``fairshare-owner``, ``fairshare-owner-address`` and
+``fairshare-epoch``. ``server.peers`` reads them to rebuild the same exceptions on the
 forwarding replica, so an error crosses a forward unchanged.
 
 A call from a forwarding peer carries the metadata ``fairshare-forwarded: 1``; it is
@@ -32,7 +33,9 @@ from ha.api import (
     GrantRef,
     HeldGrant,
     InvalidArgument,
+    LimitExceeded,
     NoOwner,
+    OutOfRange,
     PeerUnavailable,
     PermissionDenied,
     StoreUnavailable,
@@ -40,7 +43,13 @@ from ha.api import (
     UnknownPool,
     WrongEpoch,
 )
-from ha.settings import DegradedMode, PoolConfig
+from ha.limits import (
+    MAX_ADOPT_GRANTS,
+    MAX_EST_TOKENS,
+    MAX_GRANT_ID_BYTES,
+    MAX_NAME_BYTES,
+)
+from ha.settings import MAX_CAPACITY, DegradedMode, PoolConfig
 from server.auth import AdminAuth, peer_identities
 from server.convert import team_stat_pb
 from server.metrics import Metrics, Outcome
@@ -57,10 +66,13 @@ FIELD_KEY: Final = "fairshare-field"
 OWNER_KEY: Final = "fairshare-owner"
 OWNER_ADDRESS_KEY: Final = "fairshare-owner-address"
 EPOCH_KEY: Final = "fairshare-epoch"
+LIMIT_KEY: Final = "fairshare-limit"
 
 ERROR_CODES: Final[Mapping[type[AllocatorError], grpc.StatusCode]] = {
     UnknownPool: grpc.StatusCode.NOT_FOUND,
+    OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    LimitExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     WrongEpoch: grpc.StatusCode.FAILED_PRECONDITION,
     UnknownNode: grpc.StatusCode.FAILED_PRECONDITION,
@@ -70,7 +82,6 @@ ERROR_CODES: Final[Mapping[type[AllocatorError], grpc.StatusCode]] = {
 }
 """The one table from allocator errors to gRPC status codes."""
 
-_MAX_INT32: Final = 2**31 - 1
 _DEGRADED_PB: Final = {
     DegradedMode.FAIL_OPEN: pb.FAIL_OPEN,
     DegradedMode.FAIL_CLOSED: pb.FAIL_CLOSED,
@@ -91,6 +102,8 @@ def error_metadata(error: AllocatorError) -> tuple[tuple[str, str], ...]:
     metadata: list[tuple[str, str]] = [(ERROR_KEY, type(error).__name__)]
     if isinstance(error, InvalidArgument | PermissionDenied):
         metadata.append((FIELD_KEY, error.field))
+    if isinstance(error, LimitExceeded):
+        metadata.append((LIMIT_KEY, error.limit))
     if isinstance(error, WrongEpoch):
         metadata += [
             (OWNER_KEY, str(error.owner)),
@@ -119,19 +132,39 @@ def _forwarded(context: aio.ServicerContext) -> bool:
     )
 
 
+def _check_name(
+    field: str, value: str, *, empty: bool = False, limit: int = MAX_NAME_BYTES
+) -> None:
+    """Refuses an empty (unless allowed) or too long string field, before it is stored.
+
+    The length is counted in UTF-8 bytes; a str has at least one byte per character, so
+    a string with more characters than the limit is refused without encoding it.
+    """
+    if not value:
+        if not empty:
+            raise InvalidArgument(field, "must not be empty")
+        return
+    if len(value) > limit or len(value.encode("utf-8", "surrogatepass")) > limit:
+        raise InvalidArgument(field, f"longer than {limit} bytes")
+
+
 def _check_pool(pool: str) -> None:
-    if not pool:
-        raise InvalidArgument("pool", "must not be empty")
+    _check_name("pool", pool)
 
 
 def _check_team(field: str, team: str) -> None:
-    if not team:
-        raise InvalidArgument(field, "must not be empty")
+    _check_name(field, team)
 
 
 def _check_tokens(field: str, est_tokens: int) -> None:
     if est_tokens < 0:
         raise InvalidArgument(field, f"must be >= 0, got {est_tokens}")
+    if est_tokens > MAX_EST_TOKENS:
+        raise OutOfRange(field, f"must be <= {MAX_EST_TOKENS}, got {est_tokens}")
+
+
+def _check_grant_id(field: str, grant_id: str) -> None:
+    _check_name(field, grant_id, limit=MAX_GRANT_ID_BYTES)
 
 
 def _service_class(value: int) -> Class:
@@ -196,6 +229,12 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             return _forwarded(context), None  # a replica forwarding or re-reporting
         return False, identities
 
+    async def _fail(self, context: aio.ServicerContext, error: AllocatorError) -> NoReturn:
+        """Aborts with the mapped status, counting a limit met in the metrics."""
+        if isinstance(error, LimitExceeded) and self._metrics is not None:
+            self._metrics.count_limited(error.limit)
+        await _abort(context, error)
+
     async def Acquire(  # noqa: N802 (gRPC method name)
         self, request: pb.AcquireRequest, context: aio.ServicerContext
     ) -> pb.AcquireResponse:
@@ -203,9 +242,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         started = time.perf_counter()
         forwarded, identities = self._caller(context)
         try:
+            _check_name("holder", request.holder, empty=True)
             _check_holder("holder", request.holder, identities)
             _check_pool(request.pool)
             _check_team("team", request.team)
+            _check_name("request_id", request.request_id, empty=True)
             klass = _service_class(request.service_class)
             _check_tokens("est_tokens", request.est_tokens)
             decision = await self._allocator.acquire(
@@ -221,7 +262,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         except AllocatorError as e:
             if isinstance(e, NoOwner) and self._metrics is not None and not forwarded:
                 self._metrics.count(request.pool, request.team, Outcome.REFUSED, None)
-            await _abort(context, e)
+            await self._fail(context, e)
         if self._metrics is not None and not forwarded:
             elapsed = time.perf_counter() - started
             self._metrics.count(request.pool, request.team, Outcome.of(decision), elapsed)
@@ -241,19 +282,15 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
     ) -> pb.ReleaseResponse:
         """Ends a grant; non-finite or negative consumption counts as 0 (not an error)."""
         consumed = request.consumed if math.isfinite(request.consumed) else 0.0
-        if not request.grant_id:
-            await _abort(context, InvalidArgument("grant_id", "must not be empty"))
         forwarded, identities = self._caller(context)
         try:
+            _check_grant_id("grant_id", request.grant_id)
             if identities is not None:
                 holder = GrantRef.decode(request.grant_id).holder
                 _check_holder("grant_id", holder, identities)
+            await self._allocator.release(request.grant_id, consumed, forwarded=forwarded)
         except AllocatorError as e:
-            await _abort(context, e)
-        await _guard(
-            context,
-            self._allocator.release(request.grant_id, consumed, forwarded=forwarded),
-        )
+            await self._fail(context, e)
         return pb.ReleaseResponse()
 
     async def Adopt(  # noqa: N802 (gRPC method name)
@@ -262,12 +299,17 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         """Re-reports a holder's live grants to the pool's current owner."""
         forwarded, identities = self._caller(context)
         try:
+            _check_name("holder", request.holder, empty=True)
             _check_holder("holder", request.holder, identities)
             _check_pool(request.pool)
+            if len(request.grants) > MAX_ADOPT_GRANTS:
+                raise LimitExceeded(
+                    "max_adopt_grants",
+                    f"{len(request.grants)} grants in one Adopt, at most {MAX_ADOPT_GRANTS}",
+                )
             grants: list[HeldGrant] = []
             for i, held in enumerate(request.grants):
-                if not held.grant_id:
-                    raise InvalidArgument(f"grants[{i}].grant_id", "must not be empty")
+                _check_grant_id(f"grants[{i}].grant_id", held.grant_id)
                 if identities is not None:
                     holder = GrantRef.decode(held.grant_id).holder
                     _check_holder(f"grants[{i}].grant_id", holder, identities)
@@ -291,7 +333,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 forwarded=forwarded,
             )
         except AllocatorError as e:
-            await _abort(context, e)
+            await self._fail(context, e)
         return pb.AdoptResponse(
             adopted=result.adopted,
             phantoms_dropped=result.phantoms_dropped,
@@ -303,11 +345,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self, request: pb.SnapshotRequest, context: aio.ServicerContext
     ) -> pb.SnapshotResponse:
         """The pool's team table with its owner and epoch."""
-        if not request.pool:
-            await _abort(context, InvalidArgument("pool", "must not be empty"))
-        view = await _guard(
-            context, self._allocator.snapshot(request.pool, forwarded=_forwarded(context))
-        )
+        try:
+            _check_pool(request.pool)
+            view = await self._allocator.snapshot(request.pool, forwarded=_forwarded(context))
+        except AllocatorError as e:
+            await _abort(context, e)
         return pb.SnapshotResponse(
             pool=view.pool,
             capacity=view.capacity,
@@ -354,21 +396,17 @@ class AdminServicer(pb_grpc.AdminServicer):  # type: ignore[misc]
     ) -> pb.SetCapacityResponse:
         """Changes a pool's capacity; answers the previous one."""
         await self._auth.check(context)
-        if not request.pool:
-            await _abort(context, InvalidArgument("pool", "must not be empty"))
-        if not 0 <= request.capacity <= _MAX_INT32:
-            await _abort(
-                context,
-                InvalidArgument(
-                    "capacity", f"must be in [0, {_MAX_INT32}], got {request.capacity}"
-                ),
-            )
-        previous = await _guard(
-            context,
-            self._allocator.set_capacity(
+        try:
+            _check_pool(request.pool)
+            if request.capacity < 0:
+                raise InvalidArgument("capacity", f"must be >= 0, got {request.capacity}")
+            if request.capacity > MAX_CAPACITY:
+                raise OutOfRange("capacity", f"must be <= {MAX_CAPACITY}, got {request.capacity}")
+            previous = await self._allocator.set_capacity(
                 request.pool, request.capacity, forwarded=_forwarded(context)
-            ),
-        )
+            )
+        except AllocatorError as e:
+            await _abort(context, e)
         logger.info(
             "pool %s: capacity set to %d (was %d)", request.pool, request.capacity, previous
         )
@@ -379,13 +417,13 @@ class AdminServicer(pb_grpc.AdminServicer):  # type: ignore[misc]
     ) -> pb.SwitchoverResponse:
         """Moves a pool to the named replica."""
         await self._auth.check(context)
-        if not request.pool:
-            await _abort(context, InvalidArgument("pool", "must not be empty"))
-        if not request.node:
-            await _abort(context, InvalidArgument("node", "must not be empty"))
-        await _guard(
-            context,
-            self._allocator.switchover(request.pool, request.node, forwarded=_forwarded(context)),
-        )
+        try:
+            _check_pool(request.pool)
+            _check_name("node", request.node)
+            await self._allocator.switchover(
+                request.pool, request.node, forwarded=_forwarded(context)
+            )
+        except AllocatorError as e:
+            await _abort(context, e)
         logger.info("pool %s: switchover to %s requested", request.pool, request.node)
         return pb.SwitchoverResponse()

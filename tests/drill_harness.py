@@ -197,8 +197,15 @@ class Replica:
             return ""
 
 
-async def wait_serving(address: str, timeout_s: float = 15.0) -> None:
-    """Waits until the replica answers ListPools."""
+async def wait_serving(
+    address: str, timeout_s: float = 15.0, *, exits: Replica | None = None
+) -> None:
+    """Waits until the replica answers ListPools.
+
+    Raises:
+        RuntimeError: ``exits`` (the replica's process) ended before it answered.
+        grpc.aio.AioRpcError: no answer within ``timeout_s``.
+    """
     deadline = time.monotonic() + timeout_s
     async with aio.insecure_channel(address) as channel:
         stub = pb_grpc.AllocatorStub(channel)
@@ -207,6 +214,10 @@ async def wait_serving(address: str, timeout_s: float = 15.0) -> None:
                 await stub.ListPools(pb.ListPoolsRequest(), timeout=0.5)
                 return
             except aio.AioRpcError:
+                if exits is not None and exits.proc is not None and not exits.alive:
+                    raise RuntimeError(
+                        f"{exits.node} exited with {exits.proc.returncode} at start"
+                    ) from None
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.1)

@@ -111,11 +111,19 @@ async def killed_gateway(cluster: DrillCluster) -> tuple[float, float]:
     return at, end
 
 
-async def restart(replica: Replica) -> None:
-    """A supervisor brings a killed replica back."""
+async def restart(replica: Replica, *, attempts: int = 3) -> None:
+    """A supervisor brings a killed replica back, and starts it again if it exits at
+    start-up (no etcd member answered in time, as during an etcd election)."""
     replica.wait(5.0)
-    replica.start()
-    await wait_serving(replica.address)
+    for attempt in range(1, attempts + 1):
+        replica.start()
+        try:
+            await wait_serving(replica.address, exits=replica)
+            return
+        except RuntimeError:
+            if attempt == attempts:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def etcd_stall_within_budget(cluster: DrillCluster) -> tuple[float, float]:
@@ -142,11 +150,12 @@ async def isolated_watch_member(cluster: DrillCluster) -> tuple[float, float]:
     client URL still serving) and at once every pool owner is killed: the survivors
     learn of it only if their watches leave the partitioned member."""
     names = [m.name for m in cluster.etcd.members]
-    streams = {n: cluster.etcd.watch_streams(n) for n in names}
+    streams = {n: await asyncio.to_thread(cluster.etcd.watch_streams, n) for n in names}
     member = max(names, key=lambda n: (streams[n], -names.index(n)))
-    if cluster.etcd.leader() == member:
+    if await asyncio.to_thread(cluster.etcd.leader) == member:
         # Keep the majority's leader: the drill is about a partitioned follower.
-        cluster.etcd.move_leader(next(n for n in names if n != member))
+        target = next(n for n in names if n != member)
+        await asyncio.to_thread(cluster.etcd.move_leader, target)
     owners = await cluster.owners()
     victims = [cluster.replica(node) for node in sorted({node for node, _ in owners.values()})]
     at = time.monotonic()
@@ -159,6 +168,7 @@ async def isolated_watch_member(cluster: DrillCluster) -> tuple[float, float]:
         end = time.monotonic()
     finally:
         cluster.etcd.heal()
+    await asyncio.to_thread(cluster.etcd.leader)  # the member is back in the cluster
     for victim in victims:
         await restart(victim)
     return at, end
@@ -166,14 +176,14 @@ async def isolated_watch_member(cluster: DrillCluster) -> tuple[float, float]:
 
 async def kill_etcd_leader(cluster: DrillCluster) -> tuple[float, float]:
     """SIGKILL of the etcd leader; it comes back on its data dir a moment later."""
-    leader = cluster.etcd.leader()
+    leader = await asyncio.to_thread(cluster.etcd.leader)
     at = time.monotonic()
     cluster.etcd.kill(leader)
-    cluster.etcd.leader(timeout_s=10.0)  # the two others elect one
+    await asyncio.to_thread(cluster.etcd.leader)  # the two others elect one
     await cluster.wait_owned()
     end = time.monotonic()
     await asyncio.sleep(0.5)
-    cluster.etcd.restart_member(leader)
+    await asyncio.to_thread(cluster.etcd.restart_member, leader)
     return at, end
 
 
@@ -181,9 +191,9 @@ async def move_etcd_leader(cluster: DrillCluster) -> tuple[float, float]:
     """`etcdctl move-leader` to each other member in turn (a planned etcd maintenance)."""
     at = time.monotonic()
     for _ in range(2):
-        current = cluster.etcd.leader()
+        current = await asyncio.to_thread(cluster.etcd.leader)
         target = next(m.name for m in cluster.etcd.members if m.name != current)
-        cluster.etcd.move_leader(target)
+        await asyncio.to_thread(cluster.etcd.move_leader, target)
         await asyncio.sleep(0.5)
     await cluster.wait_owned()
     return at, time.monotonic()
@@ -191,7 +201,8 @@ async def move_etcd_leader(cluster: DrillCluster) -> tuple[float, float]:
 
 CUT_S = 1.0
 HELD_PER_CUT = 2
-HELD_CONSUMED = 50.0  # large, so that an uncharged release shows in the usage error
+HELD_CONSUMED = 40.0  # large enough that an uncharged release shows in the usage error,
+# and below the replicas' charge bound (max_charge_per_s 8 x max_request_s 6)
 COUNTED_WITHIN_S = 1.5
 
 
@@ -295,13 +306,15 @@ WALL_STEP_S = 600.0
 
 
 async def wall_clock_step(cluster: DrillCluster) -> tuple[float, float]:
-    """The owner's wall clock steps +10 minutes, then -10 minutes, then back (through
-    the replicas' injected-clock hook; the machine's clock is untouched)."""
-    owner = cluster.replica(await owner_of(cluster, "gpu-a"))
+    """Every pool owner's wall clock steps +10 minutes, then -10 minutes, then back
+    (through the replicas' injected-clock hook; the machine's clock is untouched)."""
+    nodes = sorted({node for node, _ in (await cluster.owners()).values()})
+    owners = [cluster.replica(node) for node in nodes]
     at = time.monotonic()
     for offset in (WALL_STEP_S, -WALL_STEP_S, 0.0):
-        owner.step_wall_clock(offset)
-        await asyncio.sleep(1.5)
+        for owner in owners:
+            owner.step_wall_clock(offset)
+        await asyncio.sleep(1.0)  # several max holds of the workers at each offset
     await cluster.wait_owned()
     return at, time.monotonic()
 

@@ -38,6 +38,7 @@ TIMING = Timing(
     commit_window_s=0.0,
     release_commit_s=0.0,
     campaign_delay_s=0.3,
+    rebalance_settle_s=4.0,
     degraded_after_s=0.2,
     forward_deadline_s=1.0,
     release_memory_s=600.0,
@@ -54,10 +55,10 @@ class FlakyStore(MemoryStore):
         super().__init__(clock)
         self.refuse_keepalive = False
 
-    async def keepalive(self, lease: LeaseId) -> float:
+    async def keepalive(self, lease: LeaseId, *, timeout_s: float | None = None) -> float:
         if self.refuse_keepalive:
             raise StoreUnavailable("partitioned")
-        return await super().keepalive(lease)
+        return await super().keepalive(lease, timeout_s=timeout_s)
 
 
 class LocalPeers:
@@ -449,8 +450,9 @@ async def test_a_returning_preferred_replica_gets_its_pools_back_by_handover(
     cluster.peers.down.discard(back.address)
     cluster.nodes.append(back)
     await back.start()
-    # After it has been a member for T, the pools it is preferred for move back to it.
-    await cluster.clock.advance(TIMING.lease_ttl_s + 1.0)
+    # After it has been a member for rebalance_settle_s, the pools it is preferred for
+    # move back to it.
+    await cluster.clock.advance(TIMING.rebalance_settle_s + 1.0)
     members = [n.node_id for n in cluster.nodes]
     for pool in POOLS:
         owner = cluster.owner(pool.name)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import socket
 
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairshare import Class
 from ha.api import NoOwner, UnknownPool
 from server.app import RunningServer, start_server
+from server.channels import open_channel
 from server.client import AllocatorClient, SyncAllocatorClient
 from server.config import Config
 
@@ -119,6 +123,52 @@ async def test_new_epoch_triggers_adopt_of_live_grants(config: Config) -> None:
         assert fresh.epoch == 2
         await eventually(lambda: held.grant_id in new.grants)
         assert new.pools["gpu-a"].snapshot()[0].in_flight == 2
+    finally:
+        await client.close()
+        await server.shutdown(0)
+
+
+async def serving(address: str, *, timeout_s: float = 5.0) -> None:
+    """Returns once the server at ``address`` answers health SERVING (on a fresh channel)."""
+    async with open_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        r = await health.Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s, wait_for_ready=True
+        )
+        assert r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.timeout(60)
+async def test_a_server_restarted_on_its_port_is_reached_again_once_it_serves(
+    config: Config,
+) -> None:
+    # 20 restarts on the same port. While the port is closed the gateway calls (and gives
+    # up after 0.1 s), so its channel fails to connect and backs off. Once health answers,
+    # its next acquire must reach the server, not apply fail_open: gRPC's default backoff
+    # would keep the channel failing for 1 s and more, longer than the acquire deadline.
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    allocator = FakeAllocator(config.pools, node_id="test-0")
+    server = await start_on(config, port, allocator)
+    client = AllocatorClient([address], holder="gw", deadline_s=0.5)
+    rng = random.Random(11)
+    degraded = []
+    try:
+        for restart in range(20):
+            grant = await client.acquire("gpu-a", "inst-a")
+            await grant.release()
+            await server.shutdown(0)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.1):
+                    await client.refresh_pools()
+            await asyncio.sleep(rng.uniform(0.0, 0.05))
+            server = await start_on(config, port, allocator)
+            await serving(address)
+            grant = await client.acquire("gpu-a", "inst-a")
+            if grant.degraded:
+                degraded.append(restart)
+            await grant.release()
+        assert degraded == [], f"degraded after restarts {degraded}"
     finally:
         await client.close()
         await server.shutdown(0)

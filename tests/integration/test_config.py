@@ -137,6 +137,15 @@ def test_empty_metrics_listen_disables_metrics() -> None:
         ),
         pytest.param("", {"FAIRSHARE_LEASE_TTL_S": "soon"}, "timing.lease_ttl_s", id="env-nan"),
         pytest.param(
+            "timing: {rebalance_settle_s: -1}\n", {}, "timing.rebalance_settle_s", id="neg-settle"
+        ),
+        pytest.param(
+            "",
+            {"FAIRSHARE_REBALANCE_SETTLE_S": "inf"},
+            "timing.rebalance_settle_s",
+            id="inf-settle",
+        ),
+        pytest.param(
             "",
             {"FAIRSHARE_KEEPALIVE_INTERVAL_S": "3"},
             "timing.keepalive_interval_s",

@@ -151,7 +151,7 @@ async def test_connect_fails_over_to_the_next_endpoint(etcd_disposable: EtcdProc
 # -- a node through an etcd stall ---------------------------------------------------------
 
 POOL = "gpu-a"
-STALL_TIMING = Timing()  # T = 5 s, margin 1 s, RPC timeout 0.5 s, keepalive every 1 s
+STALL_TIMING = Timing()  # T = 5 s, margin 1 s, RPC timeout 0.5 s, keepalive every 0.5 s
 
 
 class NoPeers:
@@ -238,16 +238,26 @@ class _Load:
 
 
 async def _stall(
-    etcd: EtcdProcess, node: Node, seconds: float
+    etcd: EtcdProcess, node: Node, seconds: float, *, before_renewal: bool = False
 ) -> tuple[_Load, list[PoolStatus], int]:
     """Runs three within-share workers, pauses etcd for ``seconds``, and returns the load,
     the pool's status as seen every 50 ms from the pause until 1.5 s after it, and how
-    many grants were counted when etcd resumed."""
+    many grants were counted when etcd resumed.
+
+    ``before_renewal`` starts the pause just before the lease's next renewal is sent, the
+    worst moment: the fencing deadline is then nearest."""
     load = _Load(node)
     workers = [asyncio.create_task(load.worker()) for _ in range(3)]
     seen: list[PoolStatus] = []
     try:
         await asyncio.sleep(0.5)
+        if before_renewal:
+            renewals = node._lease.renewals
+            for _ in range(200):  # bounded: a renewal comes every keepalive_interval_s
+                if node._lease.renewals != renewals:
+                    break
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(STALL_TIMING.keepalive_interval_s - 0.05)
         etcd.pause()
         try:
             end = time.monotonic() + seconds
@@ -281,6 +291,22 @@ async def test_an_etcd_stall_within_the_fencing_budget_keeps_the_pool_and_its_ep
     assert not load.failures, load.failures[:3]
     assert set(load.epochs) == {first.epoch}
     assert len(load.epochs) > resumed_at, "no grant after etcd resumed"
+    assert "lost pool" not in caplog.text
+
+
+async def test_a_stall_of_the_whole_budget_at_the_worst_moment_keeps_the_pool(
+    etcd_disposable: EtcdProcess, lone_node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The budget is T - margin - rpc_timeout (3.5 s with the defaults): a stall just
+    shorter than it, begun right before a renewal, costs no pool."""
+    first = _pool_status(lone_node)
+    budget = STALL_TIMING.lease_ttl_s - STALL_TIMING.fence_margin_s - STALL_TIMING.rpc_timeout_s
+    _, seen, _ = await _stall(etcd_disposable, lone_node, budget - 0.25, before_renewal=True)
+
+    last = _pool_status(lone_node)
+    lost = [s for s in seen if not s.owned or s.epoch != first.epoch]
+    assert not lost, f"pool not owned at its epoch at some point: {lost[0]}"
+    assert (last.owned, last.epoch, last.transitions) == (True, first.epoch, first.transitions)
     assert "lost pool" not in caplog.text
 
 

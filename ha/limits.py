@@ -1,0 +1,25 @@
+"""The limits that keep one replica's memory and work bounded whatever clients send.
+
+Every value here is checked at the door (``server.servicer``) before anything is stored,
+or by the owner of a pool for what depends on its state (``ha.owner``). docs/ha.md
+("Limits") lists each with what a client sees at it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MAX_NAME_BYTES: Final = 256
+"""Longest pool, team, holder, request id or node id, in bytes of UTF-8."""
+MAX_GRANT_ID_BYTES: Final = 2048
+"""Longest grant id, in bytes: one encodes a pool, a team and a holder in base64, with
+numbers and room for an authentication tag."""
+MAX_ADOPT_GRANTS: Final = 4096
+"""Most grants one Adopt may re-report; a holder with more sends several."""
+MAX_EST_TOKENS: Final = 2**32
+"""Largest ``est_tokens`` of one request. Billions of requests at this size still sum
+below 2**63, so a team's in-flight tokens always fit the wire's int64."""
+MAX_ANSWER_BYTES: Final = 32 * 2**20
+"""Bytes of remembered answers (request-id dedupe) one pool keeps; the oldest go first."""
+MAX_ANSWERS: Final = 100_000
+"""Most remembered answers one pool keeps, whatever their size."""
