@@ -188,6 +188,9 @@ class PoolStatus:
         snapshot_age_s: seconds since the last snapshot written (owner only; -1 if none).
         teams: the owner's team table; empty when this replica does not own the pool.
         degraded_decisions: decisions made without an owner by this replica.
+        store_full: the store refused this replica's last write for the pool for lack
+            of space (the pool cannot be served from here until a write succeeds).
+        store_refused_writes: writes for the pool refused as full, since start.
         charges_clamped: releases this replica, as owner, charged at the pool's bound
             (``PoolConfig.max_charge``) instead of the larger amount claimed.
         grant_ids_refused: releases and adopted grants this replica, as owner, refused
@@ -203,6 +206,8 @@ class PoolStatus:
     snapshot_age_s: float
     teams: Sequence[TeamStat]
     degraded_decisions: int
+    store_full: bool = False
+    store_refused_writes: int = 0
     charges_clamped: int = 0
     grant_ids_refused: int = 0
 

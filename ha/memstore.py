@@ -15,13 +15,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import math
 import os
+import re
 import tempfile
 import time
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,6 +37,7 @@ from ha.store import (
     KeyValue,
     LeaseId,
     LeaseNotFound,
+    StoreFull,
     StoreUnavailable,
     WatchEvent,
     within,
@@ -188,6 +192,9 @@ class MemoryStore:
 
     @contextlib.asynccontextmanager
     async def _op(self) -> AsyncIterator[None]:
+        # Every call yields to the loop once, as a call to a remote store does: callers
+        # must not come to depend on a store call that completes without a pause.
+        await asyncio.sleep(0)
         if self._closed:
             raise StoreUnavailable("store is closed")
         async with self._lock:
@@ -204,20 +211,32 @@ class MemoryStore:
             raise LeaseNotFound(f"lease {lease:x} not found")
 
     async def _write(self, key: str, value: bytes, lease: LeaseId) -> KeyValue:
-        self._revision += 1
+        # Persist first, change memory after: a write that fails to persist changes
+        # nothing, neither the keys nor the revision, and publishes no event.
+        revision = self._revision + 1
         old = self._keys.get(key)
-        created = old.create_revision if old is not None else self._revision
-        kv = KeyValue(key, bytes(value), created, self._revision, lease)
+        created = old.create_revision if old is not None else revision
+        kv = KeyValue(key, bytes(value), created, revision, lease)
+        durable = kv.lease == 0 or (old is not None and old.lease == 0)
+        await self._persist(revision, key, kv if kv.lease == 0 else None, durable=durable)
+        self._revision = revision
         self._keys[key] = kv
-        await self._persist(key, kv.lease == 0 or (old is not None and old.lease == 0))
-        self._publish(WatchEvent(EventKind.PUT, key, kv, self._revision))
+        self._applied()
+        self._publish(WatchEvent(EventKind.PUT, key, kv, revision))
         return kv
 
     async def _delete(self, key: str) -> None:
-        old = self._keys.pop(key)
-        self._revision += 1
-        await self._persist(key, old.lease == 0)
-        self._publish(WatchEvent(EventKind.DELETE, key, None, self._revision))
+        old = self._keys[key]
+        revision = self._revision + 1
+        if old.lease == 0:
+            # A key on a lease was never on disk, and the revision of its delete is never
+            # an epoch: nothing to log (a restart skips a revision for these deletes). So
+            # a lease's expiry and a resignation cannot fail for lack of disk space.
+            await self._persist(revision, key, None, durable=True)
+        self._revision = revision
+        del self._keys[key]
+        self._applied()
+        self._publish(WatchEvent(EventKind.DELETE, key, None, revision))
 
     def _publish(self, event: WatchEvent) -> None:
         self._history.append(event)
@@ -244,8 +263,23 @@ class MemoryStore:
             async with self._lock:
                 await self._expire()
 
-    async def _persist(self, key: str, durable: bool) -> None:
-        """Hook for FileStore: makes the write durable before it is acknowledged."""
+    async def _persist(
+        self, revision: int, key: str, kv: KeyValue | None, *, durable: bool
+    ) -> None:
+        """Hook for FileStore: makes a write durable before memory changes.
+
+        Args:
+            revision: the revision the write will get.
+            key: the key written.
+            kv: its new value, or None when it is deleted (or put on a lease).
+            durable: the key's value must be kept; otherwise only the revision is.
+
+        Raises:
+            StoreUnavailable: the write is not durable; the caller changes nothing.
+        """
+
+    def _applied(self) -> None:
+        """Hook for FileStore: a persisted write is now in memory."""
 
 
 class FileStore(MemoryStore):
@@ -301,20 +335,29 @@ class FileStore(MemoryStore):
         self._lock_fd = -1
         self._log_bytes = 0
         self._compaction: asyncio.Task[None] | None = None
+        self._compaction_failed = False  # the inactive log holds what store.json lacks
         self._threaded_until = -math.inf  # monotonic time until which appends use a thread
         self._read_only = read_only
+        if self._dir.exists() and not self._dir.is_dir():
+            raise StoreUnavailable(f"{self._dir}: the state dir is not a directory")
         if not read_only:
-            self._dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self._dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise _store_error(self._dir, e) from e
             self._lock_fd = _lock(self._dir / "lock")
         self._load()
         if not read_only:
             try:
                 _atomic_write(self._path, self._state())
+            except OSError as e:
+                raise _store_error(self._path, e) from e
+            try:
                 for log in self._logs:
                     _truncate(log)
                 self._open_log(0)
             except OSError as e:
-                raise StoreUnavailable(f"cannot write {self._path}: {e}") from e
+                raise _store_error(self._logs[0], e) from e
 
     def _load(self) -> None:
         try:
@@ -331,7 +374,7 @@ class FileStore(MemoryStore):
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise StoreUnavailable(f"cannot read {self._path}: {e}") from e
+            raise StoreUnavailable(f"{self._path}: unreadable: {e}") from e
         records = [r for log in self._logs for r in self._read_log(log)]
         replayed = 0
         for record in sorted(records, key=lambda r: int(r["r"])):
@@ -362,28 +405,54 @@ class FileStore(MemoryStore):
 
     @staticmethod
     def _read_log(log: Path) -> list[dict[str, Any]]:
+        """The records of one log, checked.
+
+        A record that fails its check is a torn write when it is the last of its log
+        (a crash during an append, never acknowledged): it is dropped with a warning.
+        Anywhere else it is corruption, and the store refuses to open.
+
+        Raises:
+            StoreUnavailable: the log cannot be read, or a record before its last is
+                corrupt (the message names the file and the record's byte offset).
+        """
         try:
-            lines = log.read_bytes().split(b"\n")
+            data = log.read_bytes()
         except FileNotFoundError:
             return []
         except OSError as e:
-            raise StoreUnavailable(f"cannot read {log}: {e}") from e
+            raise StoreUnavailable(f"{log}: unreadable: {e}") from e
+        if not data:
+            return []
+        complete = data.endswith(b"\n")
+        lines = data.split(b"\n")
+        if complete:
+            lines.pop()  # what follows the last newline: nothing
         records = []
-        for number, line in enumerate(lines, 1):
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-                int(record["r"])
-            except (ValueError, KeyError, TypeError):
-                if number < len(lines) - 1:
-                    raise StoreUnavailable(f"{log}: line {number} is unreadable") from None
-                logger.warning("ignoring a torn last record in %s", log)
+        offset = 0
+        for index, line in enumerate(lines):
+            last = index == len(lines) - 1
+            # A last line without its newline was cut during its append: never acknowledged.
+            record = _decode_record(line) if complete or not last else None
+            if record is None:
+                if not last:
+                    raise StoreUnavailable(
+                        f"{log}: corrupt record at byte offset {offset} (checksum or format)"
+                    )
+                logger.warning(
+                    "%s: dropped a torn last record at byte offset %d (%d bytes): a write "
+                    "cut by a crash, never acknowledged",
+                    log,
+                    offset,
+                    len(line),
+                )
                 break
             records.append(record)
+            offset += len(line) + 1
         return records
 
-    async def _persist(self, key: str, durable: bool) -> None:
+    async def _persist(
+        self, revision: int, key: str, kv: KeyValue | None, *, durable: bool
+    ) -> None:
         if self._read_only:
             raise StoreUnavailable(f"{self._dir} is open read-only")
         record: dict[str, object]
@@ -391,37 +460,44 @@ class FileStore(MemoryStore):
             # A key on a lease is not kept, but its revision is: an owner key's
             # create_revision is an epoch, and a restarted process must never hand the
             # same epoch out again.
-            record = {"r": self._revision}
+            record = {"r": revision}
         else:
-            kv = self._keys.get(key)
             record = {
-                "r": self._revision,
+                "r": revision,
                 "k": key,
                 "v": None if kv is None else base64.b64encode(kv.value).decode("ascii"),
                 "c": 0 if kv is None else kv.create_revision,
             }
-        line = json.dumps(record, separators=(",", ":")).encode("utf-8") + b"\n"
+        line = _encode_record(record)
         try:
             await self._append(line)
         except OSError as e:
-            raise StoreUnavailable(f"cannot write {self._logs[self._active]}: {e}") from e
+            raise _store_error(self._logs[self._active], e) from e
         self._log_bytes += len(line)
+
+    def _applied(self) -> None:
         busy = self._compaction is not None and not self._compaction.done()
-        if self._log_bytes >= self.COMPACT_BYTES and not busy:
-            # The caller holds the store's lock: the state and the switch are consistent.
-            state, old = self._state(), self._active
+        if self._log_bytes < self.COMPACT_BYTES or busy:
+            return
+        # The caller holds the store's lock: the state and the switch are consistent.
+        state, old = self._state(), self._active
+        if self._compaction_failed:
+            # The other log still holds records store.json lacks: switching to it would
+            # empty it. Stay on this log and compact again (this state covers both).
+            old = 1 - old
+        else:
             self._open_log(1 - old)
-            self._compaction = asyncio.create_task(
-                self._compact(state, self._logs[old]), name="store-compaction"
-            )
+        self._compaction = asyncio.create_task(
+            self._compact(state, self._logs[old]), name="store-compaction"
+        )
 
     async def _append(self, line: bytes) -> None:
         started = time.monotonic()
         threaded = started < self._threaded_until
         if threaded:
-            await asyncio.to_thread(_append, self._log_fd, line)
+            await asyncio.to_thread(_append, self._log_fd, line, self._log_bytes)
         else:
-            _append(self._log_fd, line)
+            _append(self._log_fd, line, self._log_bytes)
         took = time.monotonic() - started
         if took > self.SLOW_APPEND_S:
             self._threaded_until = started + took + self.THREADED_FOR_S
@@ -464,10 +540,18 @@ class FileStore(MemoryStore):
         """Writes ``state`` whole, then empties the log it covers (in the background)."""
         try:
             await asyncio.to_thread(_atomic_write, self._path, state)
+        except OSError as e:
+            # Nothing is lost: the old log still holds what the state file lacks, and it
+            # is not switched to (emptied) until a compaction succeeds.
+            self._compaction_failed = True
+            logger.error("compaction of %s failed (tried again later): %s", self._dir, e)
+            return
+        self._compaction_failed = False
+        try:
             await asyncio.to_thread(_truncate, old_log)
         except OSError as e:
-            # Nothing is lost: the old log still holds what the state file lacks.
-            logger.error("compaction of %s failed: %s", self._dir, e)
+            # Harmless: store.json covers the log, which is emptied when switched to.
+            logger.warning("emptying %s after a compaction failed: %s", old_log, e)
 
     async def close(self) -> None:
         await super().close()
@@ -489,11 +573,64 @@ def _truncate(path: Path) -> None:
         os.close(fd)
 
 
-def _append(fd: int, data: bytes) -> None:
-    written = os.write(fd, data)
-    if written != len(data):
-        raise OSError(f"short write to the store log ({written} of {len(data)} bytes)")
-    os.fdatasync(fd)
+def _append(fd: int, data: bytes, size: int) -> None:
+    """Appends ``data`` durably to the log ``fd`` of ``size`` bytes, or leaves it as it was.
+
+    A failed append (a full disk may take half a record) is cut off again, so the next
+    append starts on a record boundary and a record in the middle of a log is never torn.
+    """
+    try:
+        _write_all(fd, data)
+        os.fdatasync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):  # shrinking a file needs no space
+            os.ftruncate(fd, size)
+        raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "no progress writing the store log")
+        view = view[written:]
+
+
+# Log records: ``<crc32 of the JSON, 8 hex digits> <JSON>\n``. Records written before
+# checksums (a bare JSON object per line) are still read, without a check.
+_CHECKED = re.compile(rb"([0-9a-f]{8}) (\{.*\})")
+
+
+def _encode_record(record: dict[str, object]) -> bytes:
+    body = json.dumps(record, separators=(",", ":")).encode("utf-8")
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def _decode_record(line: bytes) -> dict[str, Any] | None:
+    """The record of one log line (without its newline), or None when it fails its check."""
+    match = _CHECKED.fullmatch(line)
+    if match is not None:
+        if int(match[1], 16) != zlib.crc32(match[2]):
+            return None
+        body = match[2]
+    elif line.startswith(b"{"):
+        body = line  # written before records carried a checksum
+    else:
+        return None
+    try:
+        record = json.loads(body)
+        int(record["r"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _store_error(path: Path, error: OSError) -> StoreUnavailable:
+    """The store's error for a failed file operation: StoreFull when the disk is full."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreFull(f"{path}: no space left for the store ({error.strerror or error})")
+    return StoreUnavailable(f"{path}: {error.strerror or error}")
 
 
 def _lock(path: Path) -> int:

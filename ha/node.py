@@ -63,12 +63,16 @@ from ha.owner import IdCounters, NotDeciding, OwnedPool, degraded_grant_id
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
 from ha.store import LeaseNotFound, Store, StoreFull, StoreUnavailable, bounded
+from ha.writes import WatchedStore
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _TICK_S = 0.05
 _ROUTE_POLL_S = 0.01
+_LET_GO_MAX_S = 5.0
+_CANCELLED_WAIT_S = 1.0
+"""How long ``close`` waits for its cancelled tasks to end."""
 _CAMPAIGN_BACKOFF_MAX_S = 1.0
 """Failed campaigns for a pool are retried after 50 ms, doubling up to this, jittered."""
 _CAMPAIGN_LOG_S = 10.0
@@ -133,10 +137,18 @@ class Node:
         self.embedded = embedded
         self._owns_store = owns_store  # close() closes it too
         self._configs = {PoolName(p.name): p for p in pools}
-        self._store = store
         self._peers = peers
         self._keys = Keys(prefix)
         self._clock: Clock = clock if clock is not None else SystemClock()
+        # Every store call goes through it: a full store is noticed in one place.
+        self._writes = WatchedStore(
+            store,
+            keys=self._keys,
+            pools=self._configs,
+            monotonic=self._clock.monotonic,
+            node=node_id,
+        )
+        store = self._store = self._writes
         self._lease = NodeLease(
             store=store,
             clock=self._clock,
@@ -158,6 +170,7 @@ class Node:
         self._degraded: dict[PoolName, int] = dict.fromkeys(self._configs, 0)
         self._id_counters = {name: IdCounters() for name in self._configs}
         self._stubs: dict[str, _Stub] = {}
+        self._let_go_failures: dict[PoolName, tuple[Epoch, int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._started = 0.0
@@ -205,22 +218,29 @@ class Node:
             owned.deciding = False
 
     async def close(self) -> None:
-        """Final snapshots, then gives up ownership at once so successors campaign."""
+        """Final snapshots, then gives up ownership at once so successors campaign.
+
+        Ends within ``timing.close_bound_s``: every step is bounded. The final snapshots may
+        take as long as this node may still decide; a task that does not end when
+        cancelled is logged (as a BUG) and left behind; a lease that cannot be revoked
+        in time expires by itself.
+        """
         self._closing = True
         for owned in self._owned.values():
             owned.deciding = False
         for task in self._campaigns.values():
             task.cancel()
         finals = [self._final_snapshot(owned) for owned in list(self._owned.values())]
-        await asyncio.gather(*finals)
+        budget = max(self.timing.rpc_timeout_s, self._lease.seconds_left())
+        try:
+            async with asyncio.timeout(budget + self.timing.rpc_timeout_s):
+                await asyncio.gather(*finals)
+        except TimeoutError:
+            logger.warning("node %s: final snapshots did not end in time", self.node_id)
         for owned in self._owned.values():
             logger.info("released pool %s at epoch %d: shutting down", owned.name, owned.epoch)
         self._owned.clear()
-        for task in [*self._tasks, *self._background]:
-            task.cancel()
-        for task in [*self._tasks, *self._background]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._cancel([*self._tasks, *self._background, *self._campaigns.values()])
         self._tasks.clear()
         try:
             # Revoking deletes the member key and every owner key of this node at once.
@@ -230,7 +250,28 @@ class Node:
                 "node %s could not revoke its lease (%s); it will expire", self.node_id, e
             )
         if self._owns_store:
-            await self._store.close()
+            try:
+                async with asyncio.timeout(_CANCELLED_WAIT_S):
+                    await self._store.close()
+            except TimeoutError:
+                logger.warning("node %s: closing the store did not end in time", self.node_id)
+
+    async def _cancel(self, tasks: Sequence[asyncio.Task[None]]) -> None:
+        """Cancels ``tasks`` and waits (bounded) for them to end."""
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=_CANCELLED_WAIT_S)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved; _guard and _finished have logged it
+        for task in pending:
+            logger.error(
+                "BUG: task %s of node %s did not end when cancelled; leaving it behind",
+                task.get_name(),
+                self.node_id,
+            )
 
     async def _guard(self, name: str, coro: Coroutine[object, object, None]) -> None:
         try:
@@ -485,6 +526,8 @@ class Node:
                     snapshot_age_s=age,
                     teams=owned.teams() if owning and owned is not None else (),
                     degraded_decisions=self._degraded[name],
+                    store_full=self._writes.full(name),
+                    store_refused_writes=self._writes.refused_writes(name),
                     charges_clamped=self._id_counters[name].charges_clamped,
                     grant_ids_refused=self._id_counters[name].ids_refused,
                 )
@@ -873,15 +916,46 @@ class Node:
         await owned.committer.close()
 
     async def _let_go(self, name: PoolName, epoch: Epoch) -> None:
+        """Deletes our stale owner key of ``name`` at ``epoch``; never spins.
+
+        A failed delete is retried with backoff: the next try waits ``rpc_timeout_s``,
+        doubled per consecutive failure at this epoch, up to ``_LET_GO_MAX_S``. A
+        delete that finds the key gone (the watch has yet to say so) waits one tick.
+        """
+        last_epoch, failures = self._let_go_failures.get(name, (epoch, 0))
+        if last_epoch != epoch:
+            failures = 0
+        pause = 0.0
         try:
-            await bounded(
+            deleted = await bounded(
                 self._store.delete_fenced(self._keys.owner(name), create_revision=epoch),
                 self.timing.rpc_timeout_s,
             )
-            logger.info("let go of stale owner key of pool %s at epoch %d", name, epoch)
         except StoreUnavailable as e:
-            logger.warning("pool %s: letting go of epoch %d failed: %s", name, epoch, e)
-            await self._clock.sleep(self.timing.rpc_timeout_s)
+            failures += 1
+            pause = min(self.timing.rpc_timeout_s * 2 ** min(failures - 1, 10), _LET_GO_MAX_S)
+            logger.warning(
+                "pool %s: letting go of epoch %d failed (attempt %d, next in %.1fs): %s",
+                name,
+                epoch,
+                failures,
+                pause,
+                e,
+            )
+        else:
+            failures = 0
+            if deleted:
+                logger.info("let go of stale owner key of pool %s at epoch %d", name, epoch)
+            else:
+                pause = _TICK_S
+                logger.debug("pool %s: owner key at epoch %d already gone", name, epoch)
+        try:
+            if failures:
+                self._let_go_failures[name] = (epoch, failures)
+            else:
+                self._let_go_failures.pop(name, None)
+            if pause:
+                await self._clock.sleep(pause)
         finally:
             self._campaigns.pop(name, None)
 
@@ -913,6 +987,8 @@ class Node:
             logger.warning("lost pool %s at epoch %d: %s", owned.name, owned.epoch, why)
 
     def _owner_changed(self, pool: PoolName, route: Route | None) -> None:
+        if route is not None and route.node != self.node_id:
+            self._writes.clear(pool)  # another node wrote its owner key: not our disk's
         owned = self._owned.get(pool)
         if owned is not None and (route is None or route.epoch != owned.epoch):
             self._drop(owned, "its owner key was deleted" if route is None else "another owner")
@@ -1019,18 +1095,16 @@ async def open_node(
 
     Raises:
         KeyFileError: replicated without grant keys, or the generated key file is unusable.
+        StoreUnavailable: the store cannot be opened (embedded: the state dir is not a
+            directory, its disk is full, a record is corrupt; the message names the file).
 
     The caller starts it with ``await node.start()``.
     """
     if clock is None:
         clock = system_clock()
     store: Store
-    if grant_keys is not None:
-        keys = grant_keys
-    elif etcd_endpoints:
+    if grant_keys is None and etcd_endpoints:
         raise KeyFileError("replicas on etcd need a grant key file shared by all (grants.key_file)")
-    else:
-        keys = GrantKeys.generated(state_dir)
     if etcd_endpoints:
         from ha.etcdstore import connect
 
@@ -1041,8 +1115,20 @@ async def open_node(
     else:
         from ha.memstore import FileStore
 
+        # The store first: it names what is wrong with the state dir (not a directory,
+        # full, corrupt) in one StoreUnavailable.
         store = FileStore(state_dir, clock)
         embedded = True
+    keys = grant_keys
+    if keys is None:
+        try:
+            keys = GrantKeys.generated(state_dir)
+        except OSError as e:
+            await store.close()
+            raise StoreUnavailable(f"{state_dir}: cannot keep a grant key: {e}") from e
+        except KeyFileError:
+            await store.close()
+            raise
     return Node(
         node_id=node_id,
         advertise=advertise,

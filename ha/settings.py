@@ -178,6 +178,12 @@ class Timing:
     release_memory_s: float = 3600.0
     """How long an owner remembers released grant ids, so a retried release is a no-op."""
 
+    @property
+    def close_bound_s(self) -> float:
+        """The longest a node's ``close`` takes (final snapshots within the lease, the
+        revoke within one RPC, cancelled tasks and the store within a second each)."""
+        return self.lease_ttl_s + 2 * self.rpc_timeout_s + 2.0
+
     def validate(self, max_request_s: float = 0.0, path: str = "timing") -> None:
         """Raises ConfigError when a value or a rule between values is broken.
 

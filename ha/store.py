@@ -64,9 +64,17 @@ _T = TypeVar("_T")
 
 
 async def bounded(call: Awaitable[_T], timeout_s: float) -> _T:
-    """Awaits a store call for at most ``timeout_s``; no answer is StoreUnavailable."""
+    """Awaits a store call for at most ``timeout_s``; no answer is StoreUnavailable.
+
+    A cancellation of the caller always propagates: the call is awaited in the caller's
+    own task under ``asyncio.timeout``. (``asyncio.wait_for`` on Python 3.11 runs it in a
+    task of its own and returns its result when the caller is cancelled just as the call
+    finishes: the cancellation is lost, and a shutdown that cancelled the caller waits for
+    ever.)
+    """
     try:
-        return await asyncio.wait_for(call, timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await call
     except TimeoutError as e:
         raise StoreUnavailable(f"no answer from the store within {timeout_s:g}s") from e
 

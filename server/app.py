@@ -5,9 +5,20 @@ node (``ha.node.open_node``: embedded single-node mode without etcd endpoints), 
 servicers, health (per service and overall) and reflection, start the node, the server
 and the metrics endpoint, then report SERVING.
 
+Health: SERVING once started. Each pool also has its own health service,
+``fairshare.v1.Allocator/<pool>``: NOT_SERVING while the store refuses this replica's writes
+for the pool for lack of space (``PoolStatus.store_full``), SERVING again once a write
+succeeds. When that holds for every pool, the Allocator service and the overall status
+are NOT_SERVING too: the replica can serve no pool.
+
 Stop (SIGTERM or SIGINT), in one fixed order: health NOT_SERVING → ``node.stop_deciding()``
 → ``node.close()`` (final snapshot, release ownership) → ``server.stop(grace)`` → exit 0.
-A configuration error exits with status 2 and one line naming the key.
+Every step is bounded: the whole stop takes at most ``timing.close_bound_s`` +
+``GRACE_S`` + 1 s.
+
+A configuration error, or a start-up error of the state (state dir not a directory, disk
+full, a corrupt record, store unreachable), exits with status 2 and one line naming the
+key or the file, without a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import importlib
 import logging
 import pathlib
 import signal
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +42,7 @@ from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ha.api import Allocator, NodeId, Peers
+from ha.api import Allocator, NodeId, Peers, StoreUnavailable
 from ha.grantkeys import GrantKeys, KeyFileError
 from ha.settings import ConfigError, PoolConfig, Timing
 from server.auth import AdminAuth, read_token
@@ -53,6 +65,8 @@ GRACE_S: Final = 5.0
 """How long in-flight RPCs may finish once the server stops."""
 EXIT_CONFIG: Final = 2
 SWITCH_INTERVAL_S: Final = 0.001
+HEALTH_POLL_S: Final = 0.5
+"""How often the per-pool health is brought up to date with the node's status."""
 """How long a busy thread keeps the interpreter when another thread waits for it."""
 
 
@@ -108,6 +122,36 @@ def _read(path: str | None) -> bytes | None:
     return pathlib.Path(path).read_bytes() if path else None
 
 
+def pool_health_service(pool: str) -> str:
+    """The health service name of one pool."""
+    return f"{ALLOCATOR_SERVICE}/{pool}"
+
+
+def check_tls_files(config: Config) -> None:
+    """Loads the TLS files once as the ssl module would, so a bad one fails at start.
+
+    Raises:
+        ConfigError: naming the key and the file that is unreadable or not valid PEM.
+    """
+    tls = config.tls
+    if tls.cert_file is not None and tls.key_file is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(tls.cert_file, tls.key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(
+                "tls.cert_file",
+                f"{tls.cert_file} with {tls.key_file}: not a readable PEM certificate chain "
+                f"and matching key ({e})",
+            ) from e
+    if tls.client_ca_file is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(tls.client_ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(
+                "tls.client_ca_file", f"{tls.client_ca_file}: not a readable PEM bundle ({e})"
+            ) from e
+
+
 def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     """TLS credentials of the gRPC port, or None for plaintext."""
     tls = config.tls
@@ -144,6 +188,9 @@ class RunningServer:
     peers: GrpcPeers
     stop_metrics: Callable[[], None] | None = None
     metrics_port: int | None = None
+    close_bound_s: float = 10.0
+    """The longest ``node.close()`` may take (``timing.close_bound_s``)."""
+    health_task: asyncio.Task[None] | None = None
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -163,21 +210,69 @@ class RunningServer:
             return
         self._stopped = True
         logger.info("shutting down: health NOT_SERVING")
+        if self.health_task is not None:
+            self.health_task.cancel()  # it must not turn a pool SERVING again
         await self.health.enter_graceful_shutdown()
         try:
             await self.node.stop_deciding()
             logger.info("shutting down: stopped deciding; writing final snapshots")
-            await asyncio.shield(self.node.close())
+            # Bounded twice: the node bounds each step itself, and this bounds the node.
+            async with asyncio.timeout(self.close_bound_s):
+                await asyncio.shield(self.node.close())
+        except TimeoutError:
+            logger.error(
+                "shutting down: the node did not close within %gs; its lease will expire",
+                self.close_bound_s,
+            )
         except Exception:
             # The server must still stop; a node that cannot close has already lost or
             # will lose ownership when its lease expires.
             logger.exception("shutting down: closing the node failed")
         finally:
             await self.server.stop(grace_s)
-            await self.peers.close()
+            try:
+                async with asyncio.timeout(1.0):
+                    await self.peers.close()
+            except TimeoutError:
+                logger.warning("shutting down: closing the peer channels took over 1s")
             if self.stop_metrics is not None:
                 self.stop_metrics()
             logger.info("shut down")
+
+    async def watch_health(self) -> None:
+        """Keeps each pool's health service (and, when every pool is refused, the
+        Allocator's and the overall) in line with ``node.status()``, until cancelled."""
+        known: dict[str, bool] = {}  # pool -> serving, as last set
+        overall = True
+        while True:
+            try:
+                pools = self.node.status()
+            except Exception:
+                logger.exception("health: reading the node status failed")
+                pools = []
+            for view in pools:
+                serving = not view.store_full
+                if known.get(view.pool) != serving:
+                    known[view.pool] = serving
+                    logger.info(
+                        "health of pool %s: %s (store %s)",
+                        view.pool,
+                        "SERVING" if serving else "NOT_SERVING",
+                        "accepts writes" if serving else "full",
+                    )
+                    await self.health.set(pool_health_service(view.pool), _status(serving))
+            any_serving = not known or any(known.values())
+            if overall != any_serving:
+                overall = any_serving
+                for service in (ALLOCATOR_SERVICE, OVERALL):
+                    await self.health.set(service, _status(overall))
+            await asyncio.sleep(HEALTH_POLL_S)
+
+
+def _status(serving: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    if serving:
+        return health_pb2.HealthCheckResponse.SERVING
+    return health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def _advertised(config: Config, port: int) -> str:
@@ -224,6 +319,7 @@ async def start_server(
         on_refused=lambda method: metrics.count_limited("max_calls_per_client"),
     )
     server = aio.server(interceptors=[intake], options=[("grpc.so_reuseport", 0)])
+    check_tls_files(config)
     try:
         credentials = server_credentials(config)
     except OSError as e:
@@ -277,7 +373,13 @@ async def start_server(
         (ALLOCATOR_SERVICE, ADMIN_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server
     )
     running = RunningServer(
-        server=server, port=port, node=node, health=health, metrics=metrics, peers=peers
+        server=server,
+        port=port,
+        node=node,
+        health=health,
+        metrics=metrics,
+        peers=peers,
+        close_bound_s=config.timing.close_bound_s,
     )
     await node.start()
     await server.start()
@@ -291,6 +393,7 @@ async def start_server(
             ) from e
     for service in (ALLOCATOR_SERVICE, ADMIN_SERVICE, OVERALL):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    running.health_task = asyncio.create_task(running.watch_health(), name="pool-health")
     logger.info(
         "serving %d pools on %s as %s (%s)",
         len(config.pools),
@@ -376,6 +479,11 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(serve(config))
     except ConfigError as e:
         print(f"fairshare: configuration error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreUnavailable as e:
+        # The state dir is not a directory, the disk is full, a record is corrupt, or the
+        # store cannot be reached: one line naming the file, no traceback.
+        print(f"fairshare: cannot start: {e}", file=sys.stderr)
         return EXIT_CONFIG
     except RuntimeError as e:
         logger.error("cannot start: %s", e)

@@ -304,6 +304,10 @@ def _read_file(path: str | os.PathLike[str]) -> Mapping[str, object]:
             doc = yaml.safe_load(f)
     except OSError as e:
         raise ConfigError("config", f"cannot read {os.fspath(path)}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            "config", f"{os.fspath(path)} is not UTF-8 text (byte offset {e.start})"
+        ) from e
     except yaml.YAMLError as e:
         raise ConfigError("config", f"{os.fspath(path)} is not valid YAML: {e}") from e
     if doc is None:

@@ -262,6 +262,16 @@ class _StatusCollector(Collector):
             "Decisions made by this replica with no owner reachable.",
             labels=["pool"],
         )
+        store_full = GaugeMetricFamily(
+            "fairshare_store_full",
+            "1 while the store refuses this replica's writes for the pool for lack of space.",
+            labels=["pool"],
+        )
+        store_refused = CounterMetricFamily(
+            "fairshare_store_refused_writes",
+            "Writes for the pool the store refused for lack of space, since start.",
+            labels=["pool"],
+        )
         clamped = CounterMetricFamily(
             "fairshare_charges_clamped",
             "Releases charged at the pool's bound (max_charge_per_s x max_request_s) "
@@ -275,6 +285,8 @@ class _StatusCollector(Collector):
         )
         for view in pools:
             name = str(view.pool)
+            store_full.add_metric([name], 1.0 if view.store_full else 0.0)
+            store_refused.add_metric([name], float(view.store_refused_writes))
             clamped.add_metric([name], float(view.charges_clamped))
             refused.add_metric([name], float(view.grant_ids_refused))
             owner.add_metric([name], 1.0 if view.owned else 0.0)
@@ -301,4 +313,5 @@ class _StatusCollector(Collector):
                 reserved.add_metric(labels, slots)
         yield from (in_flight, borrowing, phantoms, usage, reserved, owner, epoch)
         yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused)
+        yield from (store_full, store_refused)
         yield teams_known

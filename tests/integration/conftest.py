@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pathlib
-from collections.abc import AsyncIterator, Mapping
+import subprocess
+from collections.abc import AsyncIterator, Iterator, Mapping
 
 import pytest
 from grpc import aio
@@ -75,3 +76,22 @@ def stub(channel: aio.Channel) -> pb_grpc.AllocatorStub:
 @pytest.fixture
 def admin(channel: aio.Channel) -> pb_grpc.AdminStub:
     return pb_grpc.AdminStub(channel)
+
+
+@pytest.fixture
+def small_disk(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A 1 MiB tmpfs mounted for the test (skipped where mounting is not permitted)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
