@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from etcd_process import EtcdCluster, EtcdProcess, find_etcd, free_port
+from etcd_process import EtcdCluster, EtcdProcess, find_etcd, find_etcdctl, free_port
 
 from fairshare import Class
 from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
@@ -485,3 +485,81 @@ async def test_an_etcd_out_of_space_refuses_writes_with_store_full(tiny_etcd: st
         assert (await store.get(owner.key)) is not None
     finally:
         await store.close()
+
+
+def _etcdctl(endpoint: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+    env["ETCDCTL_API"] = "3"
+    done = subprocess.run(
+        [find_etcdctl(), "--endpoints", endpoint, *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env=env,
+        check=True,
+    )
+    return done.stdout
+
+
+async def test_an_etcd_out_of_space_marks_the_pool_full_and_it_recovers_without_a_restart(
+    tiny_etcd: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd's NOSPACE alarm reaches the node as StoreFull: the pool is marked full (what
+    health and the metric report), logged as such, and clears once an operator has made
+    room (compact, defragment, disarm the alarm), with the same node running."""
+    store = await connect([tiny_etcd], rpc_timeout_s=STALL_TIMING.rpc_timeout_s)
+    node = Node(
+        node_id=NodeId("full-0"),
+        advertise="127.0.0.1:1",
+        pools=[PoolConfig(POOL, 8, {"a": 0.5, "b": 0.5})],
+        timing=STALL_TIMING,
+        store=store,
+        peers=NoPeers(),  # type: ignore[arg-type]
+        prefix="/fairshare-full",
+        owns_store=True,
+    )
+    filler = await connect([tiny_etcd], rpc_timeout_s=STALL_TIMING.rpc_timeout_s)
+    await node.start()
+    try:
+
+        async def until(check: Callable[[], bool], what: str, within_s: float = 15) -> None:
+            deadline = time.monotonic() + within_s
+            while not check():
+                assert time.monotonic() < deadline, f"{what}: {_pool_status(node)}"
+                await asyncio.sleep(0.05)
+
+        await until(lambda: _pool_status(node).owned, "never owned")
+        blob = bytes(range(256)) * 512  # 128 KiB a revision, none compacted
+        for i in range(200):
+            try:
+                await filler.put(f"/fill/{i % 4}", blob)
+            except StoreFull:
+                break
+        else:
+            raise AssertionError("etcd never raised its NOSPACE alarm")
+
+        # The periodic snapshot write, or the durable write of a within-share grant, is
+        # refused: the pool is lost and cannot be campaigned for again.
+        await until(lambda: _pool_status(node).store_full, "never marked full")
+        assert "store full" in caplog.text
+
+        # An operator makes room: deletes what filled it, compacts to the latest revision,
+        # defragments and disarms the alarm.
+        _etcdctl(tiny_etcd, "del", "--prefix", "/fill/")
+        revision = json.loads(_etcdctl(tiny_etcd, "endpoint", "status", "-w", "json"))[0]["Status"][
+            "header"
+        ]["revision"]
+        _etcdctl(tiny_etcd, "compact", str(revision))
+        _etcdctl(tiny_etcd, "defrag")
+        _etcdctl(tiny_etcd, "alarm", "disarm")
+
+        await until(
+            lambda: _pool_status(node).owned and not _pool_status(node).store_full,
+            "did not recover",
+            within_s=30,
+        )
+        decision = await node.acquire(pool=POOL, team="a", cls=Class.INTERACTIVE, est_tokens=0)
+        assert decision.granted and not decision.degraded and not decision.borrowing
+    finally:
+        await filler.close()
+        await node.close()
