@@ -541,7 +541,7 @@ async def test_an_etcd_out_of_space_marks_the_pool_full_and_it_recovers_without_
         # The periodic snapshot write, or the durable write of a within-share grant, is
         # refused: the pool is lost and cannot be campaigned for again.
         await until(lambda: _pool_status(node).store_full, "never marked full")
-        assert "store full" in caplog.text
+        assert "the store is full and refuses writes" in caplog.text
 
         # An operator makes room: deletes what filled it, compacts to the latest revision,
         # defragments and disarms the alarm.
