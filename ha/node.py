@@ -663,6 +663,10 @@ class Node:
             pinned = self.view.pinned(name)
             mine = self._owned.get(name)
             if mine is not None:
+                # Not absent while ours: a pool this node hands over is absent afresh when
+                # its key goes, so this node then waits campaign_delay_s like the others
+                # and the target, which campaigns at once, wins the race.
+                self._absent_since.pop(name, None)
                 if settling or name in self._handing_over or not mine.can_decide():
                     continue
                 target = pinned or preferred_owner(name, {*settled, self.node_id})
