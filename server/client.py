@@ -269,7 +269,8 @@ class AllocatorClient:
         await self.close()
 
     async def close(self, *, flush_timeout_s: float = 2.0) -> None:
-        """Sends buffered releases (for at most ``flush_timeout_s``), then closes."""
+        """Sends buffered releases and settles acquires given up on (for at most
+        ``flush_timeout_s``), then closes."""
         if self._closed:
             return
         self._closed = True
@@ -277,7 +278,11 @@ class AllocatorClient:
             async with asyncio.timeout(flush_timeout_s):
                 await self._flush(until_empty=True)
         except TimeoutError:
-            logger.warning("closing with %d releases unacknowledged", len(self._pending))
+            logger.warning(
+                "closing with %d releases unacknowledged and %d acquires given up on unsettled",
+                len(self._pending),
+                len(self._abandoned),
+            )
         tasks = [
             *self._tasks,
             *(t for t in (self._flusher, self._watcher, self._learning) if t is not None),
@@ -679,14 +684,14 @@ class AllocatorClient:
         return True
 
     async def _flush(self, *, until_empty: bool = False) -> None:
-        """Retries buffered releases; once, or (``until_empty``) until none is left.
-
-        Only ``until_empty`` (closing) leaves the abandoned acquires out."""
-        while self._pending or (self._abandoned and not until_empty):
-            await self._flush_round(resend=not until_empty)
+        """Retries buffered releases and resends abandoned acquires; once, or
+        (``until_empty``, when closing) until neither is left: a client that closes
+        leaves no grant counted at an owner that it could still release."""
+        while self._pending or self._abandoned:
+            await self._flush_round(resend=True)
             if not until_empty:
                 return
-            if self._pending:
+            if self._pending or self._abandoned:
                 await asyncio.sleep(self._release_retry_s)
 
     async def _flush_round(self, *, resend: bool) -> None:

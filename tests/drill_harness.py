@@ -45,6 +45,7 @@ from etcd_process import EtcdCluster, PeerProxy, free_port
 from grpc import aio
 
 from fairshare import Class, apportion
+from server.channels import open_channel
 from server.client import AllocatorClient, ClientGrant
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -208,7 +209,7 @@ async def wait_serving(
         grpc.aio.AioRpcError: no answer within ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         stub = pb_grpc.AllocatorStub(channel)
         while True:
             try:
@@ -616,7 +617,7 @@ class DrillCluster:
             if not replica.alive:
                 continue
             try:
-                async with aio.insecure_channel(replica.address) as channel:
+                async with open_channel(replica.address) as channel:
                     stub = pb_grpc.AllocatorStub(channel)
                     r = await stub.ListPools(pb.ListPoolsRequest(), timeout=0.5)
                     return {p.pool: (p.owner, p.epoch) for p in r.pools}
@@ -643,7 +644,7 @@ class DrillCluster:
     async def switchover(self, pool: str, node: str) -> None:
         """Admin Switchover through any live replica."""
         replica = next(r for r in self.replicas if r.alive)
-        async with aio.insecure_channel(replica.address) as channel:
+        async with open_channel(replica.address) as channel:
             stub = pb_grpc.AdminStub(channel)
             await stub.Switchover(
                 pb.SwitchoverRequest(pool=pool, node=node),
@@ -668,7 +669,7 @@ class DrillCluster:
             if not replica.alive:
                 continue
             try:
-                async with aio.insecure_channel(replica.address) as channel:
+                async with open_channel(replica.address) as channel:
                     stub = pb_grpc.AllocatorStub(channel)
                     return await stub.Snapshot(pb.SnapshotRequest(pool=pool), timeout=1.0)
             except aio.AioRpcError:

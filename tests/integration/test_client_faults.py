@@ -393,3 +393,48 @@ async def test_a_large_inventory_is_re_reported_in_adopts_within_the_limit(
     finally:
         await client.close()
         await server.shutdown(0)
+
+
+class SlowOnce(FakeAllocator):
+    """Decides the next ``slow`` acquires at once but answers only after ``delay_s``
+    (after the client gave up): the grant is counted, its answer lost."""
+
+    slow = 0
+    delay_s = 0.6
+
+    async def acquire(self, **kwargs: Any) -> Decision:
+        decision = await super().acquire(**kwargs)
+        if self.slow:
+            self.slow -= 1
+            await asyncio.sleep(self.delay_s)
+        return decision
+
+
+async def test_closing_settles_the_acquires_it_gave_up_on(config: Config) -> None:
+    """An acquire the client gave up on may still be granted at the owner: closing the
+    client resends it (same request id, so the same grant) and releases that grant, so a
+    gateway that stops leaves nothing counted that it could release."""
+    port = free_port()
+    allocator = SlowOnce(config.pools, node_id="test-0")
+    server = await start_on(config, port, allocator)
+    client = AllocatorClient(
+        [f"127.0.0.1:{port}"],
+        holder="gw",
+        deadline_s=0.2,
+        route_to_owner=False,
+        release_retry_s=5.0,  # the background round would come too late: close must do it
+    )
+    try:
+        await client.refresh_pools()
+        allocator.slow = 1
+        given_up = await client.acquire("gpu-a", "inst-a")
+        assert given_up.degraded and client.abandoned_acquires == 1
+        await asyncio.sleep(allocator.delay_s)  # the owner has now granted it
+        assert len(allocator.grants) == 1
+    finally:
+        await client.close(flush_timeout_s=3.0)
+    try:
+        assert client.abandoned_acquires == 0
+        assert not allocator.grants, "a grant the closed client could release is still held"
+    finally:
+        await server.shutdown(0)

@@ -29,6 +29,7 @@ from prometheus_client import generate_latest
 
 from ha import memstore
 from server.app import pool_health_service, start_server
+from server.channels import open_channel
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -62,7 +63,7 @@ def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
 
 
 async def _health(address: str, service: str) -> int:
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
         return int(reply.status)
@@ -92,7 +93,7 @@ async def test_a_full_disk_is_not_serving_for_its_pools_and_recovers_without_res
     running = await start_server(make_config(tmp_path), serve_metrics=False)
     service = pool_health_service("gpu-a")
     try:
-        async with aio.insecure_channel(running.address) as channel:
+        async with open_channel(running.address) as channel:
             stub = pb_grpc.AllocatorStub(channel)
             request = pb.AcquireRequest(pool="gpu-a", team="inst-a", holder="gw", est_tokens=1)
             assert (await stub.Acquire(request, timeout=5)).granted
@@ -191,7 +192,7 @@ async def test_serve_on_a_disk_that_fills_up_and_is_freed(
                 return e.code()
 
         await _until("the server to serve", serving, 20)
-        async with aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stub = pb_grpc.AllocatorStub(channel)
             request = pb.AcquireRequest(pool="gpu-a", team="inst-a", holder="gw", est_tokens=1)
             assert (await stub.Acquire(request, timeout=5)).granted

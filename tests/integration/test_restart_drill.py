@@ -50,6 +50,7 @@ from fairshare import Class
 from ha.keys import Keys
 from ha.memstore import FileStore
 from ha.snapshot import PoolSnapshot
+from server.channels import open_channel
 from server.client import AllocatorClient, ClientGrant
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -384,7 +385,7 @@ async def test_a_server_killed_under_load_restarts_with_its_usage_and_no_overcom
     stop_load = asyncio.Event()
     stop_poll = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
-    channel = aio.insecure_channel(server.address)
+    channel = open_channel(server.address)
     poller = Poller(pb_grpc.AllocatorStub(channel), ledger, clients)
 
     def context() -> str:
