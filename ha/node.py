@@ -402,7 +402,9 @@ class Node:
         self._config(pool)
         name = PoolName(pool)
         owned = self._owned.get(name)
-        if owned is not None and owned.can_decide() and epoch in (0, owned.epoch):
+        if owned is not None and owned.can_decide():
+            if epoch not in (0, owned.epoch):
+                raise WrongEpoch(name, self.node_id, self.address, owned.epoch)
             return owned.adopt(holder=holder, grants=grants, complete=complete)
         if forwarded:
             raise self._wrong_epoch(name)

@@ -243,6 +243,23 @@ async def test_a_wrong_epoch_is_refused(cluster: Cluster) -> None:
         )
 
 
+async def test_an_adopt_at_another_epoch_is_refused_by_the_owner_at_once(
+    cluster: Cluster,
+) -> None:
+    """The owner names itself and its epoch (FAILED_PRECONDITION) instead of looking for
+    another owner until the forward deadline and answering UNAVAILABLE."""
+    from ha.api import WrongEpoch
+
+    owner = cluster.owner("pool-0")
+    assert owner is not None
+    epoch = next(s.epoch for s in owner.status() if s.pool == "pool-0")
+    for other in (Epoch(epoch - 1), Epoch(epoch + 1)):
+        async with asyncio.timeout(1):  # real seconds: the fake clock does not move here
+            with pytest.raises(WrongEpoch) as refused:
+                await owner.adopt(pool="pool-0", epoch=other, holder="gw", grants=[], complete=True)
+        assert (refused.value.owner, refused.value.epoch) == (owner.node_id, epoch)
+
+
 async def test_owner_self_fences_before_its_lease_can_expire(cluster: Cluster) -> None:
     owner = cluster.owner("pool-0")
     assert owner is not None
