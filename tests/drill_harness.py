@@ -376,19 +376,7 @@ class Gateway:
                 self.errors.append(f"acquire: {e!r}")
                 await asyncio.sleep(0.05)
                 continue
-            record = GrantRecord(
-                self.holder,
-                pool,
-                team,
-                grant.grant_id,
-                grant.epoch,
-                grant.priority,
-                grant.borrowing,
-                grant.degraded,
-                sent,
-                time.monotonic(),
-            )
-            self.ledger.grants.append(record)
+            record = self._record(pool, team, grant, sent)
             hold = self.random.uniform(0.02, 0.4)
             try:
                 await asyncio.sleep(hold)
@@ -406,6 +394,10 @@ class Gateway:
         ``release_held``."""
         sent = time.monotonic()
         grant = await self.client.acquire(pool, team, Class.INTERACTIVE, est_tokens=100)
+        return grant, self._record(pool, team, grant, sent)
+
+    def _record(self, pool: str, team: str, grant: ClientGrant, sent: float) -> GrantRecord:
+        """Enters a grant just answered (``sent``: when its Acquire went out) in the ledger."""
         record = GrantRecord(
             self.holder,
             pool,
@@ -419,7 +411,7 @@ class Gateway:
             time.monotonic(),
         )
         self.ledger.grants.append(record)
-        return grant, record
+        return record
 
     @staticmethod
     async def release_held(grant: ClientGrant, record: GrantRecord, consumed: float) -> None:
