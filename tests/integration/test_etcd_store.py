@@ -183,20 +183,25 @@ def _pool_status(node: Node) -> PoolStatus:
     return next(s for s in node.status() if s.pool == POOL)
 
 
-@pytest.fixture
-async def lone_node(etcd_disposable: EtcdProcess) -> AsyncIterator[Node]:
-    """One replica on the private etcd, owning ``POOL`` (C = 8, two teams of 4)."""
-    store = await connect(etcd_disposable.endpoints, rpc_timeout_s=STALL_TIMING.rpc_timeout_s)
-    node = Node(
-        node_id=NodeId("stall-0"),
+async def _lone(endpoints: list[str], name: str) -> Node:
+    """One replica alone on ``endpoints`` with ``POOL`` (C = 8, two teams of 4); not started."""
+    store = await connect(endpoints, rpc_timeout_s=STALL_TIMING.rpc_timeout_s)
+    return Node(
+        node_id=NodeId(f"{name}-0"),
         advertise="127.0.0.1:1",
         pools=[PoolConfig(POOL, 8, {"a": 0.5, "b": 0.5})],
         timing=STALL_TIMING,
         store=store,
         peers=NoPeers(),  # type: ignore[arg-type]
-        prefix="/fairshare-stall",
+        prefix=f"/fairshare-{name}",
         owns_store=True,
     )
+
+
+@pytest.fixture
+async def lone_node(etcd_disposable: EtcdProcess) -> AsyncIterator[Node]:
+    """One replica on the private etcd, owning ``POOL``."""
+    node = await _lone(etcd_disposable.endpoints, "stall")
     await node.start()
     try:
         deadline = time.monotonic() + 10
@@ -507,17 +512,7 @@ async def test_an_etcd_out_of_space_marks_the_pool_full_and_it_recovers_without_
     """etcd's NOSPACE alarm reaches the node as StoreFull: the pool is marked full (what
     health and the metric report), logged as such, and clears once an operator has made
     room (compact, defragment, disarm the alarm), with the same node running."""
-    store = await connect([tiny_etcd], rpc_timeout_s=STALL_TIMING.rpc_timeout_s)
-    node = Node(
-        node_id=NodeId("full-0"),
-        advertise="127.0.0.1:1",
-        pools=[PoolConfig(POOL, 8, {"a": 0.5, "b": 0.5})],
-        timing=STALL_TIMING,
-        store=store,
-        peers=NoPeers(),  # type: ignore[arg-type]
-        prefix="/fairshare-full",
-        owns_store=True,
-    )
+    node = await _lone([tiny_etcd], "full")
     filler = await connect([tiny_etcd], rpc_timeout_s=STALL_TIMING.rpc_timeout_s)
     await node.start()
     try:
