@@ -100,7 +100,7 @@ class NodeLease:
                     # deadline from when it was sent, so a stall that ends before the
                     # deadline costs no pool (docs/ha.md, "Stall budget").
                     budget = max(self._timing.rpc_timeout_s, self.seconds_left())
-                    await bounded(self._store.keepalive(self.lease, timeout_s=budget), budget)
+                    await self._store.keepalive(self.lease, timeout_s=budget)
                     self.valid_until = (
                         t_sent + self._timing.lease_ttl_s - self._timing.fence_margin_s
                     )
