@@ -100,6 +100,26 @@ def _listens(pid: int, port: int) -> bool:
     return False
 
 
+def _wait_stopped(pid: int, timeout_s: float = 5.0) -> None:
+    """Waits until every thread of ``pid`` is in the stopped state (``T``); off Linux,
+    where /proc is not there, returns at once."""
+    tasks = Path("/proc", str(pid), "task")
+    if not tasks.is_dir():
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = []
+        for task in tasks.iterdir():
+            with contextlib.suppress(OSError):
+                stat = (task / "stat").read_text()
+                states.append(stat[stat.rindex(")") + 2])
+        if states and all(state in "Tt" for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} did not stop within {timeout_s}s: {states}")
+        time.sleep(0.001)
+
+
 def _fast_tmp_root() -> str | None:
     """A RAM-backed directory when the machine has one: etcd fsyncs every write."""
     shm = Path(os.sep, "dev", "shm")
@@ -231,8 +251,12 @@ class EtcdProcess:
         self._reap()
 
     def pause(self) -> None:
-        """SIGSTOP: the member keeps its sockets open but answers nothing."""
+        """SIGSTOP: the member keeps its sockets open but answers nothing. Returns once
+        every thread of the process is stopped (Linux), so a call sent next is not
+        answered by a thread that had yet to stop."""
         self._signal(signal.SIGSTOP)
+        assert self._proc is not None
+        _wait_stopped(self._proc.pid)
 
     def resume(self) -> None:
         """SIGCONT after ``pause``."""

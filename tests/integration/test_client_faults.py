@@ -340,7 +340,9 @@ async def test_acquires_given_up_on_are_probed_one_at_a_time_then_resent_paced(
         allocator.no_acquire.clear()
         await eventually(lambda: len(allocator.released) == 24)
         assert client.abandoned_acquires == 0 and client.pending_releases == 0
-        assert len(allocator.acquired_at) == 24
+        # Each at least once; a resend whose answer came after the client's deadline is
+        # sent again with the same request id (the same grant), so a few may come twice.
+        assert len(allocator.acquired_at) >= 24
         # A round resends at most resend_batch and waits for them before the next: never
         # more than that in flight at once, whatever the timing (a burst would send 24).
         assert allocator.most_acquiring <= 4, allocator.most_acquiring

@@ -117,6 +117,7 @@ async def test_a_paused_etcd_fails_calls_at_the_deadline_and_serves_again_when_r
     lease = await store.grant_lease(5)
     etcd_disposable.pause()
     try:
+        assert list(store.endpoints) == [etcd_disposable.endpoint], store.endpoints
         took = await timed_failure(lambda: store.get(PREFIX + "a"))
         assert RPC_TIMEOUT_S - 0.1 < took < RPC_TIMEOUT_S + 0.5
         # A transaction without an answer has an unknown outcome: StoreUnavailable, and
