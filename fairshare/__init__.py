@@ -7,15 +7,16 @@ Slurm's Fair Tree level fairshare on decayed usage. No I/O happens here.
 """
 
 from fairshare.apportion import apportion
-from fairshare.pool import (
+from fairshare.pool import Grant, Pool, TeamStat
+from fairshare.priority import (
     BORROW_BASE,
     MAX_RANK,
     RANK_STEP,
     WITHIN_SHARE_BASE,
     Class,
-    Grant,
-    Pool,
-    TeamStat,
+    borrowing_priority,
+    degraded_priority,
+    within_share_priority,
 )
 
 __all__ = [
@@ -28,4 +29,7 @@ __all__ = [
     "Pool",
     "TeamStat",
     "apportion",
+    "borrowing_priority",
+    "degraded_priority",
+    "within_share_priority",
 ]

@@ -18,21 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Final
 
 from sortedcontainers import SortedList
 
 from fairshare.apportion import apportion, validate_shares
-
-WITHIN_SHARE_BASE: Final = 0
-"""Priority of a request inside its team's reservation, plus its class."""
-BORROW_BASE: Final = 10
-"""Priority of a borrower of rank 0, plus its class."""
-RANK_STEP: Final = 10
-"""Priority distance between borrowers of successive fairshare ranks."""
-MAX_RANK: Final = 9
-"""Ranks above this share its priority, so priorities stay small."""
+from fairshare.priority import Class, borrowing_priority, within_share_priority
 
 # Ordering keys are rounded to this many significant bits, so that level fairshare values
 # that are equal in exact arithmetic (shares 0.3 and 0.1 with usage 3 and 1) but differ in
@@ -51,15 +42,6 @@ millionth of it is below anything an operator reads there."""
 # Once usage is stored scaled by more than e**_REBASE_EXPONENT, every team is rescaled to
 # the present (O(T), and rare: about every 90 half-lives).
 _REBASE_EXPONENT: Final = 64.0
-
-
-class Class(IntEnum):
-    """Service class of a request; it is added to the priority of its standing."""
-
-    INTERACTIVE = 0
-    """Latency sensitive."""
-    BATCH = 1
-    """Throughput oriented; yields to interactive work of the same standing."""
 
 
 def _consumption(consumed: float) -> float:
@@ -585,9 +567,9 @@ class Pool:
         saturated = self._in_flight + self._phantoms >= self._capacity
         borrowing = state.in_flight + len(state.phantoms) >= state.reserved
         if borrowing:
-            priority = BORROW_BASE + RANK_STEP * min(self._rank(state), MAX_RANK) + klass
+            priority = borrowing_priority(self._rank(state), klass)
         else:
-            priority = WITHIN_SHARE_BASE + klass
+            priority = within_share_priority(klass)
         self._count(state, borrowing, est_tokens)
         return Grant(
             team=team,

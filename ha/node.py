@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from fairshare import BORROW_BASE, MAX_RANK, RANK_STEP, Class, Grant
+from fairshare import Class, Grant, degraded_priority
+from fairshare.limits import MAX_ADOPT_GRANTS
 from ha.api import (
     AdoptResult,
     Decision,
@@ -58,7 +59,6 @@ from ha.cluster import ClusterView, preferred_owner
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.keys import Keys, Route, encode_handover, encode_owner
 from ha.lease import NodeLease
-from ha.limits import MAX_ADOPT_GRANTS
 from ha.owner import IdCounters, NotDeciding, OwnedPool, degraded_grant_id
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
@@ -607,7 +607,7 @@ class Node:
         if try_only:
             # Without an owner nobody knows whether the pool has room.
             return Decision(False, "", 0, False, True, True, NodeId(""), Epoch(0))
-        priority = BORROW_BASE + RANK_STEP * MAX_RANK + int(cls)
+        priority = degraded_priority(cls)
         decision = Decision(
             True,
             degraded_grant_id(config.name, team, holder, self._grant_keys),

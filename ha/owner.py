@@ -42,6 +42,7 @@ from itertools import chain
 from typing import NamedTuple, TypeVar
 
 from fairshare import Class, Grant, Pool, TeamStat
+from fairshare.limits import MAX_ANSWER_BYTES, MAX_ANSWERS
 from ha.api import (
     AdoptResult,
     Decision,
@@ -59,7 +60,6 @@ from ha.api import (
 from ha.clock import Clock, EpochTime
 from ha.commit import CommitFailed, GroupCommitter
 from ha.grantkeys import GrantKeys, ephemeral_keys
-from ha.limits import MAX_ANSWER_BYTES, MAX_ANSWERS
 from ha.settings import PoolConfig, UnknownTeams
 from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
 

@@ -57,7 +57,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from fairshare import BORROW_BASE, MAX_RANK, RANK_STEP, Class
+from fairshare import Class, degraded_priority
+from fairshare.limits import MAX_ADOPT_GRANTS
 from ha.api import (
     AllocatorError,
     Epoch,
@@ -67,7 +68,6 @@ from ha.api import (
     PeerUnavailable,
     PoolName,
 )
-from ha.limits import MAX_ADOPT_GRANTS
 from ha.settings import DegradedMode
 from server.channels import open_channel
 from server.convert import SERVICE_CLASS_PB, adopt_request
@@ -107,11 +107,6 @@ def degraded_grant_id(pool: str, team: str, holder: str) -> str:
     owner's authentication: only owners can issue those.
     """
     return GrantRef(PoolName(pool), Epoch(0), secrets.randbits(62), team, holder).encode()
-
-
-def degraded_priority(service_class: Class) -> int:
-    """The priority of a ``fail_open`` grant: the lowest borrower's."""
-    return BORROW_BASE + RANK_STEP * MAX_RANK + int(service_class)
 
 
 @dataclass(eq=False)

@@ -26,6 +26,12 @@ import grpc
 from grpc import aio
 
 from fairshare import Class
+from fairshare.limits import (
+    MAX_ADOPT_GRANTS,
+    MAX_EST_TOKENS,
+    MAX_GRANT_ID_BYTES,
+    MAX_NAME_BYTES,
+)
 from ha.api import Allocator as AllocatorApi
 from ha.api import (
     AllocatorError,
@@ -42,12 +48,6 @@ from ha.api import (
     UnknownNode,
     UnknownPool,
     WrongEpoch,
-)
-from ha.limits import (
-    MAX_ADOPT_GRANTS,
-    MAX_EST_TOKENS,
-    MAX_GRANT_ID_BYTES,
-    MAX_NAME_BYTES,
 )
 from ha.settings import MAX_CAPACITY, DegradedMode, PoolConfig
 from server.auth import AdminAuth, peer_identities

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from fairshare import BORROW_BASE, MAX_RANK, RANK_STEP, Class, Grant, Pool
+from fairshare import Class, Grant, Pool
 
 
 class Policy(Enum):
@@ -195,11 +195,6 @@ def in_process(spec: PoolSpec, sim: Simulator) -> PoolAllocator:
         clock=lambda: sim.now,
     )
     return PoolAllocator(pool)
-
-
-def degraded_priority(cls: Class) -> int:
-    """The fail-open priority given while no owner can be reached (DESIGN.md)."""
-    return BORROW_BASE + RANK_STEP * MAX_RANK + int(cls)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from fairshare import Class, Pool
+from fairshare import Class, Pool, degraded_priority
 from server.sim.engine import (
     Allocator,
     AllocatorFactory,
@@ -31,7 +31,6 @@ from server.sim.engine import (
     SetupError,
     SimResult,
     Simulator,
-    degraded_priority,
     in_process,
 )
 from server.sim.workloads import BATCH, INTERACTIVE, Bursts, Flood, Poisson, Source, start_all
