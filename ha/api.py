@@ -10,14 +10,27 @@ import base64
 import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NewType, Protocol
+from typing import Final, NewType, Protocol
 
 from fairshare import Class, TeamStat
 
 PoolName = NewType("PoolName", str)
 NodeId = NewType("NodeId", str)
 Epoch = NewType("Epoch", int)
-"""A pool's ownership generation: the create_revision of its owner key (fencing token)."""
+"""A pool's ownership generation: the create_revision of its owner key (fencing token).
+
+A real epoch is at least 1 (etcd revisions start there). Epoch 0 is never an owner's; it
+stands for one of the three names below, each in its own place."""
+
+DEGRADED_EPOCH: Final = Epoch(0)
+"""The epoch of a degraded decision (``Decision.degraded``, a degraded grant id): made by
+no owner, counted by none until a later owner adopts it."""
+NO_EPOCH: Final = Epoch(0)
+"""The epoch reported when no owner is known: a ListPools or status line without a route,
+a WrongEpoch that names nobody."""
+ANY_EPOCH: Final = Epoch(0)
+"""In a call that names the epoch it expects (Adopt, a forwarded Acquire): whichever epoch
+the current owner has."""
 
 
 # -- grant ids ----------------------------------------------------------------------------
@@ -116,7 +129,7 @@ class Decision:
         saturated: the pool already had C or more in flight.
         degraded: decided without an owner (fail_open); to be adopted by the next owner.
         owner: node id of the owner that decided (empty when degraded).
-        epoch: the owner's epoch (0 when degraded).
+        epoch: the owner's epoch (``DEGRADED_EPOCH`` when degraded).
     """
 
     granted: bool
@@ -261,7 +274,7 @@ class WrongEpoch(AllocatorError):
     """The request named an epoch this replica does not own (FAILED_PRECONDITION).
 
     Carries this replica's view of the current owner, so the caller can refresh its
-    route: empty owner and epoch 0 when it knows of none.
+    route: empty owner and ``NO_EPOCH`` when it knows of none.
     """
 
     def __init__(self, pool: str, owner: NodeId, address: str, epoch: Epoch) -> None:
@@ -317,6 +330,10 @@ class Allocator(Protocol):
     """The allocator as the server sees it: embedded (one node) or replicated.
 
     Every coroutine is safe to call concurrently. Errors are the classes above.
+
+    ``forwarded`` is the one mark of a call a peer forwarded (``Peers``): it is answered
+    from this replica's own state, never forwarded again; a replica that does not decide
+    for the pool raises WrongEpoch naming the owner it routes to.
     """
 
     async def acquire(
@@ -329,13 +346,15 @@ class Allocator(Protocol):
         holder: str = "",
         request_id: str = "",
         try_only: bool = False,
-        epoch: Epoch | None = None,
+        epoch: Epoch = ANY_EPOCH,
+        forwarded: bool = False,
     ) -> Decision:
         """Decides one request; forwards to the owner when this replica is not it.
 
-        ``request_id`` (with ``holder``) makes a retry return the same grant. ``epoch``
-        is set by a forwarding peer: a replica that does not own the pool at exactly that
-        epoch raises WrongEpoch instead of forwarding again.
+        ``request_id`` (with ``holder``) makes a retry return the same grant. A forwarded
+        call names the ``epoch`` its forwarder routed to: a replica that does not own the
+        pool at exactly that epoch (at any, for ``ANY_EPOCH``) raises WrongEpoch instead
+        of forwarding again. ``epoch`` means nothing in a call that is not forwarded.
         """
         ...
 
@@ -353,7 +372,11 @@ class Allocator(Protocol):
         complete: bool,
         forwarded: bool = False,
     ) -> AdoptResult:
-        """Re-reports a holder's live grants of earlier epochs to the current owner."""
+        """Re-reports a holder's live grants of earlier epochs to the current owner.
+
+        ``epoch`` is the owner epoch the holder expects (``ANY_EPOCH``: the current one);
+        an owner at another epoch raises WrongEpoch.
+        """
         ...
 
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:

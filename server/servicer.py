@@ -11,7 +11,8 @@ forwarding replica, so an error crosses a forward unchanged.
 
 A call from a forwarding peer carries the metadata ``fairshare-forwarded: 1``; it is
 answered from this replica's own state (``forwarded=True``) and not counted again in
-the decision metrics.
+the decision metrics. An Acquire that names an epoch is answered from this replica's
+own state too, whatever its metadata: it is decided at that epoch or refused.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from fairshare.limits import (
     MAX_GRANT_ID_BYTES,
     MAX_NAME_BYTES,
 )
-from ha.api import Allocator as AllocatorApi
 from ha.api import (
+    ANY_EPOCH,
     AllocatorError,
     Epoch,
     GrantRef,
@@ -49,6 +50,7 @@ from ha.api import (
     UnknownPool,
     WrongEpoch,
 )
+from ha.api import Allocator as AllocatorApi
 from ha.settings import MAX_CAPACITY, DegradedMode, PoolConfig
 from server.auth import AdminAuth, peer_identities
 from server.convert import team_stat_pb
@@ -257,7 +259,9 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 holder=request.holder,
                 request_id=request.request_id,
                 try_only=request.try_only,
-                epoch=Epoch(request.epoch) if request.epoch else None,
+                epoch=Epoch(request.epoch),
+                # An Acquire naming an epoch must be decided at it, whoever sends it.
+                forwarded=forwarded or request.epoch != ANY_EPOCH,
             )
         except AllocatorError as e:
             if isinstance(e, NoOwner) and self._metrics is not None and not forwarded:
@@ -407,9 +411,6 @@ class AdminServicer(pb_grpc.AdminServicer):  # type: ignore[misc]
             )
         except AllocatorError as e:
             await _abort(context, e)
-        logger.info(
-            "pool %s: capacity set to %d (was %d)", request.pool, request.capacity, previous
-        )
         return pb.SetCapacityResponse(previous=previous)
 
     async def Switchover(  # noqa: N802 (gRPC method name)

@@ -22,7 +22,7 @@ from ha.api import (
     PoolView,
 )
 from ha.clock import FakeClock, settle
-from ha.memstore import MemoryStore
+from ha.memorystore import MemoryStore
 from ha.node import Node
 from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing
 from ha.store import LeaseId, StoreUnavailable
@@ -96,6 +96,7 @@ class LocalPeers:
             request_id=request_id,
             try_only=try_only,
             epoch=epoch,
+            forwarded=True,
         )
 
     async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
@@ -178,8 +179,8 @@ class Cluster:
         """kill -9: tasks stop, nothing is revoked or written, peers cannot reach it."""
         for task in node._tasks:
             task.cancel()
-        for owned in node._owned.values():
-            owned.deciding = False
+        for owned in node.ownership.owned.values():
+            owned.stop()
         self.peers.down.add(node.address)
         self.nodes.remove(node)
 
@@ -239,7 +240,12 @@ async def test_a_wrong_epoch_is_refused(cluster: Cluster) -> None:
     epoch = owner.status()[0].epoch
     with pytest.raises(WrongEpoch):
         await owner.acquire(
-            pool="pool-0", team="a", cls=Class.INTERACTIVE, est_tokens=0, epoch=Epoch(epoch + 1)
+            pool="pool-0",
+            team="a",
+            cls=Class.INTERACTIVE,
+            est_tokens=0,
+            epoch=Epoch(epoch + 1),
+            forwarded=True,
         )
 
 

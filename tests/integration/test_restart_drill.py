@@ -47,8 +47,8 @@ import pytest
 from grpc import aio
 
 from fairshare import Class
+from ha.filestore import FileStore
 from ha.keys import Keys
-from ha.memstore import FileStore
 from ha.snapshot import PoolSnapshot
 from server.channels import open_channel
 from server.client import AllocatorClient, ClientGrant
