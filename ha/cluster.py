@@ -100,10 +100,6 @@ class ClusterView:
         now = self._clock.monotonic()
         return [node for node, (_, since) in self.members.items() if now - since >= settle_s]
 
-    def address_of(self, node: str) -> str | None:
-        entry = self.members.get(NodeId(node))
-        return entry[0] if entry is not None else None
-
     # -- watch plumbing -----------------------------------------------------------------
 
     async def _follow(
