@@ -32,7 +32,7 @@ from ha.cluster import ClusterView, preferred_owner
 from ha.genuine import IdCounters
 from ha.grantkeys import GrantKeys
 from ha.handover import TICK_S, Handovers, Mark
-from ha.keys import Keys, Route, encode_owner
+from ha.keys import Keys, Route, encode_capacity, encode_owner
 from ha.lease import NodeLease
 from ha.owner import OwnedPool
 from ha.settings import PoolConfig, Timing
@@ -165,11 +165,43 @@ class Ownership:
         return list(self._campaigns.values())
 
     def tick(self) -> None:
-        """The snapshot loop's turn: expires stale grants and writes every owned pool."""
+        """The snapshot loop's turn: expires stale grants and writes every owned pool;
+        publishes a capacity the cluster view does not show yet."""
         for owned in list(self.owned.values()):
             if owned.can_decide():
                 owned.expire()
                 self._spawn(f"snapshot-{owned.name}", self.sync(owned))
+                published = self.view.capacity(owned.name)
+                if published is None:
+                    published = self._configs[owned.name].capacity
+                if published != owned.capacity:
+                    self._spawn(f"capacity-{owned.name}", self._republish(owned))
+
+    async def publish_capacity(self, owned: OwnedPool) -> None:
+        """Writes the pool's capacity to its capacity key, fenced on the epoch, so every
+        replica's ListPools reports it (``ClusterView.capacity``).
+
+        Raises:
+            StoreUnavailable: the store did not answer; the next ``tick`` tries again.
+            WrongEpoch: this node no longer owns the pool at that epoch.
+        """
+        ok = await bounded(
+            self._store.put_fenced(
+                self._keys.capacity(owned.name),
+                encode_capacity(owned.capacity, owned.epoch),
+                fence_key=self._keys.owner(owned.name),
+                fence_revision=owned.epoch,
+            ),
+            self.timing.rpc_timeout_s,
+        )
+        if not ok:
+            raise WrongEpoch(owned.name, NodeId(""), "", owned.epoch)
+
+    async def _republish(self, owned: OwnedPool) -> None:
+        try:
+            await self.publish_capacity(owned)
+        except (StoreUnavailable, WrongEpoch) as e:
+            logger.debug("pool %s: capacity not published yet: %s", owned.name, e)
 
     async def sync(self, owned: OwnedPool) -> None:
         """Writes ``owned`` now; a failed write wakes the reconcile loop to drop it."""

@@ -263,12 +263,17 @@ class Router:
         )
 
     async def list_pools(self) -> list[PoolInfo]:
-        """``ha.api.Allocator.list_pools``."""
+        """``ha.api.Allocator.list_pools``: the capacity is the owner's live one, read
+        from the pool here or, elsewhere, as the owner published it (``ClusterView``)."""
         result = []
         for name, config in sorted(self._configs.items()):
             route = self.view.route(name)
             owned = self._owned.get(name)
-            capacity = owned.capacity if owned is not None else config.capacity
+            published = self.view.capacity(name)
+            if owned is not None:
+                capacity = owned.capacity
+            else:
+                capacity = published if published is not None else config.capacity
             result.append(
                 PoolInfo(
                     name,
@@ -298,6 +303,15 @@ class Router:
                 previous,
                 capacity,
             )
+            try:
+                await self._ownership.publish_capacity(owned)
+            except (StoreUnavailable, WrongEpoch) as e:
+                logger.warning(
+                    "pool %s: capacity %d not published to the other replicas yet: %s",
+                    pool,
+                    capacity,
+                    e,
+                )
             return previous
         if forwarded:
             raise self._wrong_epoch(name)

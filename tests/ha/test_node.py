@@ -457,6 +457,33 @@ async def test_capacity_changes_survive_failover(cluster: Cluster) -> None:
     assert {s.team: s.reserved for s in view.teams} == {"a": 10, "b": 6, "c": 4}
 
 
+async def test_every_replica_lists_the_owners_live_capacity(cluster: Cluster) -> None:
+    """ListPools on a replica that does not own the pool reports the capacity the owner
+    decides with, not the configured one: after a SetCapacity, and after a failover."""
+    owner = cluster.owner("pool-3")
+    assert owner is not None
+    others = [n for n in cluster.nodes if n is not owner]
+    assert await others[0].set_capacity("pool-3", 20) == 10
+
+    async def listed() -> list[int]:
+        await cluster.clock.advance(0.1)  # the watches deliver the change
+        return [
+            next(p.capacity for p in await n.list_pools() if p.pool == "pool-3")
+            for n in cluster.nodes
+        ]
+
+    assert await listed() == [20, 20, 20]
+    cluster.crash(owner)
+    await cluster.clock.advance(TIMING.lease_ttl_s + 0.2)
+    await cluster.settle_owners()
+    assert await listed() == [20, 20]
+    successor = cluster.owner("pool-3")
+    assert successor is not None
+    other = cluster.other("pool-3")
+    assert await other.set_capacity("pool-3", 30) == 20
+    assert await listed() == [30, 30]
+
+
 async def test_a_returning_preferred_replica_gets_its_pools_back_by_handover(
     cluster: Cluster,
 ) -> None:
