@@ -345,7 +345,7 @@ class Node:
     def _owner_changed(self, pool: PoolName, route: Route | None) -> None:
         self.ownership.owner_changed(pool, route)
         if route is not None:
-            self._spawn(f"readopt-{pool}", self._router.readopt(pool, route))
+            self._spawn(f"readopt-{pool}", self._router.stubs.readopt(pool, route))
 
     def _lease_lost(self) -> None:
         self.ownership.lease_lost()
@@ -354,7 +354,7 @@ class Node:
         while True:
             await self._clock.sleep(self.timing.snapshot_interval_s)
             self.ownership.tick()
-            self._router.forget_stubs()
+            self._router.stubs.forget()
 
     def _spawn(self, name: str, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -35,11 +35,10 @@ import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from itertools import chain
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
-from fairshare import Class, Grant, Pool, TeamStat
+from fairshare import Class, Pool, TeamStat
 from ha.answers import Answer, Answers
 from ha.api import (
     AdoptResult,
@@ -58,9 +57,11 @@ from ha.clock import Clock, EpochTime
 from ha.commit import CommitFailed, GroupCommitter
 from ha.genuine import IdCounters, IdGuard
 from ha.grantkeys import GrantKeys, ephemeral_keys
+from ha.held import HeldGrants
+from ha.phantoms import Phantoms
 from ha.settings import PoolConfig
 from ha.settled import Settled
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
+from ha.snapshot import GrantKey, PoolSnapshot
 from ha.teams import admit, restorable
 
 logger = logging.getLogger(__name__)
@@ -76,22 +77,6 @@ _FORGET_EVERY_S = 1.0
 
 class NotDeciding(Exception):
     """The owner may not decide for the pool now (handover, fence, lost write)."""
-
-
-@dataclass(slots=True)
-class _Held:
-    grant: Grant
-    holder: str
-    team: str
-    wall: float  # when it was issued or adopted
-    row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
-    unsigned: bool = False  # a client-made degraded grant (no MAC)
-
-
-class _Phantom(NamedTuple):
-    team: str
-    until: float  # wall time after which its request cannot be running
-    row: str  # its entry in a snapshot's live list
 
 
 class OwnedPool:
@@ -147,13 +132,9 @@ class OwnedPool:
         )
         self.deciding = True
         self._seq = 0
-        self._grants: dict[int, _Held] = {}  # this epoch's grants by sequence number
-        self._adopted: dict[GrantKey, _Held] = {}  # earlier grants counted again
-        # Earlier grants the previous owner counted, each standing for one phantom, with
-        # the wall time after which it cannot be running any more. The pool's phantoms
-        # never expire by themselves: this map ends them, one by one, so that the pool's
-        # count and these identities always agree.
-        self._phantoms: dict[GrantKey, _Phantom] = {}
+        self._held = HeldGrants(epoch, config.max_request_s)  # counted in flight
+        # Earlier grants the previous owner counted, each standing for one phantom.
+        self._phantoms = Phantoms(self.pool)
         self._earlier = Settled(config.name)  # earlier grants nobody counted (ha.settled)
         self._answers = Answers()  # (holder, request id) -> the first answer
         self._teams_cache: tuple[float, Sequence[TeamStat]] | None = None
@@ -199,15 +180,7 @@ class OwnedPool:
             self.pool.set_usage(team, usage * decay)
         # Each phantom lasts as long as its request could still be running, and never
         # beyond max_request_s from now: chained failovers do not stretch it.
-        latest = now + self.config.max_request_s
-        counts: dict[str, int] = {}
-        for grant in snapshot.live:
-            until = min(grant.until, latest)
-            if until > now:
-                self._phantoms[grant.key] = _phantom(grant.key, grant.team, until)
-                counts[grant.team] = counts.get(grant.team, 0) + 1
-        for team, n in counts.items():
-            self.pool.add_phantoms(team, n, math.inf)
+        self._phantoms.restore(snapshot.live, now, now + self.config.max_request_s)
         self._earlier.restore(snapshot, self.epoch, now)
         self._forget(now)
         return len(snapshot.usage), len(self._phantoms)
@@ -220,15 +193,7 @@ class OwnedPool:
         epoch is taken as settled. Returns the phantoms added.
         """
         now = self._now()
-        until = now + self.config.max_request_s
-        added = 0
-        for team, slots in self.pool.reserved().items():
-            for i in range(slots):
-                key = GrantKey(-1, added + i, "")
-                self._phantoms[key] = _phantom(key, team, until)
-            if slots:
-                self.pool.add_phantoms(team, slots, math.inf)
-            added += slots
+        added = self._phantoms.fill(self.pool.reserved(), now + self.config.max_request_s)
         self._earlier.start_unknown(self.epoch, now)
         return added
 
@@ -315,9 +280,7 @@ class OwnedPool:
         else:
             self._seq += 1
             ref = GrantRef(self.name, self.epoch, self._seq, team, holder)
-            self._grants[self._seq] = self._held(
-                grant, GrantKey(self.epoch, self._seq, holder), team, self._now()
-            )
+            self._held.issue(self._seq, grant, holder, team, self._now())
             answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
         decision = Decision(*answer, False, self.node, self.epoch)
         if request_id:
@@ -338,20 +301,20 @@ class OwnedPool:
             raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
         consumed = self._ids.bounded(ref, consumed)
         if ref.epoch == self.epoch:
-            held = self._grants.pop(ref.seq, None)
+            held = self._held.take_own(ref.seq)
             if held is not None:
                 held.grant.release(consumed)
             return
         key = GrantKey(ref.epoch, ref.seq, ref.holder)
-        adopted = self._adopted.pop(key, None)
+        adopted = self._held.take_adopted(key)
         if adopted is not None:
             adopted.grant.release(consumed)
             self._settle(key)
             return
-        phantom = self._phantoms.pop(key, None)
+        phantom = self._phantoms.take(key)
         if phantom is not None:
             # The previous owner counted it: charge it and close its phantom.
-            team = phantom[0]
+            team = phantom.team
             self.pool.charge(team, consumed)
             self.pool.drop_phantom(team)
             self._settle(key)
@@ -397,12 +360,12 @@ class OwnedPool:
                     field, f"an unsigned grant of holder {ref.holder!r} adopted by {holder!r}"
                 )
             proven = proven or (bool(ref.mac) and ref.holder == holder)
-        unsigned_live = sum(1 for h in self._adopted.values() if h.unsigned and h.holder == holder)
+        unsigned_live = self._held.unsigned_of(holder)
         adopted = 0
         dropped = 0
         for held, ref in zip(grants, refs, strict=True):
             key = GrantKey(ref.epoch, ref.seq, ref.holder)
-            if ref.epoch >= self.epoch or key in self._adopted or self._earlier.is_settled(key):
+            if ref.epoch >= self.epoch or self._held.adopted(key) or self._earlier.is_settled(key):
                 continue
             if not ref.mac:
                 if unsigned_live >= self.pool.capacity:
@@ -426,15 +389,14 @@ class OwnedPool:
                 )
             except ValueError as e:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
-            phantom = self._phantoms.pop(key, None)
+            phantom = self._phantoms.take(key)
             # It keeps the deadline its phantom had: re-counting does not extend a request.
-            issued = self._now() if phantom is None else phantom[1] - self.config.max_request_s
-            self._adopted[key] = self._held(grant, key, grant.team, issued)
-            self._adopted[key].unsigned = not ref.mac
+            issued = self._now() if phantom is None else phantom.until - self.config.max_request_s
+            self._held.adopt(key, grant, issued, unsigned=not ref.mac)
             adopted += 1
-            if phantom is not None and self.pool.drop_phantom(phantom[0]):
+            if phantom is not None and self.pool.drop_phantom(phantom.team):
                 dropped += 1
-        if complete and not proven and any(k.holder == holder for k in self._phantoms):
+        if complete and not proven and self._phantoms.holds(holder):
             logger.warning(
                 "pool %s at epoch %d: a complete re-report for holder %r carries no signed "
                 "grant of it; its phantoms stay until they expire",
@@ -445,10 +407,8 @@ class OwnedPool:
         if complete and proven:
             # The holder does not hold these any more: their releases may still be on the
             # way, so they stay chargeable, but they no longer count in flight.
-            closed = [k for k in self._phantoms if k.holder == holder]
-            for key in closed:
-                if self.pool.drop_phantom(self._phantoms.pop(key)[0]):
-                    dropped += 1
+            closed, ended = self._phantoms.close(holder)
+            dropped += ended
             self._earlier.uncount(closed, self._now())
         return AdoptResult(adopted, dropped, self.node, self.epoch)
 
@@ -462,7 +422,7 @@ class OwnedPool:
         now = self._now()
         self._forget(now)  # phantoms end here too: the pool's never expire by themselves
         horizon = now - self.config.max_request_s
-        expired = _expire(self._grants, horizon) + _expire(self._adopted, horizon)
+        expired = self._held.expire(horizon)
         if expired:
             logger.warning(
                 "pool %s at epoch %d: %d grants outlived max_request_s (%gs) unreleased; "
@@ -501,16 +461,7 @@ class OwnedPool:
     def snapshot(self) -> PoolSnapshot:
         """The state to persist now."""
         state = self._state()
-        limit = self.config.max_request_s
-        live = [
-            LiveGrant(GrantKey(self.epoch, seq, held.holder), held.team, held.wall + limit)
-            for seq, held in self._grants.items()
-        ]
-        live += [
-            LiveGrant(key, held.team, held.wall + limit) for key, held in self._adopted.items()
-        ]
-        live += [LiveGrant(key, p.team, p.until) for key, p in self._phantoms.items()]
-        return dataclasses.replace(state, live=live)
+        return dataclasses.replace(state, live=self._held.live() + self._phantoms.live())
 
     def _state(self) -> PoolSnapshot:
         """The state to persist now, but for the requests in flight."""
@@ -535,17 +486,9 @@ class OwnedPool:
         # What ``snapshot().encode()`` gives, from the rows each request keeps encoded: a
         # write costs a join over the requests in flight, not an encoding of each.
         state = self._state()  # first: it may drop expired phantoms
-        rows = chain(
-            (held.row for held in self._grants.values()),
-            (held.row for held in self._adopted.values()),
-            (p.row for p in self._phantoms.values()),
-        )
+        rows = chain(self._held.rows(), self._phantoms.rows())
         await self._write(state.encode(live_rows=rows))
         self.last_snapshot_mono = self._clock.monotonic()
-
-    def _held(self, grant: Grant, key: GrantKey, team: str, wall: float) -> _Held:
-        until = wall + self.config.max_request_s
-        return _Held(grant, key.holder, team, wall, live_row(LiveGrant(key, team, until)))
 
     async def durable(self, *, lazy: bool = False) -> None:
         """Returns once a fenced write covers the state as of the call.
@@ -575,23 +518,8 @@ class OwnedPool:
         """Drops what no request can outlive: phantoms, windows and settled entries older
         than ``max_request_s``."""
         self._forgot_at = now
-        for key in [k for k, p in self._phantoms.items() if p.until <= now]:
-            self.pool.drop_phantom(self._phantoms.pop(key)[0])
+        self._phantoms.forget(now)
         self._earlier.forget(now - max(self.config.max_request_s, self._release_memory_s))
-
-
-def _expire(table: dict[_K, _Held], horizon: float) -> int:
-    """Releases the grants of ``table`` issued before ``horizon``; the table is in issue
-    order, so the scan stops at the first live one."""
-    expired = 0
-    for key in list(table):
-        held = table[key]
-        if held.wall > horizon:
-            break
-        del table[key]
-        held.grant.release(0.0)
-        expired += 1
-    return expired
 
 
 def _field_of(error: ValueError) -> str:
@@ -601,7 +529,3 @@ def _field_of(error: ValueError) -> str:
         if text.startswith(field):
             return names.get(field, field)
     return "request"
-
-
-def _phantom(key: GrantKey, team: str, until: float) -> _Phantom:
-    return _Phantom(team, until, live_row(LiveGrant(key, team, until)))

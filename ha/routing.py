@@ -23,11 +23,9 @@ import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
-from fairshare import Class, Grant, degraded_priority
-from fairshare.limits import MAX_ADOPT_GRANTS
+from fairshare import Class, degraded_priority
 from ha.api import (
     ANY_EPOCH,
     DEGRADED_EPOCH,
@@ -53,27 +51,16 @@ from ha.clock import Clock
 from ha.cluster import ClusterView
 from ha.genuine import degraded_grant_id
 from ha.grantkeys import GrantKeys
-from ha.keys import Route
 from ha.owner import NotDeciding, OwnedPool
 from ha.ownership import Ownership
 from ha.settings import DegradedMode, PoolConfig, Timing
+from ha.stubs import Stubs
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 ROUTE_POLL_S = 0.01
 """How often a call waiting for a route looks again."""
-
-
-@dataclass(slots=True)
-class _Stub:
-    """A grant this replica obtained for its caller from another owner (or degraded)."""
-
-    grant: Grant
-    held: HeldGrant
-    pool: PoolName
-    epoch: Epoch
-    since: float  # monotonic: a wall step must not forget (or keep) it early
 
 
 class Router:
@@ -104,7 +91,16 @@ class Router:
         self._owned = ownership.owned
         self.degraded: dict[PoolName, int] = dict.fromkeys(configs, 0)
         """Degraded decisions this replica made, per pool."""
-        self._stubs: dict[str, _Stub] = {}
+        self.stubs = Stubs(
+            node_id=node_id,
+            configs=configs,
+            timing=timing,
+            clock=clock,
+            view=view,
+            peers=peers,
+            ownership=ownership,
+        )
+        """The grants this replica obtained for its callers elsewhere (``ha.stubs``)."""
         self._request_seq = 0
         # Generated request ids must not repeat across restarts of this node: an owner
         # that outlived the restart would answer a new request with an old grant.
@@ -171,7 +167,7 @@ class Router:
                     logger.debug("forward of %s to %s failed: %s", pool, route.node, e)
                 else:
                     if decision.granted:
-                        self._keep_stub(name, team, cls, est_tokens, decision)
+                        self.stubs.keep(name, team, est_tokens, decision)
                     return decision
             if self._clock.monotonic() >= deadline:
                 return self._degrade(
@@ -191,7 +187,7 @@ class Router:
         owned = self._ownership.deciding(ref.pool)
         if owned is not None and ref.epoch <= owned.epoch:
             owned.release(ref, consumed)
-            self._stubs.pop(grant_id, None)
+            self.stubs.take(grant_id)
             # Usage is what fairness stands on: a release is acknowledged only once a
             # fenced write covers it, so no owner loses an acknowledged consumption. No
             # request waits on a release, so its write may wait to be shared.
@@ -202,7 +198,7 @@ class Router:
             return
         if forwarded:
             raise self._wrong_epoch(ref.pool)
-        stub = self._stubs.pop(grant_id, None)
+        stub = self.stubs.take(grant_id)
         try:
             await self._to_owner(
                 ref.pool,
@@ -212,7 +208,7 @@ class Router:
             )
         except BaseException:
             if stub is not None:
-                self._stubs[grant_id] = stub
+                self.stubs.put_back(grant_id, stub)
             raise
 
     async def adopt(
@@ -387,22 +383,6 @@ class Router:
                 raise NoOwner(pool)
             await self._clock.sleep(ROUTE_POLL_S * 5)
 
-    def _keep_stub(
-        self, pool: PoolName, team: str, cls: Class, est_tokens: int, decision: Decision
-    ) -> None:
-        """Remembers a grant made elsewhere, to release it and re-report it on failover."""
-        grant_id = decision.grant_id
-
-        def release(consumed: float) -> None:
-            self._stubs.pop(grant_id, None)
-
-        held = HeldGrant(grant_id, team, decision.priority, decision.borrowing, est_tokens)
-        grant = Grant.remote(
-            team, decision.priority, decision.borrowing, decision.saturated, release
-        )
-        self._stubs[grant_id] = _Stub(grant, held, pool, decision.epoch, self._clock.monotonic())
-        del cls
-
     def _degrade(
         self,
         config: PoolConfig,
@@ -431,53 +411,6 @@ class Router:
             NodeId(""),
             DEGRADED_EPOCH,
         )
-        self._keep_stub(name, team, cls, est_tokens, decision)
+        self.stubs.keep(name, team, est_tokens, decision)
         logger.warning("pool %s: no owner reachable; granted %s degraded", config.name, team)
         return decision
-
-    # -- stubs -------------------------------------------------------------------------
-
-    async def readopt(self, pool: PoolName, route: Route) -> None:
-        """Re-reports the grants this replica obtained for its callers to a new owner.
-
-        The new owner may still be restoring when its key appears, so this retries until
-        the owner takes it, the route moves on, or the forward deadline passes. When this
-        node is the new owner, it re-counts them itself once the pool is installed.
-        """
-        stubs = [s for s in self._stubs.values() if s.pool == pool and s.epoch < route.epoch]
-        if not stubs:
-            return
-        grants = [s.held for s in stubs]
-        holder = f"replica:{self.node_id}"
-        deadline = self._clock.monotonic() + self.timing.forward_deadline_s
-        while self._clock.monotonic() < deadline and self.view.route(pool) == route:
-            owned = self._ownership.deciding(pool)
-            try:
-                if route.node == self.node_id:
-                    if owned is not None and owned.epoch == route.epoch:
-                        owned.adopt(holder=holder, grants=grants, complete=False)
-                        return
-                else:
-                    while grants:  # an Adopt carries at most MAX_ADOPT_GRANTS
-                        await self._peers.adopt(
-                            route.address,
-                            pool=pool,
-                            epoch=route.epoch,
-                            holder=holder,
-                            grants=grants[:MAX_ADOPT_GRANTS],
-                            complete=False,
-                            timeout=self.timing.rpc_timeout_s,
-                        )
-                        grants = grants[MAX_ADOPT_GRANTS:]
-                    return
-            except (WrongEpoch, PeerUnavailable, NoOwner) as e:
-                logger.debug("pool %s: re-report to %s not taken yet: %s", pool, route.node, e)
-            await self._clock.sleep(ROUTE_POLL_S * 5)
-        logger.info("pool %s: gave up re-reporting %d grants to %s", pool, len(grants), route.node)
-
-    def forget_stubs(self) -> None:
-        """Forgets the stubs older than the longest ``max_request_s``."""
-        longest = max((c.max_request_s for c in self._configs.values()), default=0.0)
-        horizon = self._clock.monotonic() - longest
-        for grant_id in [g for g, s in self._stubs.items() if s.since < horizon]:
-            del self._stubs[grant_id]
