@@ -130,7 +130,7 @@ class OwnedPool:
             half_life_s=config.half_life_s,
             clock=self._now,
         )
-        self.deciding = True
+        self._deciding = True
         self._seq = 0
         self._held = HeldGrants(epoch, config.max_request_s)  # counted in flight
         # Earlier grants the previous owner counted, each standing for one phantom.
@@ -150,9 +150,9 @@ class OwnedPool:
             clock=clock,
         )
         self._write = write
-        self.last_snapshot_mono = -1.0
+        self._last_write_mono = -1.0
         self._forgot_at = -math.inf
-        self.committer = GroupCommitter(
+        self._committer = GroupCommitter(
             self._persist,
             window_s=commit_window_s,
             lazy_s=release_commit_s,
@@ -199,34 +199,34 @@ class OwnedPool:
 
     def can_decide(self) -> bool:
         """True while this owner may decide: not stopped, no write failed, fenced."""
-        return self.deciding and not self.committer.failed and self._fenced()
+        return self._deciding and not self._committer.failed and self._fenced()
 
     @property
     def lost(self) -> bool:
         """A fenced write failed: the pool must be given up."""
-        return self.committer.failed
+        return self._committer.failed
 
     def stop(self) -> None:
         """Stops deciding for good: ``can_decide()`` is False from now on, and every later
         decision raises NotDeciding. Writes already started still end; ``close`` writes
         the last one."""
-        self.deciding = False
+        self._deciding = False
 
     async def flush(self) -> None:
         """Writes the state now and waits for it. A failure is not raised: it marks the
         pool ``lost`` (the caller looks there)."""
         with contextlib.suppress(Exception):
-            await self.committer.sync()
+            await self._committer.sync()
 
     async def close(self) -> None:
         """The final snapshot: writes the state once more (a failure is logged, not
         raised), then closes the writer: nothing is written for this epoch after it
         returns. Call ``stop`` first, or a decision may land after the last write."""
         try:
-            await self.committer.sync()
+            await self._committer.sync()
         except Exception as e:
             logger.warning("pool %s: final snapshot failed: %s", self.name, e)
-        await self.committer.close()
+        await self._committer.close()
 
     @property
     def capacity(self) -> int:
@@ -235,9 +235,9 @@ class OwnedPool:
 
     def snapshot_age_s(self) -> float:
         """Seconds since the last successful write of this epoch; -1 before the first."""
-        if self.last_snapshot_mono < 0:
+        if self._last_write_mono < 0:
             return -1.0
-        return self._clock.monotonic() - self.last_snapshot_mono
+        return self._clock.monotonic() - self._last_write_mono
 
     # -- decisions ------------------------------------------------------------------
 
@@ -432,7 +432,7 @@ class OwnedPool:
                 expired,
                 self.config.max_request_s,
             )
-            self.committer.nudge()
+            self._committer.nudge()
         return expired
 
     def set_capacity(self, capacity: int) -> int:
@@ -488,7 +488,7 @@ class OwnedPool:
         state = self._state()  # first: it may drop expired phantoms
         rows = chain(self._held.rows(), self._phantoms.rows())
         await self._write(state.encode(live_rows=rows))
-        self.last_snapshot_mono = self._clock.monotonic()
+        self._last_write_mono = self._clock.monotonic()
 
     async def durable(self, *, lazy: bool = False) -> None:
         """Returns once a fenced write covers the state as of the call.
@@ -502,7 +502,7 @@ class OwnedPool:
             NotDeciding: the write failed; the pool is lost.
         """
         try:
-            await self.committer.sync(lazy=lazy)
+            await self._committer.sync(lazy=lazy)
         except CommitFailed as e:
             raise NotDeciding(f"{self.name}: durable write failed: {e}") from e
 
