@@ -11,8 +11,7 @@ Guarantees:
   only once it has been a member without a break for ``rebalance_settle_s``. A graceful
   handover (``ha.handover``) is one transition, counted by the new owner, and is not
   logged as a loss.
-- Failed campaigns for a pool back off (jittered, exponential, up to
-  ``_CAMPAIGN_BACKOFF_MAX_S``) and log once per ``_CAMPAIGN_LOG_S``.
+- Failed campaigns for a pool back off and are logged sparingly (``ha.backoff``).
 
 Non-guarantees: ownership while the store is unreachable for longer than the fencing
 deadline.
@@ -22,11 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Collection, Coroutine, Mapping
-from dataclasses import dataclass
 
 from ha.api import Epoch, NodeId, PoolName, WrongEpoch
+from ha.backoff import CampaignBackoff
 from ha.clock import Clock
 from ha.cluster import ClusterView, preferred_owner
 from ha.genuine import IdCounters
@@ -42,22 +40,8 @@ from ha.writes import WatchedStore
 
 logger = logging.getLogger(__name__)
 
-_CAMPAIGN_BACKOFF_MAX_S = 1.0
-"""Failed campaigns for a pool are retried after 50 ms, doubling up to this, jittered."""
-_CAMPAIGN_LOG_S = 10.0
-"""A streak of failed campaigns for a pool logs its first failure, then one line per this."""
-
 Spawn = Callable[[str, Coroutine[object, object, None]], None]
 """Starts a background task of the node under a name (the node logs its failure)."""
-
-
-@dataclass(slots=True)
-class _Backoff:
-    """A pool's streak of failed campaigns: when the next may start, when it last logged."""
-
-    failures: int = 0
-    not_before: float = 0.0
-    logged_at: float = float("-inf")
 
 
 class Ownership:
@@ -92,7 +76,6 @@ class Ownership:
         self._configs = configs
         self._clock = clock
         self._store = store
-        self._writes = store
         self._keys = keys
         self._lease = lease
         self._grant_keys = grant_keys
@@ -107,7 +90,7 @@ class Ownership:
             owned=self.owned, store=store, keys=keys, view=view, clock=clock, timing=timing
         )
         self._campaigns: dict[PoolName, asyncio.Task[None]] = {}
-        self._backoffs: dict[PoolName, _Backoff] = {}
+        self._backoff = CampaignBackoff(clock)
         self._absent_since: dict[PoolName, float] = {}
         self._started = 0.0
 
@@ -212,7 +195,7 @@ class Ownership:
     def owner_changed(self, pool: PoolName, route: Route | None) -> None:
         """The pool's owner key changed: drops the pool if it is no longer ours."""
         if route is not None and route.node != self.node_id:
-            self._writes.clear(pool)  # another node wrote its owner key: not our disk's
+            self._store.clear(pool)  # another node wrote its owner key: not our disk's
         owned = self.owned.get(pool)
         if owned is not None and (route is None or route.epoch != owned.epoch):
             self._drop(owned, "its owner key was deleted" if route is None else "another owner")
@@ -308,8 +291,7 @@ class Ownership:
                 continue
             if name in self._campaigns or settling:
                 continue
-            backoff = self._backoffs.get(name)
-            if backoff is not None and now < backoff.not_before:
+            if self._backoff.waiting(name, now):
                 continue
             since = self._absent_since.setdefault(name, now)
             target = pinned or preferred_owner(name, members)
@@ -332,7 +314,7 @@ class Ownership:
         lost the race) ends the streak."""
         try:
             await self._take(name)
-            self._backoffs.pop(name, None)
+            self._backoff.ended(name)
         except (StoreUnavailable, LeaseNotFound) as e:
             self._campaign_failed(name, e)
         except Exception:
@@ -342,30 +324,19 @@ class Ownership:
             self.view.changed.set()
 
     def _campaign_failed(self, name: PoolName, e: Exception) -> None:
-        now = self._clock.monotonic()
-        backoff = self._backoffs.setdefault(name, _Backoff())
-        backoff.failures += 1
-        delay = min(_CAMPAIGN_BACKOFF_MAX_S, TICK_S * 2 ** min(backoff.failures - 1, 10))
-        backoff.not_before = now + delay * random.uniform(0.5, 1.0)
-        if now - backoff.logged_at < _CAMPAIGN_LOG_S:
+        attempt = self._backoff.failed(name)
+        if attempt is None:
             return
-        backoff.logged_at = now
-        if isinstance(e, StoreFull):
-            logger.error(
-                "node %s: campaign for pool %s failed: store full (attempt %d): %s",
-                self.node_id,
-                name,
-                backoff.failures,
-                e,
-            )
-        else:
-            logger.warning(
-                "node %s: campaign for pool %s failed (attempt %d): %s",
-                self.node_id,
-                name,
-                backoff.failures,
-                e,
-            )
+        full = isinstance(e, StoreFull)
+        logger.log(
+            logging.ERROR if full else logging.WARNING,
+            "node %s: campaign for pool %s failed%s (attempt %d): %s",
+            self.node_id,
+            name,
+            ": store full" if full else "",
+            attempt,
+            e,
+        )
 
     async def _take(self, name: PoolName) -> None:
         config = self._configs[name]
