@@ -27,7 +27,7 @@ from fairshare.priority import Class, borrowing_priority, within_share_priority
 
 # Ordering keys are rounded to this many significant bits, so that level fairshare values
 # that are equal in exact arithmetic (shares 0.3 and 0.1 with usage 3 and 1) but differ in
-# the last bits of binary floating point share a rank, as SPEC.md says equal values do.
+# the last bits of binary floating point share a rank, as docs/spec.md §5 says equal values do.
 # 2**-40 is far above the rounding error of a key (a few ulps of 2**-52) and far below
 # any difference in service that matters.
 _KEY_BITS: Final = 40
