@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from fairshare.apportion import validate_shares
+from fairshare.shares import ShareError, check_shares
 
 
 class ConfigError(ValueError):
@@ -69,7 +69,8 @@ class PoolConfig:
     Attributes:
         name: pool name, unique.
         capacity: sustainable concurrency C (requests in flight), an int >= 0.
-        shares: team -> share of C (finite, >= 0; scaled down if they sum above 1).
+        shares: team -> share of C, a valid shares map (``fairshare.check_shares``);
+            scaled down if they sum above 1.
         half_life_s: usage half-life in seconds; 0 disables decay. Default one week.
         max_request_s: longest a request can stay in flight, seconds; bounds how long a
             failover's phantoms count. Default 600.
@@ -108,12 +109,9 @@ class PoolConfig:
             raise ConfigError(
                 f"{path}.capacity", f"must be in [0, {MAX_CAPACITY}], got {self.capacity}"
             )
-        for team in self.shares:
-            if not isinstance(team, str) or not team:
-                raise ConfigError(f"{path}.shares", f"team names must be non-empty, got {team!r}")
         try:
-            validate_shares(self.shares)
-        except ValueError as e:
+            check_shares(self.shares)
+        except ShareError as e:
             raise ConfigError(f"{path}.shares", str(e)) from e
         _finite(f"{path}.half_life_s", self.half_life_s)
         _finite(f"{path}.max_request_s", self.max_request_s, strict=True)
