@@ -57,9 +57,9 @@ MAX_CAPACITY = 2**31 - 1
 DEFAULT_MAX_TEAMS = 1024
 """Default of ``PoolConfig.max_teams``."""
 MAX_MAX_TEAMS = 4096
-"""The largest ``max_teams`` accepted: 4096 teams with 256-byte names keep a snapshot's
-usage table near 1.2 MiB, under etcd's 1.5 MiB request limit, and a durable write (which
-encodes every team) near 10 ms."""
+"""The largest ``max_teams`` accepted; it keeps a snapshot of a pool whose team names are
+all 256 bytes long under etcd's 1.5 MiB request limit (the figures: docs/ha.md, "Cost per
+call")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +155,8 @@ class Timing:
     """Group commit: least time between the starts of two durable writes; every request
     that arrives meanwhile shares the next one, and a request that finds no write started
     within the window is written at once. Larger windows mean fewer writes under load
-    and more latency at low load (measured in docs/benchmarks.md: 1 ms beat 0 and 2 ms)."""
+    and more latency at low load (why 1 ms: docs/benchmarks.md, "Cost of the durable
+    write")."""
     release_commit_s: float = 0.005
     """The group commit window of releases. A release is acknowledged once a durable
     write covers it, and no request waits on it: its write starts this long after the
