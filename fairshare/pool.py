@@ -8,11 +8,8 @@ per pool every team's usage decays by the same factor, so the order of the level
 fairshare values only changes when a team is charged. Usage is therefore stored scaled
 to a reference time (``stored = usage(now) * exp(lam * (now - t_ref))``), which makes a
 charge one multiplication, and the distinct ordering keys live in a sorted list
-(``fairshare.ranking``), which makes a team's dense rank one bisection.
-
-The pool's parts live beside it: ``fairshare.grant`` (the decision for one request),
-``fairshare.team`` (per-team state and its snapshot), ``fairshare.ranking`` (the ordering
-key and dense ranks) and ``fairshare.shares`` (what a valid shares map is).
+(``fairshare.ranking``), which makes a team's dense rank one bisection. A pool's grants
+are ``fairshare.grant``'s, its per-team state ``fairshare.team``'s.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,16 @@ CASES = [
 ]
 
 
+@pytest.fixture
+def copy(tmp_path: Path) -> Iterator[Path]:
+    """A fresh copy of the project's packages and pyproject.toml, removed afterwards."""
+    target = tmp_path / "copy"
+    target.mkdir()
+    _copy_project(target)
+    yield target
+    shutil.rmtree(target)
+
+
 def _copy_project(target: Path) -> None:
     """Copies pyproject.toml and every root package its import contracts name."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -49,6 +60,7 @@ def _copy_project(target: Path) -> None:
 
 def _lint_imports(where: Path) -> subprocess.CompletedProcess[str]:
     """Runs lint-imports on the copy in ``where``, its config and its packages only."""
+    assert LINT_IMPORTS.is_file(), f"no lint-imports beside {sys.executable}"
     env = {**os.environ, "PYTHONPATH": str(where), "NO_COLOR": "1"}
     return subprocess.run(
         [str(LINT_IMPORTS), "--config", "pyproject.toml", "--no-cache"],
@@ -61,24 +73,22 @@ def _lint_imports(where: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_unmodified_copy_keeps_every_contract(tmp_path: Path) -> None:
-    _copy_project(tmp_path)
-    result = _lint_imports(tmp_path)
+def test_the_unmodified_copy_keeps_every_contract(copy: Path) -> None:
+    result = _lint_imports(copy)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 broken" in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize(("path", "statement", "contract"), CASES)
 def test_a_forbidden_import_breaks_its_contract(
-    tmp_path: Path, path: str, statement: str, contract: str
+    copy: Path, path: str, statement: str, contract: str
 ) -> None:
-    _copy_project(tmp_path)
-    module_file = tmp_path / path
+    module_file = copy / path
     assert module_file.is_file(), f"{path} is not in the copy"
     with module_file.open("a", encoding="utf-8") as f:
         f.write(f"\n{statement}  # injected by the test\n")
 
-    result = _lint_imports(tmp_path)
+    result = _lint_imports(copy)
 
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
