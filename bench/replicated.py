@@ -15,7 +15,7 @@ Run with ``make bench`` (or ``python bench/replicated.py``). It measures, in one
 The workload of the throughput runs is bench/grpc_service.py's (C = 100, ten teams, eight
 of them holding their reservation, 20 % of the requests within share).
 
-Targets (DESIGN.md): decisions resume <= T + 1 s after a crash; a successor decides
+Targets (docs/design.md §19): decisions resume <= T + 1 s after a crash; a successor decides
 < 250 ms after a graceful stop.
 """
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from fairshare.apportion import validate_shares
+from fairshare.shares import ShareError, check_shares
 
 
 class ConfigError(ValueError):
@@ -57,9 +57,9 @@ MAX_CAPACITY = 2**31 - 1
 DEFAULT_MAX_TEAMS = 1024
 """Default of ``PoolConfig.max_teams``."""
 MAX_MAX_TEAMS = 4096
-"""The largest ``max_teams`` accepted: 4096 teams with 256-byte names keep a snapshot's
-usage table near 1.2 MiB, under etcd's 1.5 MiB request limit, and a durable write (which
-encodes every team) near 10 ms."""
+"""The largest ``max_teams`` accepted; it keeps a snapshot of a pool whose team names are
+all 256 bytes long under etcd's 1.5 MiB request limit (the figures: docs/ha.md, "Cost per
+call")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,8 @@ class PoolConfig:
     Attributes:
         name: pool name, unique.
         capacity: sustainable concurrency C (requests in flight), an int >= 0.
-        shares: team -> share of C (finite, >= 0; scaled down if they sum above 1).
+        shares: team -> share of C, a valid shares map (``fairshare.check_shares``);
+            scaled down if they sum above 1.
         half_life_s: usage half-life in seconds; 0 disables decay. Default one week.
         max_request_s: longest a request can stay in flight, seconds; bounds how long a
             failover's phantoms count. Default 600.
@@ -108,12 +109,9 @@ class PoolConfig:
             raise ConfigError(
                 f"{path}.capacity", f"must be in [0, {MAX_CAPACITY}], got {self.capacity}"
             )
-        for team in self.shares:
-            if not isinstance(team, str) or not team:
-                raise ConfigError(f"{path}.shares", f"team names must be non-empty, got {team!r}")
         try:
-            validate_shares(self.shares)
-        except ValueError as e:
+            check_shares(self.shares)
+        except ShareError as e:
             raise ConfigError(f"{path}.shares", str(e)) from e
         _finite(f"{path}.half_life_s", self.half_life_s)
         _finite(f"{path}.max_request_s", self.max_request_s, strict=True)
@@ -157,7 +155,8 @@ class Timing:
     """Group commit: least time between the starts of two durable writes; every request
     that arrives meanwhile shares the next one, and a request that finds no write started
     within the window is written at once. Larger windows mean fewer writes under load
-    and more latency at low load (measured in docs/benchmarks.md: 1 ms beat 0 and 2 ms)."""
+    and more latency at low load (why 1 ms: docs/benchmarks.md, "Cost of the durable
+    write")."""
     release_commit_s: float = 0.005
     """The group commit window of releases. A release is acknowledged once a durable
     write covers it, and no request waits on it: its write starts this long after the

@@ -185,7 +185,7 @@ class RunningServer:
         return f"127.0.0.1:{self.port}"
 
     async def shutdown(self, grace_s: float = GRACE_S) -> None:
-        """Stops in DESIGN.md's fixed order; safe to call twice.
+        """Stops in the fixed order of docs/design.md §16; safe to call twice.
 
         Health NOT_SERVING first, so load balancers and clients move away while the node
         can still answer; then the node stops deciding, writes its final snapshot and

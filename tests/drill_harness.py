@@ -1,7 +1,7 @@
 """Failover drills: a three-member etcd, three `fairshare serve` processes, gateways under load.
 
 The harness keeps a ledger of every grant the simulated gateways obtain (through the
-project's client library) and checks the invariants of DESIGN.md at every poll and at the
+project's client library) and checks the invariants of docs/design.md §19 at every poll and at the
 end:
 
 1. one epoch decides at a time: no grant of epoch e is decided after the first grant of a
@@ -74,7 +74,7 @@ GRANT_KEY = "drill-grant-key-shared-by-every-replica"
 
 
 def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
-    """The replicas' YAML config: short timings, as DESIGN.md allows for tests."""
+    """The replicas' YAML config: short timings, as docs/design.md §18 allows for tests."""
     return {
         "admin": {"token_file": str(token_file)},
         "grants": {"key_file": str(key_file)},

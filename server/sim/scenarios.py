@@ -409,8 +409,8 @@ def elastic(
 class FailoverAllocator:
     """fairshare priorities from an owner that crashes and is replaced mid-run.
 
-    The new owner is built with the core API, as ``ha/`` does (DESIGN.md, "Persistence
-    and failover"): a new ``Pool`` with the configured shares; ``set_usage`` from the
+    The new owner is built with the core API, as ``ha/`` does (docs/design.md §11):
+    a new ``Pool`` with the configured shares; ``set_usage`` from the
     last periodic snapshot, decayed to now; ``add_phantoms(team, in_flight, until=now +
     max_request_s)`` for the in-flight counts of the durable record; releases the
     gateways retried during the outage become ``charge`` + ``drop_phantom``; then the
@@ -499,7 +499,7 @@ class FailoverAllocator:
             self.pool.set_capacity(capacity)
 
     def _release_unknown(self, req: Request, cost: float) -> None:
-        """A release for a grant this owner never counted (DESIGN.md, request path)."""
+        """A release for a grant this owner never counted (docs/design.md §11)."""
         assert self.pool is not None
         self.pool.charge(req.team, cost)
         if req.epoch != 0:  # counted by the old owner, so standing as one of its phantoms
@@ -591,7 +591,7 @@ def failover(
     horizon = 1800.0 * scale
     half_life = 600.0
     fail_at = horizon / 2
-    outage = 6.0  # lease TTL 5 s + 1 s (DESIGN.md: decisions resume <= T + 1 s)
+    outage = 6.0  # lease TTL 5 s + 1 s (docs/design.md §19: decisions resume <= T + 1 s)
     adopt_after = 1.0
     max_request = 60.0
     sources: list[Source] = [

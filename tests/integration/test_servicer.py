@@ -1,4 +1,4 @@
-"""Every RPC over a real grpc.aio server, with the status codes of DESIGN.md."""
+"""Every RPC over a real grpc.aio server, with the status codes of docs/design.md §17."""
 
 from __future__ import annotations
 
