@@ -1,5 +1,10 @@
 """One pool as decided by its owner during one epoch.
 
+Its parts keep one table each: ``ha.held`` (grants in flight), ``ha.phantoms`` (the
+previous owner's), ``ha.settled`` (earlier grants nobody counted), ``ha.answers``
+(answers to retries), ``ha.genuine`` (id checks, the charge bound), ``ha.teams``
+(admission of teams).
+
 Guarantees:
 - Decisions are made only while ``can_decide()`` holds: the pool is not being handed
   over and the node's lease is within its self-fencing deadline.
@@ -8,8 +13,8 @@ Guarantees:
 - A retried Acquire (same holder and request id) returns the first answer.
 - A release is counted once per grant id, whatever the epoch that issued it.
 - Only genuine ids count: a signed id whose MAC does not verify under the cluster's grant
-  keys, or an unsigned id of an epoch other than 0, is refused (``PermissionDenied``)
-  before anything is charged or counted.
+  keys, or an unsigned id of an epoch other than ``DEGRADED_EPOCH`` (0), is refused
+  (``PermissionDenied``) before anything is charged or counted.
 - A release charges at most ``config.max_charge()`` (``max_charge_per_s`` x
   ``max_request_s``); more is clamped to it, logged and counted (``IdCounters``).
 - Adopt counts unsigned (client-made degraded) grants only when they name the calling
@@ -36,7 +41,6 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from itertools import chain
-from typing import TypeVar
 
 from fairshare import Class, Pool, TeamStat
 from ha.answers import Answer, Answers
@@ -66,7 +70,6 @@ from ha.teams import admit, restorable
 
 logger = logging.getLogger(__name__)
 
-_K = TypeVar("_K")
 # A team table of more teams than this is built at most once per _VIEW_CACHE_S.
 _FRESH_TEAMS = 64
 _VIEW_CACHE_S = 1.0
