@@ -20,6 +20,7 @@ import grpc
 from grpc import aio
 
 from client.calls import RETRYABLE, Calls
+from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH
 from fairshare.limits import MAX_ADOPT_GRANTS
 from wire.convert import adopt_request
 from wire.errors import to_allocator_error
@@ -34,7 +35,7 @@ class Adoption(Calls):
     def _saw_epoch(self, pool: str, epoch: int) -> None:
         """Re-reports live grants when a pool shows an epoch they were not decided in, and
         grants no owner counted yet whenever an owner of the pool answers."""
-        if epoch == 0:
+        if epoch in (NO_EPOCH, DEGRADED_EPOCH):  # no owner decided or is known
             return
         known = self._epochs.get(pool)
         self._epochs[pool] = max(epoch, known or 0)
@@ -51,7 +52,7 @@ class Adoption(Calls):
     def _report(self, pool: str) -> None:
         """Reports the pool's grants no owner counted, at the newest epoch seen, unless an
         Adopt of the pool is already in flight (it re-checks when it ends)."""
-        epoch = self._epochs.get(pool, 0)
+        epoch = self._epochs.get(pool, NO_EPOCH)
         if epoch and self._unreported.get(pool) and pool not in self._reporting:
             self._spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
 
@@ -72,7 +73,7 @@ class Adoption(Calls):
         # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
         # only the last one complete. Grants a replica signed go last, so the complete
         # one carries the proof of holdership the owner asks for (docs/ha.md, "Adopt").
-        grants.sort(key=lambda g: g.epoch != 0)
+        grants.sort(key=lambda g: g.epoch != DEGRADED_EPOCH)
         self._reporting.add(pool)
         try:
             for start in range(0, len(grants) or 1, MAX_ADOPT_GRANTS):

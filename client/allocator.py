@@ -49,7 +49,7 @@ from client.calls import RETRYABLE
 from client.grants import ClientGrant, degraded_grant_id
 from fairshare import Class, degraded_priority
 from fairshare.errors import NoOwner
-from fairshare.ids import NodeId
+from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, NodeId
 from fairshare.modes import DegradedMode
 from wire.convert import acquire_request, decision, degraded_mode
 from wire.errors import to_allocator_error
@@ -283,7 +283,7 @@ class AllocatorClient(Adoption, Backlog):
             self._abandon(request)
             return self._degraded(pool, team, service_class, est_tokens, e)
         answer = decision(r)
-        known = self._epochs.get(pool, 0)
+        known = self._epochs.get(pool, NO_EPOCH)
         self._saw_epoch(pool, answer.epoch)
         if not answer.granted:
             return None
@@ -302,7 +302,7 @@ class AllocatorClient(Adoption, Backlog):
             _client=self,
         )
         self._live[grant.grant_id] = grant
-        if answer.epoch == 0 or answer.epoch < known:
+        if answer.epoch == DEGRADED_EPOCH or answer.epoch < known:
             # Degraded at a replica, or late: decided at an epoch older than one this
             # client already re-reported its grants to, so its complete inventory may
             # have closed this grant's phantom. Either way no owner counts it now.
@@ -330,7 +330,7 @@ class AllocatorClient(Adoption, Backlog):
             saturated=False,
             degraded=True,
             owner=NodeId(""),
-            epoch=0,
+            epoch=DEGRADED_EPOCH,
             _client=self,
         )
         self._live[grant_id] = grant

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from fairshare import Class
 from fairshare.errors import AllocatorError
-from fairshare.ids import Epoch, GrantRef, PoolName
+from fairshare.ids import DEGRADED_EPOCH, GrantRef, PoolName
 
 if TYPE_CHECKING:
     from client.allocator import AllocatorClient
@@ -35,7 +35,7 @@ def degraded_grant_id(pool: str, team: str, holder: str) -> str:
     gateway's grant never collides with one an owner remembers as settled. It carries no
     owner's authentication: only owners can issue those.
     """
-    return GrantRef(PoolName(pool), Epoch(0), secrets.randbits(62), team, holder).encode()
+    return GrantRef(PoolName(pool), DEGRADED_EPOCH, secrets.randbits(62), team, holder).encode()
 
 
 @dataclass(eq=False)

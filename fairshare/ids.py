@@ -12,14 +12,23 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
-from typing import NewType
+from typing import Final, NewType
 
 from fairshare.errors import InvalidArgument
 
 PoolName = NewType("PoolName", str)
 NodeId = NewType("NodeId", str)
 Epoch = NewType("Epoch", int)
-"""A pool's ownership generation: the create_revision of its owner key (fencing token)."""
+"""A pool's ownership generation: the create_revision of its owner key (fencing token).
+
+No owner holds epoch 0; it stands for what the two names below say, so code says which it
+means."""
+
+DEGRADED_EPOCH: Final = Epoch(0)
+"""The epoch of a grant no owner decided: ``fail_open`` by a replica without an owner, or
+by the client library when no replica answered."""
+NO_EPOCH: Final = Epoch(0)
+"""The epoch where no owner is known (ListPools, a ``WrongEpoch`` naming nobody)."""
 
 
 _UNSIGNED_TAG = "g1"

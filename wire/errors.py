@@ -42,7 +42,7 @@ from fairshare.errors import (
     UnknownPool,
     WrongEpoch,
 )
-from fairshare.ids import Epoch, NodeId
+from fairshare.ids import NO_EPOCH, Epoch, NodeId
 from wire.metadata import (
     EPOCH_KEY,
     ERROR_KEY,
@@ -145,7 +145,7 @@ def _wrong_epoch(answer: Answer) -> AllocatorError | None:
     try:
         epoch = Epoch(int(answer.metadata[EPOCH_KEY]))
     except ValueError:
-        epoch = Epoch(0)
+        epoch = NO_EPOCH
     owner = NodeId(answer.metadata.get(OWNER_KEY, ""))
     return WrongEpoch(answer.pool, owner, answer.metadata.get(OWNER_ADDRESS_KEY, ""), epoch)
 
