@@ -63,7 +63,7 @@ drill: venv etcd
 	$(PY) tests/drills/schedule.py --minutes $(MINUTES) --seed $(SEED)
 
 proto: venv
-	$(PY) -m server.genproto
+	$(PY) -m wire.genproto
 
 # Runs every scenario of the vLLM scheduling simulator; writes docs/simulation.md and its plots.
 simulate: venv

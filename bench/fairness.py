@@ -37,8 +37,8 @@ from bench._common import (
     wait_serving,
     workdir,
 )
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 POOL = {"name": "gpu", "capacity": 64, "shares": {"quiet": 0.5, "flood": 0.5}}
 

@@ -68,8 +68,8 @@ from bench._common import (  # noqa: E402
     write_section,
 )
 from ha.settings import Timing  # noqa: E402
-from server.pb.fairshare.v1 import allocator_pb2 as pb  # noqa: E402
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
+from wire.pb.fairshare.v1 import allocator_pb2 as pb  # noqa: E402
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
 
 SECTION = "## gRPC service vs an empty-echo baseline"
 ECHO_METHOD = "/bench.Echo/Echo"

@@ -27,8 +27,9 @@ import grpc
 from grpc import aio
 
 from server.auth import read_token
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.metadata import bearer
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET: Final = "127.0.0.1:50051"
 EXIT_FAILED: Final = 1
@@ -128,7 +129,7 @@ def _admin_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     path = args.token_file or os.environ.get("FAIRSHARE_ADMIN_TOKEN_FILE")
     if not path:
         return ()
-    return (("authorization", f"Bearer {read_token(path)}"),)
+    return (bearer(read_token(path)),)
 
 
 async def _status(args: argparse.Namespace, out: TextIO) -> int:

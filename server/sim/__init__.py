@@ -10,5 +10,5 @@
 - ``cli``: ``fairshare simulate`` / ``python -m server.sim``.
 
 Importing this package needs only ``fairshare``; plotting needs matplotlib; ``remote``
-needs the gRPC client (``server.client``).
+needs the gRPC client (``client``).
 """

@@ -24,8 +24,8 @@ from ha.api import GrantRef
 from server import cli
 from server.app import ADMIN_SERVICE, ALLOCATOR_SERVICE, RunningServer, start_server
 from server.config import Config
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 from .fakes import FakeAllocator

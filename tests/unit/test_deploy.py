@@ -676,8 +676,8 @@ def test_build_context_holds_the_packages_and_nothing_else() -> None:
             rel = path.relative_to(REPO).as_posix()
             if path.is_file() and "__pycache__" not in rel:
                 assert not _docker_excluded(rel, rules), f"{rel} is left out of the image"
-    assert (REPO / "server" / "pb" / "__init__.py").is_file(), "stubs are committed"
-    assert not _docker_excluded("server/pb/__init__.py", rules)
+    assert (REPO / "wire" / "pb" / "__init__.py").is_file(), "stubs are committed"
+    assert not _docker_excluded("wire/pb/__init__.py", rules)
     assert not _docker_excluded("pyproject.toml", rules)
     for rel in (
         ".git/HEAD",
