@@ -19,6 +19,7 @@ COPY pyproject.toml README.m[d] ./
 COPY fairshare ./fairshare
 COPY ha ./ha
 COPY server ./server
+COPY sim ./sim
 # A regular (not editable) install: the runtime stage has no /src.
 RUN /opt/fairshare/bin/pip install . \
     && /opt/fairshare/bin/python -m compileall -q /opt/fairshare/lib

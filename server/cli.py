@@ -6,7 +6,7 @@ Commands:
     pools          every pool with its capacity, owner, epoch and degraded mode
     set-capacity   change a pool's capacity (admin credentials)
     switchover     move a pool to a named replica (admin credentials)
-    simulate       the offline simulator (``server.sim.cli``)
+    simulate       the offline simulator (``sim.cli``)
 
 Exit status: 0 on success, 1 when a call fails, 2 on a usage or configuration error.
 """
@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     switchover.add_argument("pool")
     switchover.add_argument("node")
     _client_arguments(switchover, admin=True)
-    sub.add_parser("simulate", help="offline simulator (server.sim)", add_help=False)
+    sub.add_parser("simulate", help="offline simulator (sim)", add_help=False)
     return parser
 
 
@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["simulate"]:
         # The simulator parses its own arguments; import it only when asked for.
-        sim: Any = importlib.import_module("server.sim.cli")
+        sim: Any = importlib.import_module("sim.cli")
         return int(sim.main(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command == "serve":

@@ -20,7 +20,7 @@ from server.app import RunningServer, start_server
 from server.config import load_config
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from server.sim import cli
+from sim import cli
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -45,8 +45,8 @@ from server.auth import read_token
 from server.client import SyncAllocatorClient, SyncGrant
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from server.sim.engine import PoolSpec, Request, SetupError, Simulator
-from server.sim.scenarios import ScenarioResult
+from sim.engine import PoolSpec, Request, SetupError, Simulator
+from sim.scenarios import ScenarioResult
 
 logger = logging.getLogger(__name__)
 

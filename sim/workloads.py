@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fairshare import Class
-from server.sim.engine import Request, Simulator
+from sim.engine import Request, Simulator
 
 
 @dataclass(frozen=True, slots=True)

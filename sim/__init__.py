@@ -7,7 +7,7 @@
 - ``report``: PNG plots (matplotlib, imported lazily) and the markdown report.
 - ``remote``: ``GrpcAllocator``, priorities from a running allocator over gRPC
   (``--allocator``), instead of the in-process pool.
-- ``cli``: ``fairshare simulate`` / ``python -m server.sim``.
+- ``cli``: ``fairshare simulate`` / ``python -m sim``.
 
 Importing this package needs only ``fairshare``; plotting needs matplotlib; ``remote``
 needs the gRPC client (``server.client``).

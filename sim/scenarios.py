@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fairshare import Class, Pool, degraded_priority
-from server.sim.engine import (
+from sim.engine import (
     Allocator,
     AllocatorFactory,
     FcfsAllocator,
@@ -33,7 +33,7 @@ from server.sim.engine import (
     Simulator,
     in_process,
 )
-from server.sim.workloads import BATCH, INTERACTIVE, Bursts, Flood, Poisson, Source, start_all
+from sim.workloads import BATCH, INTERACTIVE, Bursts, Flood, Poisson, Source, start_all
 
 HARDWARE = Hardware(kv_blocks_per_slot=72)
 """One slot of C has 72 KV blocks of 16 tokens: enough for the average request, not for
