@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ha.api import AllocatorError
-from sim.engine import SetupError
+from sim.allocators import SetupError
 from sim.scenarios import SCENARIOS, ScenarioResult
 
 EXIT_FAILED = 1

@@ -45,8 +45,10 @@ from server.auth import read_token
 from server.client import SyncAllocatorClient, SyncGrant
 from server.pb.fairshare.v1 import allocator_pb2 as pb
 from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from sim.engine import PoolSpec, Request, SetupError, Simulator
-from sim.scenarios import ScenarioResult
+from sim.allocators import PoolSpec, SetupError
+from sim.engine import Simulator
+from sim.model import Request
+from sim.scenarios.result import ScenarioResult
 
 logger = logging.getLogger(__name__)
 

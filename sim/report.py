@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sim.scenarios import ScenarioResult
+from sim.scenarios.result import ScenarioResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

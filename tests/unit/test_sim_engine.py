@@ -8,7 +8,8 @@ import pytest
 
 from fairshare import Class
 from sim import cli, scenarios
-from sim.engine import Hardware, Policy, Request, Simulator
+from sim.engine import Simulator
+from sim.model import Hardware, Policy, Request
 
 pytestmark = pytest.mark.timeout(60)
 
