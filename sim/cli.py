@@ -9,7 +9,8 @@ pool it needs, the admin token of ``elastic``, why the figures are not comparabl
 the in-process ones). ``failover`` is in-process only.
 
 Exit status: 0; 1 when a target is missed (``--check``) or an allocator call fails; 2 on
-a usage error or an allocator whose pool does not fit the scenario.
+a usage error, an allocator whose pool does not fit the scenario, or no matplotlib to draw
+the plots with (checked before any scenario runs).
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--allocator runs one scenario at a time (each needs its own pool on the "
             "allocator, and failover is in-process only)"
         )
+    try:
+        report.require_matplotlib()
+    except report.PlottingUnavailable as e:
+        print(f"fairshare simulate: {e}", file=sys.stderr)
+        return EXIT_USAGE
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     out: Path = args.out
     markdown: Path = args.markdown or out.parent / f"{out.name}.md"

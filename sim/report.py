@@ -1,7 +1,8 @@
 """Plots (PNG, matplotlib with the Agg backend) and the markdown report of scenarios.
 
 matplotlib is imported inside the functions that draw, so ``sim`` imports without
-it; it comes with the ``sim`` (and ``dev``) extra.
+it; it comes with the ``sim`` (and ``dev``) extra. Without it, ``require_matplotlib`` and
+every plotting function raise ``PlottingUnavailable``, whose message names the extra.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from sim.scenarios.result import ScenarioResult
@@ -23,19 +25,38 @@ DPI = 90
 _STYLES = ["-", "--", ":"]
 
 
+class PlottingUnavailable(Exception):
+    """matplotlib is not installed, so no plot can be drawn; the message says what to install."""
+
+
+def _pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise PlottingUnavailable(
+            "the plots need matplotlib, which is not installed: install the sim extra "
+            "(pip install 'fairshare[sim]')"
+        ) from e
+    return plt
+
+
+def require_matplotlib() -> None:
+    """Raises ``PlottingUnavailable`` now if the plots cannot be drawn (before a long run)."""
+    _pyplot()
+
+
 def _figure(width: float = 8.0, height: float = 4.2) -> tuple[Figure, Axes]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(width, height), dpi=DPI)
     return fig, ax
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -187,11 +208,7 @@ def plot_wait_series(result: ScenarioResult, path: Path) -> Path:
 
 
 def _subplots(n: int) -> tuple[Figure, list[Axes]]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(n, 1, figsize=(8.0, 3.2 * n), dpi=DPI, sharex=True, squeeze=False)
     return fig, [row[0] for row in axes]
 
