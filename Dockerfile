@@ -20,6 +20,7 @@ COPY fairshare ./fairshare
 COPY ha ./ha
 COPY server ./server
 COPY sim ./sim
+COPY cli ./cli
 # A regular (not editable) install: the runtime stage has no /src.
 RUN /opt/fairshare/bin/pip install . \
     && /opt/fairshare/bin/python -m compileall -q /opt/fairshare/lib
