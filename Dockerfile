@@ -21,6 +21,8 @@ COPY wire ./wire
 COPY client ./client
 COPY ha ./ha
 COPY server ./server
+COPY sim ./sim
+COPY cli ./cli
 # A regular (not editable) install: the runtime stage has no /src.
 RUN /opt/fairshare/bin/pip install . \
     && /opt/fairshare/bin/python -m compileall -q /opt/fairshare/lib

@@ -67,7 +67,7 @@ proto: venv
 
 # Runs every scenario of the vLLM scheduling simulator; writes docs/simulation.md and its plots.
 simulate: venv
-	$(PY) -m server.sim --scenario all --out docs/simulation
+	$(PY) -m sim --scenario all --out docs/simulation
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -92,7 +92,7 @@ def _start(server: Process, root: str | None) -> None:
     if root is None:
         server.start()
         return
-    # ``python -m server.cli`` imports the ``server`` package of its working directory.
+    # ``python -m cli`` imports the packages (``cli``, ``server``...) of its working directory.
     with server.log_path.open("ab") as log:
         server.proc = subprocess.Popen(
             server.args, cwd=Path(root), stdin=subprocess.DEVNULL, stdout=log, stderr=log

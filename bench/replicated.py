@@ -407,7 +407,7 @@ def section(
     return f"""{SECTION}
 
 The replicated mode on one machine: a single-member etcd (`tests/etcd_process.py`, data
-dir on a RAM-backed file system) and three `python -m server.cli serve` replicas on
+dir on a RAM-backed file system) and three `python -m cli serve` replicas on
 loopback, with the drills' timings: {timing} (T = `lease_ttl_s` = {LEASE_TTL_S:g} s).
 
 Command: `make bench` (runs `python bench/replicated.py`).

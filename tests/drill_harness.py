@@ -142,7 +142,7 @@ class Replica:
                 [
                     sys.executable,
                     "-m",
-                    "server.cli",
+                    "cli",
                     "serve",
                     "--config",
                     str(self.config),

@@ -169,7 +169,7 @@ async def test_serve_on_a_disk_that_fills_up_and_is_freed(
         [
             sys.executable,
             "-m",
-            "server.cli",
+            "cli",
             "serve",
             "--config",
             str(config),

@@ -160,7 +160,7 @@ async def test_megabyte_request_ids_do_not_grow_memory(tmp_path: pathlib.Path) -
     )
     server = await asyncio.create_subprocess_exec(
         sys.executable,
-        *("-m", "server.cli", "serve", "--config", str(config)),
+        *("-m", "cli", "serve", "--config", str(config)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -99,7 +99,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m server.cli serve`` on a fixed port and state dir; one log per start."""
+    """``python -m cli serve`` on a fixed port and state dir; one log per start."""
 
     def __init__(self, tmp: pathlib.Path, port: int) -> None:
         self.tmp = tmp
@@ -121,7 +121,7 @@ class ServerProcess:
                 [
                     sys.executable,
                     "-m",
-                    "server.cli",
+                    "cli",
                     "serve",
                     "--config",
                     str(self.config),

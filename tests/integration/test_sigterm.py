@@ -110,7 +110,7 @@ async def _rounds(
             [
                 sys.executable,
                 "-m",
-                "server.cli",
+                "cli",
                 "serve",
                 "--config",
                 str(config),

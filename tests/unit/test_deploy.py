@@ -397,7 +397,7 @@ def test_ports_agree_with_the_config_probes_services_and_policies() -> None:
 
 
 def test_container_runs_the_image_command_the_cli_accepts(capsys: pytest.CaptureFixture) -> None:
-    from server import cli
+    from cli import main as cli
 
     sts = _find(_objects(), "StatefulSet", ALLOCATOR)
     c = _container(sts, ALLOCATOR)

@@ -43,8 +43,10 @@ import grpc
 from client import SyncAllocatorClient, SyncGrant
 from ha.api import AllocatorError
 from server.auth import read_token
-from server.sim.engine import PoolSpec, Request, SetupError, Simulator
-from server.sim.scenarios import ScenarioResult
+from sim.allocators import PoolSpec, SetupError
+from sim.engine import Simulator
+from sim.model import Request
+from sim.scenarios.result import ScenarioResult
 from wire.metadata import bearer
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
