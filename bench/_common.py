@@ -294,14 +294,14 @@ def fairshare_server(
     etcd: str | None = None,
     prefix: str | None = None,
 ) -> Process:
-    """``python -m server.cli serve`` on a free port with its own state dir (embedded mode
+    """``python -m cli serve`` on a free port with its own state dir (embedded mode
     unless ``etcd`` names an endpoint)."""
     port = free_port()
     address = f"127.0.0.1:{port}"
     args = [
         sys.executable,
         "-m",
-        "server.cli",
+        "cli",
         "serve",
         "--config",
         str(config),

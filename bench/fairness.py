@@ -37,8 +37,8 @@ from bench._common import (
     wait_serving,
     workdir,
 )
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 POOL = {"name": "gpu", "capacity": 64, "shares": {"quiet": 0.5, "flood": 0.5}}
 
@@ -92,7 +92,7 @@ def _start(server: Process, root: str | None) -> None:
     if root is None:
         server.start()
         return
-    # ``python -m server.cli`` imports the ``server`` package of its working directory.
+    # ``python -m cli`` imports the packages (``cli``, ``server``...) of its working directory.
     with server.log_path.open("ab") as log:
         server.proc = subprocess.Popen(
             server.args, cwd=Path(root), stdin=subprocess.DEVNULL, stdout=log, stderr=log

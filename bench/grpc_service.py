@@ -7,7 +7,7 @@ on, log level WARNING):
 - echo: a grpc.aio server with one proto-free unary method (bytes in, the same bytes out,
   identity serializers through ``grpc.method_handlers_generic_handler``); called with an
   empty payload;
-- fairshare: ``python -m server.cli serve`` in embedded mode (no etcd) on a temporary
+- fairshare: ``python -m cli serve`` in embedded mode (no etcd) on a temporary
   config and state dir; within-share grants and releases wait for the group-committed
   fdatasync'd append to the local state log.
 
@@ -68,8 +68,8 @@ from bench._common import (  # noqa: E402
     write_section,
 )
 from ha.settings import Timing  # noqa: E402
-from server.pb.fairshare.v1 import allocator_pb2 as pb  # noqa: E402
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
+from wire.pb.fairshare.v1 import allocator_pb2 as pb  # noqa: E402
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
 
 SECTION = "## gRPC service vs an empty-echo baseline"
 ECHO_METHOD = "/bench.Echo/Echo"
@@ -436,7 +436,7 @@ Command: `make bench` (runs `python bench/grpc_service.py`).
 
 Servers: two processes on loopback started the same way, each one grpc.aio server with the
 health service: an empty echo (one proto-free unary method, bytes in and out with identity
-serializers, called with an empty payload) and `python -m server.cli serve` in embedded
+serializers, called with an empty payload) and `python -m cli serve` in embedded
 mode (no etcd; state file in a temporary directory on the local disk, default timings:
 within-share grants and releases wait for the group-committed, fdatasync'd state log).
 Client: this benchmark's process, one asyncio loop, raw generated stubs on one channel

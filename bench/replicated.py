@@ -58,8 +58,8 @@ from bench._common import (  # noqa: E402
     write_section,
 )
 from bench.grpc_service import POOL, Gateway, bench_pool  # noqa: E402
-from server.pb.fairshare.v1 import allocator_pb2 as pb  # noqa: E402
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
+from wire.pb.fairshare.v1 import allocator_pb2 as pb  # noqa: E402
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
 
 SECTION = "## Replicated: forwarding, durable writes with etcd, failover"
 LEASE_TTL_S = 2.0
@@ -407,7 +407,7 @@ def section(
     return f"""{SECTION}
 
 The replicated mode on one machine: a single-member etcd (`tests/etcd_process.py`, data
-dir on a RAM-backed file system) and three `python -m server.cli serve` replicas on
+dir on a RAM-backed file system) and three `python -m cli serve` replicas on
 loopback, with the drills' timings: {timing} (T = `lease_ttl_s` = {LEASE_TTL_S:g} s).
 
 Command: `make bench` (runs `python bench/replicated.py`).

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
+from fairshare.modes import DegradedMode
 from fairshare.shares import ShareError, check_shares
 
 
@@ -22,15 +23,6 @@ class ConfigError(ValueError):
         super().__init__(f"{path}: {message}")
         self.path = path
         self.message = message
-
-
-class DegradedMode(Enum):
-    """What a replica (or the client library) answers when no owner can be reached."""
-
-    FAIL_OPEN = "fail_open"
-    """Grant as a borrower at the lowest priority, marked degraded; adopted later."""
-    FAIL_CLOSED = "fail_closed"
-    """Refuse with UNAVAILABLE."""
 
 
 def _finite(path: str, value: float, *, minimum: float = 0.0, strict: bool = False) -> None:
@@ -222,3 +214,15 @@ class Timing:
                 f"{path}.release_memory_s",
                 f"must be >= the longest max_request_s ({max_request_s:g})",
             )
+
+
+__all__ = [
+    "DEFAULT_MAX_TEAMS",
+    "MAX_CAPACITY",
+    "MAX_MAX_TEAMS",
+    "ConfigError",
+    "DegradedMode",
+    "PoolConfig",
+    "Timing",
+    "UnknownTeams",
+]

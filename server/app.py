@@ -49,10 +49,10 @@ from server.auth import AdminAuth, read_token
 from server.config import Config, load_config
 from server.intake import Intake
 from server.metrics import Metrics
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 

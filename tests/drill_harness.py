@@ -45,10 +45,10 @@ from etcd_process import EtcdCluster, PeerProxy, free_port
 from grpc import aio
 
 from fairshare import Class, apportion
-from server.channels import open_channel
 from server.client import AllocatorClient, ClientGrant
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.channels import open_channel
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 LEASE_TTL_S = 2.0
 HALF_LIFE_S = 30 * 24 * 3600.0
@@ -142,7 +142,7 @@ class Replica:
                 [
                     sys.executable,
                     "-m",
-                    "server.cli",
+                    "cli",
                     "serve",
                     "--config",
                     str(self.config),

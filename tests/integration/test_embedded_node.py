@@ -17,16 +17,16 @@ import grpc
 import pytest
 from grpc import aio
 
+from client import AllocatorClient
 from fairshare import BORROW_BASE, RANK_STEP, WITHIN_SHARE_BASE
 from ha.api import Epoch, GrantRef, PoolName
 from ha.filestore import FileStore
 from ha.keys import Keys
 from ha.snapshot import PoolSnapshot
 from server.app import RunningServer, start_server
-from server.client import AllocatorClient
 from server.config import Config
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 

@@ -29,9 +29,9 @@ from prometheus_client import generate_latest
 
 from ha import filestore
 from server.app import pool_health_service, start_server
-from server.channels import open_channel
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.channels import open_channel
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import POOLS_YAML, make_config
 
@@ -169,7 +169,7 @@ async def test_serve_on_a_disk_that_fills_up_and_is_freed(
         [
             sys.executable,
             "-m",
-            "server.cli",
+            "cli",
             "serve",
             "--config",
             str(config),

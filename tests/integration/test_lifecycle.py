@@ -20,12 +20,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cli import main as cli
 from ha.api import GrantRef
-from server import cli
 from server.app import ADMIN_SERVICE, ALLOCATOR_SERVICE, RunningServer, start_server
 from server.config import Config
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 from .fakes import FakeAllocator
@@ -103,7 +103,7 @@ def test_config_errors_exit_2_naming_the_key(
     path.write_text(yaml_text)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FAIRSHARE_")} | env
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "serve", "--config", str(path)],
+        [sys.executable, "-m", "cli", "serve", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=20,

@@ -21,8 +21,8 @@ from grpc import aio
 
 from server.app import RunningServer, start_server
 from server.config import Config, ConfigError, load_config
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -160,7 +160,7 @@ async def test_megabyte_request_ids_do_not_grow_memory(tmp_path: pathlib.Path) -
     )
     server = await asyncio.create_subprocess_exec(
         sys.executable,
-        *("-m", "server.cli", "serve", "--config", str(config)),
+        *("-m", "cli", "serve", "--config", str(config)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -46,14 +46,14 @@ from dataclasses import dataclass, field
 import pytest
 from grpc import aio
 
+from client import AllocatorClient, ClientGrant
 from fairshare import Class
 from ha.filestore import FileStore
 from ha.keys import Keys
 from ha.snapshot import PoolSnapshot
-from server.channels import open_channel
-from server.client import AllocatorClient, ClientGrant
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.channels import open_channel
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.drill]
 
@@ -99,7 +99,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m server.cli serve`` on a fixed port and state dir; one log per start."""
+    """``python -m cli serve`` on a fixed port and state dir; one log per start."""
 
     def __init__(self, tmp: pathlib.Path, port: int) -> None:
         self.tmp = tmp
@@ -121,7 +121,7 @@ class ServerProcess:
                 [
                     sys.executable,
                     "-m",
-                    "server.cli",
+                    "cli",
                     "serve",
                     "--config",
                     str(self.config),

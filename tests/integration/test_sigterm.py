@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ha.settings import Timing
 from server.app import GRACE_S
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import POOLS_YAML
 
@@ -110,7 +110,7 @@ async def _rounds(
             [
                 sys.executable,
                 "-m",
-                "server.cli",
+                "cli",
                 "serve",
                 "--config",
                 str(config),

@@ -27,7 +27,7 @@ def _serve(config: pathlib.Path, state: pathlib.Path) -> subprocess.CompletedPro
         [
             sys.executable,
             "-m",
-            "server.cli",
+            "cli",
             "serve",
             "--config",
             str(config),

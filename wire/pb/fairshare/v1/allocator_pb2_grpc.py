@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from server.pb.fairshare.v1 import allocator_pb2 as fairshare_dot_v1_dot_allocator__pb2
+from wire.pb.fairshare.v1 import allocator_pb2 as fairshare_dot_v1_dot_allocator__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

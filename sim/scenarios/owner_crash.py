@@ -1,409 +1,23 @@
-"""The scenarios of the simulation report, each with its figures and targets.
+"""The owner of the pool crashes mid-run and a new one takes over, against the same runs
+without the crash.
 
-Every scenario runs the same workload (same seed, same open-loop arrivals and request
-sizes) under fairshare priorities and under a comparison (FCFS, or the same run without
-a failover), and returns a ``ScenarioResult``: the runs, a flat ``figures`` dict that
-tests and the report read, and the targets checked against those figures.
-
-``scale`` shortens the horizon (tests use 0.2-0.3); the report uses 1.0.
-
-``fairshare`` builds the allocator of the fairshare run (``engine.AllocatorFactory``);
-None, the default, is the in-process ``fairshare.Pool`` on simulated time. ``_run`` is
-the one place that applies it; the comparison runs (FCFS) always stay in-process. The
-failover scenario builds its own owners and refuses any other fairshare side.
+``FailoverAllocator`` models the crash, the restore and the adoptions with the core API on
+simulated time, so this scenario is in-process only.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from fairshare import Class, Pool, degraded_priority
-from server.sim.engine import (
-    Allocator,
-    AllocatorFactory,
-    FcfsAllocator,
-    Hardware,
-    Policy,
-    PoolSpec,
-    Request,
-    SetupError,
-    SimResult,
-    Simulator,
-    in_process,
-)
-from server.sim.workloads import BATCH, INTERACTIVE, Bursts, Flood, Poisson, Source, start_all
-
-HARDWARE = Hardware(kv_blocks_per_slot=72)
-"""One slot of C has 72 KV blocks of 16 tokens: enough for the average request, not for
-every request at full length, so long answers under load cause preemptions."""
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) with linear interpolation; NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-@dataclass(frozen=True)
-class Target:
-    """A figure and the bound it must meet."""
-
-    text: str
-    """What is promised, in words."""
-    value: float
-    bound: float
-    at_most: bool
-    """True: ``value <= bound``; False: ``value >= bound``."""
-    unit: str = ""
-
-    @property
-    def met(self) -> bool:
-        """Whether the figure meets the bound (NaN never does)."""
-        if math.isnan(self.value):
-            return False
-        return self.value <= self.bound if self.at_most else self.value >= self.bound
-
-
-@dataclass
-class ScenarioResult:
-    """What a scenario produced.
-
-    Attributes:
-        name: the scenario's command-line name.
-        title: a heading.
-        description: markdown: the set-up, in words.
-        shares: team -> share.
-        runs: label -> run; the first is the fairshare run, the second the comparison.
-        figures: name -> value; what the targets and the tests check.
-        targets: the promises and whether they are met.
-        marks: (time, label) events drawn on time axes.
-        window: an interval shaded on time axes (the failover window), if any.
-        wait_series: plot within-share waits against arrival time (failover).
-    """
-
-    name: str
-    title: str
-    description: str
-    shares: dict[str, float]
-    runs: dict[str, SimResult]
-    figures: dict[str, float]
-    targets: list[Target]
-    marks: list[tuple[float, str]] = field(default_factory=list)
-    window: tuple[float, float] | None = None
-    wait_series: bool = False
-    notes: str = ""
-    """markdown: what the figures show, beyond the targets."""
-
-    @property
-    def ok(self) -> bool:
-        """Every target met."""
-        return all(t.met for t in self.targets)
-
-
-@dataclass(frozen=True)
-class _Setup:
-    """What the runs of a scenario share."""
-
-    capacity: int
-    shares: Mapping[str, float]
-    sources: list[Source]
-    horizon_s: float
-    seed: int
-    half_life_s: float
-    pool: str
-    """The pool's name: a running allocator must have a pool of that name."""
-    controls: Callable[[Simulator], None] | None = None
-    """Schedules capacity changes and the like on a new simulator."""
-    resizes: bool = False
-    """``controls`` changes the pool's capacity (``set_capacity``)."""
-
-    def spec(self) -> PoolSpec:
-        """The pool the fairshare run decides on."""
-        return PoolSpec(
-            name=self.pool,
-            capacity=self.capacity,
-            shares=self.shares,
-            half_life_s=self.half_life_s,
-            resizes=self.resizes,
-        )
-
-
-def _run(
-    setup: _Setup,
-    *,
-    policy: Policy = Policy.PRIORITY,
-    allocator: Callable[[Simulator], Allocator] | None = None,
-    fairshare: AllocatorFactory | None = None,
-) -> SimResult:
-    """One run; ``allocator`` builds a custom allocator, else ``fairshare`` (the pool's).
-
-    ``fairshare`` applies to PRIORITY runs only: the FCFS run keeps an in-process pool,
-    only to know which requests would have been within share; vLLM ignores it.
-    """
-    sim = Simulator(
-        capacity=setup.capacity,
-        hardware=HARDWARE,
-        allocator=FcfsAllocator(),
-        policy=policy,
-        horizon_s=setup.horizon_s,
-    )
-    if allocator is not None:
-        sim.allocator = allocator(sim)
-    else:
-        make = fairshare if fairshare is not None and policy is Policy.PRIORITY else in_process
-        sim.allocator = make(setup.spec(), sim)
-    if setup.controls is not None:
-        setup.controls(sim)
-    start_all(sim, setup.sources, setup.seed)
-    return sim.run()
-
-
-def _served_fractions(
-    result: SimResult, teams: list[str], start_s: float, end_s: float = math.inf
-) -> dict[str, float]:
-    served = {team: result.served_s(team, start_s, end_s) for team in teams}
-    total = math.fsum(served.values())
-    return {team: (v / total if total > 0 else 0.0) for team, v in served.items()}
-
-
-# -- 1. two institutions --------------------------------------------------------------
-
-
-def two_institutions(
-    *, seed: int = 1, scale: float = 1.0, fairshare: AllocatorFactory | None = None
-) -> ScenarioResult:
-    """81.25 % / 18.75 % of C = 16: the larger floods, the smaller sends bursts."""
-    capacity = 16
-    shares = {"large": 0.8125, "small": 0.1875}
-    horizon = 1800.0 * scale
-    sources: list[Source] = [
-        Flood("large", outstanding=8 * capacity, shape=BATCH),
-        Bursts("small", every_s=20.0, size=6, shape=INTERACTIVE),
-    ]
-    setup = _Setup(
-        capacity=capacity,
-        shares=shares,
-        sources=sources,
-        horizon_s=horizon,
-        seed=seed,
-        half_life_s=600.0,
-        pool="two-institutions",
-    )
-    fair = _run(setup, fairshare=fairshare)
-    fcfs = _run(setup, policy=Policy.FCFS)
-    mean_s = fair.mean_service_s()
-    p99_fair = percentile(fair.waits("small", within_share=True), 99)
-    p99_fcfs = percentile(fcfs.waits("small", within_share=True), 99)
-    figures = {
-        "mean_service_s": mean_s,
-        "small_within_p99_wait_s": p99_fair,
-        "small_within_p99_wait_fcfs_s": p99_fcfs,
-        "fcfs_over_fairshare_p99": p99_fcfs / p99_fair if p99_fair > 0 else math.inf,
-        "small_all_p99_wait_s": percentile(fair.waits("small"), 99),
-        "small_all_p99_wait_fcfs_s": percentile(fcfs.waits("small"), 99),
-        "large_p50_wait_s": percentile(fair.waits("large"), 50),
-        "large_p50_wait_fcfs_s": percentile(fcfs.waits("large"), 50),
-        "small_served_fraction": _served_fractions(fair, list(shares), 0.0)["small"],
-        "preemptions_large": fair.preemptions.get("large", 0),
-        "preemptions_small": fair.preemptions.get("small", 0),
-        "small_within_requests": len(fair.waits("small", within_share=True)),
-    }
-    targets = [
-        Target(
-            "small's within-share p99 wait ≤ one mean service time (fairshare)",
-            p99_fair,
-            mean_s,
-            at_most=True,
-            unit="s",
-        ),
-        Target(
-            "small's within-share p99 wait under FCFS ÷ under fairshare ≥ 10",
-            figures["fcfs_over_fairshare_p99"],
-            10.0,
-            at_most=False,
-            unit="×",
-        ),
-    ]
-    description = (
-        f"C = {capacity}, shares large 81.25 % / small 18.75 % (reservations 13 and 3). "
-        f"*large* runs a batch job with {8 * capacity} requests outstanding for the whole "
-        "run; *small* sends bursts of 6 interactive requests, on average every 20 s. "
-        f"Half-life 600 s, {horizon:.0f} s simulated. FCFS is the same workload with every "
-        "priority equal."
-    )
-    return ScenarioResult(
-        name="two-institutions",
-        title="Two institutions: a flood and bursts",
-        description=description,
-        shares=shares,
-        runs={"fairshare": fair, "FCFS": fcfs},
-        figures=figures,
-        targets=targets,
-    )
-
-
-# -- 2. three teams -------------------------------------------------------------------
-
-
-def three_teams(
-    *, seed: int = 1, scale: float = 1.0, fairshare: AllocatorFactory | None = None
-) -> ScenarioResult:
-    """0.5 / 0.25 / 0.25 of C = 20; a and b flood, c is almost idle."""
-    capacity = 20
-    shares = {"a": 0.5, "b": 0.25, "c": 0.25}
-    horizon = 3600.0 * scale
-    warmup = 600.0 * scale
-    sources: list[Source] = [
-        Flood("a", outstanding=3 * capacity, shape=BATCH),
-        Flood("b", outstanding=3 * capacity, shape=BATCH),
-        Poisson("c", rate_per_s=0.05, shape=INTERACTIVE),
-    ]
-    setup = _Setup(
-        capacity=capacity,
-        shares=shares,
-        sources=sources,
-        horizon_s=horizon,
-        seed=seed,
-        half_life_s=300.0 * scale,
-        pool="three-teams",
-    )
-    fair = _run(setup, fairshare=fairshare)
-    fcfs = _run(setup, policy=Policy.FCFS)
-    a, b = fair.served_s("a", warmup), fair.served_s("b", warmup)
-    fa, fb = fcfs.served_s("a", warmup), fcfs.served_s("b", warmup)
-    a_of_ab = a / (a + b)
-    figures = {
-        "a_of_a_plus_b": a_of_ab,
-        "a_of_a_plus_b_fcfs": fa / (fa + fb),
-        "c_within_p99_wait_s": percentile(fair.waits("c", within_share=True), 99),
-        "c_within_p99_wait_fcfs_s": percentile(fcfs.waits("c", within_share=True), 99),
-        "mean_service_s": fair.mean_service_s(),
-        "preemptions_a": fair.preemptions.get("a", 0),
-        "preemptions_b": fair.preemptions.get("b", 0),
-        "preemptions_c": fair.preemptions.get("c", 0),
-    }
-    targets = [
-        Target(
-            "a's part of the service a and b received, after the warm-up, within 2 points of "
-            "66.7 % (distance)",
-            abs(a_of_ab - 2 / 3) * 100,
-            2.0,
-            at_most=True,
-            unit="points",
-        )
-    ]
-    description = (
-        f"C = {capacity}, shares a 0.5 / b 0.25 / c 0.25. *a* and *b* each run a batch job "
-        f"with {3 * capacity} requests outstanding; *c* sends a few interactive requests "
-        f"(0.05/s). Half-life {300 * scale:.0f} s, {horizon:.0f} s simulated, service "
-        f"counted after a {warmup:.0f} s warm-up. The borrowed capacity goes to the team "
-        "with the highest level fairshare, so a and b should be served 2 : 1."
-    )
-    return ScenarioResult(
-        name="three-teams",
-        title="Three teams, two flooding",
-        description=description,
-        shares=shares,
-        runs={"fairshare": fair, "FCFS": fcfs},
-        figures=figures,
-        targets=targets,
-        marks=[(warmup, "end of warm-up")],
-        notes=(
-            "Every borrowed slot goes to the team with the highest level fairshare, so per "
-            "time bin the service swings between a and b (faint lines): the allocator is a "
-            "bang-bang controller whose lag is the time a request spends queued. The "
-            "decayed usage averages the swings, and the cumulative split settles at 2 : 1. "
-            "FCFS splits by the number of requests outstanding (1 : 1 here)."
-        ),
-    )
-
-
-# -- 3. elastic -------------------------------------------------------------------------
-
-
-def elastic(
-    *, seed: int = 1, scale: float = 1.0, fairshare: AllocatorFactory | None = None
-) -> ScenarioResult:
-    """C = 16, shrinks to 8 a third of the way, grows to 24 at two thirds."""
-    shares = {"a": 0.5, "b": 0.3, "c": 0.2}
-    horizon = 1800.0 * scale
-    t1, t2 = horizon / 3, 2 * horizon / 3
-    phases = [(0.0, t1, 16), (t1, t2, 8), (t2, horizon, 24)]
-    sources: list[Source] = [
-        Flood("a", outstanding=64, shape=BATCH),
-        Poisson("b", rate_per_s=0.4, shape=INTERACTIVE),
-        Bursts("c", every_s=30.0, size=4, shape=INTERACTIVE),
-    ]
-
-    def controls(sim: Simulator) -> None:
-        sim.at(t1, lambda: sim.set_capacity(8))
-        sim.at(t2, lambda: sim.set_capacity(24))
-
-    setup = _Setup(
-        capacity=16,
-        shares=shares,
-        sources=sources,
-        horizon_s=horizon,
-        seed=seed,
-        half_life_s=600.0,
-        pool="elastic",
-        controls=controls,
-        resizes=True,
-    )
-    fair = _run(setup, fairshare=fairshare)
-    fcfs = _run(setup, policy=Policy.FCFS)
-    mean_s = fair.mean_service_s()
-    figures: dict[str, float] = {"mean_service_s": mean_s}
-    targets = []
-    for i, (start, end, c) in enumerate(phases, start=1):
-        served = _served_fractions(fair, list(shares), start, end)
-        for team in shares:
-            figures[f"phase{i}_served_{team}"] = served[team]
-        for team in ("b", "c"):
-            p99 = percentile(fair.waits(team, within_share=True, arrived=(start, end)), 99)
-            figures[f"phase{i}_{team}_within_p99_wait_s"] = p99
-            figures[f"phase{i}_{team}_within_p99_wait_fcfs_s"] = percentile(
-                fcfs.waits(team, within_share=True, arrived=(start, end)), 99
-            )
-            targets.append(
-                Target(
-                    f"C = {c}: {team}'s within-share p99 wait ≤ one mean service time",
-                    p99,
-                    mean_s,
-                    at_most=True,
-                    unit="s",
-                )
-            )
-    for team in shares:
-        figures[f"preemptions_{team}"] = fair.preemptions.get(team, 0)
-    description = (
-        f"Shares a 0.5 / b 0.3 / c 0.2. C = 16, then `set_capacity(8)` at {t1:.0f} s "
-        f"(instances drained: the requests over the new C or KV budget are preempted, "
-        f"largest priority first), then `set_capacity(24)` at {t2:.0f} s. *a* floods with "
-        "64 requests outstanding, *b* sends interactive requests (0.4/s), *c* bursts of 4 "
-        "every 30 s on average. Reservations are recomputed at each change; requests in "
-        "flight keep their standing."
-    )
-    return ScenarioResult(
-        name="elastic",
-        title="Elastic pool: shrink, then grow",
-        description=description,
-        shares=shares,
-        runs={"fairshare": fair, "FCFS": fcfs},
-        figures=figures,
-        targets=targets,
-        marks=[(t1, "C → 8"), (t2, "C → 24")],
-    )
-
-
-# -- 4. failover ------------------------------------------------------------------------
+from sim.allocators import Allocator, AllocatorFactory, SetupError
+from sim.engine import Simulator
+from sim.model import Request
+from sim.results import SimResult
+from sim.scenarios.result import ScenarioResult, Target, percentile
+from sim.scenarios.runs import Setup, run
+from sim.workloads import BATCH, INTERACTIVE, Bursts, Flood, Poisson, Source
 
 
 class FailoverAllocator:
@@ -603,7 +217,7 @@ def failover(
     window = (fail_at, fail_at + outage + max_request)
 
     def one(run_seed: int) -> tuple[dict[str, SimResult], list[FailoverAllocator]]:
-        setup = _Setup(
+        setup = Setup(
             capacity=capacity,
             shares=shares,
             sources=sources,
@@ -633,9 +247,9 @@ def failover(
             return make
 
         runs = {
-            label: _run(setup, allocator=build(key == "resent")) for label, key in variants.items()
+            label: run(setup, allocator=build(key == "resent")) for label, key in variants.items()
         }
-        runs["no failover"] = _run(setup)
+        runs["no failover"] = run(setup)
         return runs, allocators
 
     seeds = [one(seed + i) for i in range(FAILOVER_SEEDS)]
@@ -761,13 +375,3 @@ def failover(
             f"{figures['phantoms_after_adopt']:.0f} once the gateways re-reported."
         ),
     )
-
-
-SCENARIOS: dict[str, Callable[..., ScenarioResult]] = {
-    "two-institutions": two_institutions,
-    "three-teams": three_teams,
-    "elastic": elastic,
-    "failover": failover,
-}
-"""Command-line name -> scenario function (keyword arguments ``seed``, ``scale`` and
-``fairshare``)."""

@@ -1,15 +1,16 @@
 """``fairshare simulate``: run scenarios, write plots and a markdown report.
 
-``python -m server.sim --scenario all --out docs/simulation`` writes the PNG files into
+``python -m sim --scenario all --out docs/simulation`` writes the PNG files into
 ``docs/simulation/`` and the report to ``docs/simulation.md`` (``--markdown`` to choose).
 
 With ``--allocator HOST:PORT`` the fairshare run of one scenario takes its priorities from
-a running allocator over gRPC instead of an in-process pool (``server.sim.remote``: the
+a running allocator over gRPC instead of an in-process pool (``sim.remote``: the
 pool it needs, the admin token of ``elastic``, why the figures are not comparable with
 the in-process ones). ``failover`` is in-process only.
 
 Exit status: 0; 1 when a target is missed (``--check``) or an allocator call fails; 2 on
-a usage error or an allocator whose pool does not fit the scenario.
+a usage error, an allocator whose pool does not fit the scenario, or no matplotlib to draw
+the plots with (checked before any scenario runs).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ha.api import AllocatorError
-from server.sim.engine import SetupError
-from server.sim.scenarios import SCENARIOS, ScenarioResult
+from sim.allocators import SetupError
+from sim.scenarios import SCENARIOS, ScenarioResult
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -78,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command(args: argparse.Namespace) -> str:
-    parts = ["python -m server.sim", f"--scenario {args.scenario}", f"--out {args.out}"]
+    parts = ["python -m sim", f"--scenario {args.scenario}", f"--out {args.out}"]
     if args.seed != 1:
         parts.append(f"--seed {args.seed}")
     if args.scale != 1.0:
@@ -96,7 +97,7 @@ def _run_scenario(name: str, args: argparse.Namespace) -> ScenarioResult:
     """Runs one scenario: in-process, or (``--allocator``) against a running allocator."""
     if not args.allocator:
         return SCENARIOS[name](seed=args.seed, scale=args.scale)
-    from server.sim.remote import RemoteSession
+    from sim.remote import RemoteSession
 
     with RemoteSession(args.allocator, pool=args.pool, token_file=args.token_file) as session:
         result = SCENARIOS[name](seed=args.seed, scale=args.scale, fairshare=session)
@@ -106,7 +107,7 @@ def _run_scenario(name: str, args: argparse.Namespace) -> ScenarioResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the scenarios; returns the exit status."""
-    from server.sim import report
+    from sim import report
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -117,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--allocator runs one scenario at a time (each needs its own pool on the "
             "allocator, and failover is in-process only)"
         )
+    try:
+        report.require_matplotlib()
+    except report.PlottingUnavailable as e:
+        print(f"fairshare simulate: {e}", file=sys.stderr)
+        return EXIT_USAGE
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     out: Path = args.out
     markdown: Path = args.markdown or out.parent / f"{out.name}.md"

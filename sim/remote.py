@@ -2,7 +2,7 @@
 
 ``fairshare simulate --scenario NAME --out DIR --allocator HOST:PORT [--token-file F]``
 runs the scenario's fairshare side against a running allocator through the gateway's
-client library (``server.client.SyncAllocatorClient``, holder ``simulator``): every
+client library (``client.SyncAllocatorClient``, holder ``simulator``): every
 request the simulated gateway sends is an ``Acquire`` on the allocator, and every request
 that ends is a ``Release`` with its cost (the GPU-seconds of its run). The comparison run
 (FCFS) stays in-process.
@@ -40,13 +40,16 @@ from typing import Any, Final
 
 import grpc
 
+from client import SyncAllocatorClient, SyncGrant
 from ha.api import AllocatorError
 from server.auth import read_token
-from server.client import SyncAllocatorClient, SyncGrant
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from server.sim.engine import PoolSpec, Request, SetupError, Simulator
-from server.sim.scenarios import ScenarioResult
+from sim.allocators import PoolSpec, SetupError
+from sim.engine import Simulator
+from sim.model import Request
+from sim.scenarios.result import ScenarioResult
+from wire.metadata import bearer
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +221,7 @@ class GrpcAllocator:
             pb_grpc.AdminStub(self._channel).SetCapacity(
                 pb.SetCapacityRequest(pool=self.pool, capacity=capacity),
                 timeout=CALL_TIMEOUT_S,
-                metadata=(("authorization", f"Bearer {self._token}"),),
+                metadata=(bearer(self._token),),
             )
         except grpc.RpcError as e:
             raise SetupError(

@@ -1,38 +1,30 @@
-"""The ``fairshare`` command line.
+"""The commands that call a running allocator: ``status``, ``pools``, ``set-capacity``,
+``switchover``; their flags and their output (tables, or JSON with ``--json``).
 
-Commands:
-    serve          run a replica (``server.app``)
-    status         an sshare-like table of each pool's teams, with owner and epoch
-    pools          every pool with its capacity, owner, epoch and degraded mode
-    set-capacity   change a pool's capacity (admin credentials)
-    switchover     move a pool to a named replica (admin credentials)
-    simulate       the offline simulator (``server.sim.cli``)
-
-Exit status: 0 on success, 1 when a call fails, 2 on a usage or configuration error.
+Each command opens one channel (plaintext, or TLS with ``--tls-ca``/``--tls-cert``), makes
+its calls with the ``--timeout`` deadline each, writes to the stream it is given and returns
+0. A failed call raises ``grpc.aio.AioRpcError``; an unreadable certificate or token file
+raises ``OSError`` or ``ValueError``: ``cli.main`` turns them into the exit status.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import importlib
 import json
 import math
 import os
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any, Final, TextIO
 
 import grpc
 from grpc import aio
 
 from server.auth import read_token
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.metadata import bearer
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET: Final = "127.0.0.1:50051"
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
 
 _COLUMNS: Final = (
     ("team", "team", "<"),
@@ -128,7 +120,7 @@ def _admin_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     path = args.token_file or os.environ.get("FAIRSHARE_ADMIN_TOKEN_FILE")
     if not path:
         return ()
-    return (("authorization", f"Bearer {read_token(path)}"),)
+    return (bearer(read_token(path)),)
 
 
 async def _status(args: argparse.Namespace, out: TextIO) -> int:
@@ -201,7 +193,7 @@ async def _switchover(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _client_arguments(parser: argparse.ArgumentParser, *, admin: bool = False) -> None:
+def add_client_arguments(parser: argparse.ArgumentParser, *, admin: bool = False) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET, help="server HOST:PORT")
     parser.add_argument("--timeout", type=float, default=5.0, help="deadline per call, s")
     parser.add_argument("--tls-ca", help="CA certificate that signed the server's (TLS)")
@@ -213,62 +205,10 @@ def _client_arguments(parser: argparse.ArgumentParser, *, admin: bool = False) -
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every command."""
-    from server.app import add_serve_arguments
-
-    parser = argparse.ArgumentParser(prog="fairshare", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_arguments(sub.add_parser("serve", help="run an allocator replica"))
-    status = sub.add_parser("status", help="sshare-like table of each pool")
-    _client_arguments(status)
-    status.add_argument("--pool", help="only this pool")
-    status.add_argument("--json", action="store_true", help="print JSON")
-    pools = sub.add_parser("pools", help="list the pools")
-    _client_arguments(pools)
-    pools.add_argument("--json", action="store_true", help="print JSON")
-    capacity = sub.add_parser("set-capacity", help="change a pool's capacity (admin)")
-    capacity.add_argument("pool")
-    capacity.add_argument("capacity", type=int)
-    _client_arguments(capacity, admin=True)
-    switchover = sub.add_parser("switchover", help="move a pool to a replica (admin)")
-    switchover.add_argument("pool")
-    switchover.add_argument("node")
-    _client_arguments(switchover, admin=True)
-    sub.add_parser("simulate", help="offline simulator (server.sim)", add_help=False)
-    return parser
-
-
-_CLIENT_COMMANDS: Final = {
+COMMANDS: Final[dict[str, Callable[[argparse.Namespace, TextIO], Coroutine[Any, Any, int]]]] = {
     "status": _status,
     "pools": _pools,
     "set-capacity": _set_capacity,
     "switchover": _switchover,
 }
-
-
-def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
-    """Entry point of the ``fairshare`` console script; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["simulate"]:
-        # The simulator parses its own arguments; import it only when asked for.
-        sim: Any = importlib.import_module("server.sim.cli")
-        return int(sim.main(argv[1:]))
-    args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        from server.app import run
-
-        return run(args)
-    stream = out if out is not None else sys.stdout
-    try:
-        return asyncio.run(_CLIENT_COMMANDS[args.command](args, stream))
-    except aio.AioRpcError as e:
-        print(f"fairshare {args.command}: {e.code().name}: {e.details()}", file=sys.stderr)
-        return EXIT_FAILED
-    except (OSError, ValueError) as e:
-        print(f"fairshare {args.command}: {e}", file=sys.stderr)
-        return EXIT_USAGE
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+"""Command name -> the coroutine that runs it, writing to the given stream."""

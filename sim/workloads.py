@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fairshare import Class
-from server.sim.engine import Request, Simulator
+from sim.engine import Simulator
+from sim.model import Request
 
 
 @dataclass(frozen=True, slots=True)
