@@ -27,7 +27,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
-from ha import memstore
+from ha import filestore
 from server.app import pool_health_service, start_server
 from wire.channels import open_channel
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -47,7 +47,7 @@ class Disk:
 
     def __init__(self) -> None:
         self.full = False
-        self._real = memstore._write_all
+        self._real = filestore._write_all
 
     def write_all(self, fd: int, data: bytes) -> None:
         if self.full:
@@ -58,7 +58,7 @@ class Disk:
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
     disk = Disk()
-    monkeypatch.setattr(memstore, "_write_all", disk.write_all)
+    monkeypatch.setattr(filestore, "_write_all", disk.write_all)
     yield disk
 
 

@@ -48,8 +48,8 @@ from grpc import aio
 
 from client import AllocatorClient, ClientGrant
 from fairshare import Class
+from ha.filestore import FileStore
 from ha.keys import Keys
-from ha.memstore import FileStore
 from ha.snapshot import PoolSnapshot
 from wire.channels import open_channel
 from wire.pb.fairshare.v1 import allocator_pb2 as pb

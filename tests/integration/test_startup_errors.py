@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ha.memstore import FileStore
+from ha.filestore import FileStore
 
 from .conftest import POOLS_YAML
 from .test_full_disk import fill
