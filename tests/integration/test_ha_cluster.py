@@ -12,7 +12,7 @@ import pytest
 from drill_harness import LEASE_TTL_S, DrillCluster, wait_serving
 from grpc import aio
 
-from ha.etcdstore import connect
+from ha.etcd import connect
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
