@@ -53,9 +53,9 @@ test: check pytest
 
 # Each benchmark writes its own section of docs/benchmarks.md (about 4 minutes in all).
 bench: venv etcd
-	$(PY) bench/core.py
-	$(PY) bench/grpc_service.py
-	$(PY) bench/replicated.py
+	$(PY) -m bench.core
+	$(PY) -m bench.grpc_service
+	$(PY) -m bench.replicated
 
 MINUTES ?= 5
 SEED ?= 1
