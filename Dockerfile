@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The allocator image: `docker build -t fairshare:0.1.0 .` (deploy/ runs this tag).
-# Two stages: the first installs the project and its pinned dependencies into a virtual
-# environment; the second copies only that environment onto the same base image, so no
+# Two stages: the first installs the project with its `server` extra, at the exact versions
+# of requirements.lock, into a virtual environment; the second copies only that environment onto the same base image, so no
 # build tooling, pip cache or source tree ships. The generated gRPC stubs are committed
 # under server/pb, so nothing is generated here.
 
@@ -15,12 +15,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/fairshare
 WORKDIR /src
 # README.m[d]: the readme if there is one (a pattern that matches nothing is skipped).
-COPY pyproject.toml README.m[d] ./
+COPY pyproject.toml requirements.lock README.m[d] ./
 COPY fairshare ./fairshare
 COPY ha ./ha
 COPY server ./server
 # A regular (not editable) install: the runtime stage has no /src.
-RUN /opt/fairshare/bin/pip install . \
+RUN /opt/fairshare/bin/pip install -c requirements.lock '.[server]' \
     && /opt/fairshare/bin/python -m compileall -q /opt/fairshare/lib
 
 FROM ${PYTHON_IMAGE}
