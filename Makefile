@@ -89,11 +89,11 @@ drill: venv etcd
 	$(PY) tests/drills/schedule.py --minutes $(MINUTES) --seed $(SEED)
 
 proto: venv
-	$(PY) -m server.genproto
+	$(PY) -m wire.genproto
 
 # Runs every scenario of the vLLM scheduling simulator; writes docs/simulation.md and its plots.
 simulate: venv
-	$(PY) -m server.sim --scenario all --out docs/simulation
+	$(PY) -m sim --scenario all --out docs/simulation
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -30,8 +30,8 @@ from grpc import aio
 
 from bench._common import percentile, pool_yaml, workdir
 from harness.serve import Allocator, wait_serving
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 POOL = {"name": "gpu", "capacity": 64, "shares": {"quiet": 0.5, "flood": 0.5}}
 
@@ -94,7 +94,7 @@ async def run(args: argparse.Namespace) -> bool:
     config.write_text(pool_yaml([POOL]), encoding="utf-8")
     server = Allocator(work, config)
     if args.server_root is not None:
-        # ``python -m server.cli`` imports the ``server`` package of its working directory.
+        # ``python -m cli`` imports the packages (``cli``, ``server``...) of its working directory.
         server.cwd = Path(args.server_root)
     try:
         server.start()

@@ -16,7 +16,7 @@ measures, in one run:
 The workload of the throughput runs is bench/workload.py's (C = 100, ten teams, eight
 of them holding their reservation, 20 % of the requests within share).
 
-Targets (DESIGN.md): decisions resume <= T + 1 s after a crash; a successor decides
+Targets (docs/design.md §19): decisions resume <= T + 1 s after a crash; a successor decides
 < 250 ms after a graceful stop.
 """
 
@@ -52,8 +52,8 @@ from bench._common import (
 from bench.workload import POOL, Gateway, bench_pool
 from harness.etcd import EtcdProcess
 from harness.serve import Allocator, wait_serving
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 SECTION = "## Replicated: forwarding, durable writes with etcd, failover"
 LEASE_TTL_S = 2.0
@@ -403,7 +403,7 @@ def section(
     return f"""{SECTION}
 
 The replicated mode on one machine: a single-member etcd (`harness/etcd.py`, data
-dir on a RAM-backed file system) and three `python -m server.cli serve` replicas on
+dir on a RAM-backed file system) and three `python -m cli serve` replicas on
 loopback, with the drills' timings: {timing} (T = `lease_ttl_s` = {LEASE_TTL_S:g} s).
 
 Command: `make bench` (runs `python -m bench.replicated`).

@@ -18,8 +18,8 @@ from grpc import aio
 
 from bench._common import Samples
 from bench.echo import ECHO_METHOD
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 POOL = "bench"
 CAPACITY = 100

@@ -7,7 +7,8 @@ Slurm's Fair Tree level fairshare on decayed usage. No I/O happens here.
 """
 
 from fairshare.apportion import apportion
-from fairshare.pool import Grant, Pool, TeamStat
+from fairshare.grant import Grant
+from fairshare.pool import Pool
 from fairshare.priority import (
     BORROW_BASE,
     MAX_RANK,
@@ -18,6 +19,8 @@ from fairshare.priority import (
     degraded_priority,
     within_share_priority,
 )
+from fairshare.shares import ShareError, check_shares
+from fairshare.team import TeamStat
 
 __all__ = [
     "BORROW_BASE",
@@ -27,9 +30,11 @@ __all__ = [
     "Class",
     "Grant",
     "Pool",
+    "ShareError",
     "TeamStat",
     "apportion",
     "borrowing_priority",
+    "check_shares",
     "degraded_priority",
     "within_share_priority",
 ]

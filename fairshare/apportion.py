@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from fairshare.shares import check_shares
+
 # A product such as 0.29 * 100 comes out of binary floating point as 28.999999999999996.
 # Quotas this close to a whole number are taken as that number, so no slot is lost to
 # representation error; real fractional parts are never this small in practice. The
@@ -22,15 +24,6 @@ def _snap(x: float) -> float:
     return x
 
 
-def validate_shares(shares: Mapping[str, float]) -> None:
-    """Raises ValueError unless every share is a finite number >= 0."""
-    for name, share in shares.items():
-        if isinstance(share, bool) or not isinstance(share, int | float):
-            raise ValueError(f"share of {name!r} must be a number, got {share!r}")
-        if not math.isfinite(share) or share < 0:
-            raise ValueError(f"share of {name!r} must be finite and >= 0, got {share!r}")
-
-
 def apportion(capacity: int, names: Iterable[str], shares: Mapping[str, float]) -> dict[str, int]:
     """Divides ``capacity`` slots into integer reservations (Hamilton's method).
 
@@ -43,20 +36,21 @@ def apportion(capacity: int, names: Iterable[str], shares: Mapping[str, float]) 
     Args:
         capacity: the pool's concurrency C, an int >= 0.
         names: the names to reserve for; the result has an entry for each.
-        shares: name -> share, each finite and >= 0.
+        shares: name -> share, a valid shares map (see ``check_shares``).
 
     Returns:
         name -> reserved slots; the sum never exceeds ``capacity`` and equals it when the
         shares of ``names`` sum to 1.
 
     Raises:
-        ValueError: a share is negative, NaN or infinite, or capacity is not an int >= 0.
+        ValueError: capacity is not an int >= 0.
+        ShareError: ``shares`` is not a valid shares map (a ``ValueError`` too).
     """
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
         raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
-    validate_shares(shares)
+    checked = check_shares(shares)
     unique = sorted(set(names))
-    raw = {name: float(shares.get(name, 0.0)) for name in unique}
+    raw = {name: checked.get(name, 0.0) for name in unique}
     total_share = _snap(math.fsum(raw.values()))
     scale = 1.0 / total_share if total_share > 1.0 else 1.0
 

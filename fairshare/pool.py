@@ -7,8 +7,9 @@ Cost: ``acquire`` + ``release`` is O(log T) in the number of teams T. With one d
 per pool every team's usage decays by the same factor, so the order of the level
 fairshare values only changes when a team is charged. Usage is therefore stored scaled
 to a reference time (``stored = usage(now) * exp(lam * (now - t_ref))``), which makes a
-charge one multiplication, and the distinct ordering keys live in a sorted list, which
-makes a team's dense rank one bisection.
+charge one multiplication, and the distinct ordering keys live in a sorted list
+(``fairshare.ranking``), which makes a team's dense rank one bisection. A pool's grants
+are ``fairshare.grant``'s, its per-team state ``fairshare.team``'s.
 """
 
 from __future__ import annotations
@@ -17,20 +18,18 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from sortedcontainers import SortedList
 
-from fairshare.apportion import apportion, validate_shares
+from fairshare.apportion import apportion
+from fairshare.grant import Grant, consumption
 from fairshare.priority import Class, borrowing_priority, within_share_priority
+from fairshare.ranking import DenseRanks, level_key
+from fairshare.shares import check_shares
+from fairshare.team import TeamStat, TeamState
 
-# Ordering keys are rounded to this many significant bits, so that level fairshare values
-# that are equal in exact arithmetic (shares 0.3 and 0.1 with usage 3 and 1) but differ in
-# the last bits of binary floating point share a rank, as SPEC.md says equal values do.
-# 2**-40 is far above the rounding error of a key (a few ulps of 2**-52) and far below
-# any difference in service that matters.
-_KEY_BITS: Final = 40
+__all__ = ["NEGLIGIBLE_FRACTION", "Grant", "Pool", "TeamStat"]
 
 NEGLIGIBLE_FRACTION: Final = 2.0**-20
 """A team's decayed usage is negligible when it is at most this fraction (about one
@@ -42,197 +41,6 @@ millionth of it is below anything an operator reads there."""
 # Once usage is stored scaled by more than e**_REBASE_EXPONENT, every team is rescaled to
 # the present (O(T), and rare: about every 90 half-lives).
 _REBASE_EXPONENT: Final = 64.0
-
-
-def _consumption(consumed: float) -> float:
-    """Consumption as charged: negative, NaN, infinite or non-numeric values count as 0."""
-    try:
-        value = float(consumed)
-    except (TypeError, ValueError):
-        return 0.0
-    if not math.isfinite(value) or value < 0.0:
-        return 0.0
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class TeamStat:
-    """The state of one team in a pool at one moment.
-
-    Attributes:
-        team: team name.
-        share: share as configured (not normalised); 0 for teams without one.
-        reserved: within-share slots (see ``apportion``).
-        in_flight: requests in flight with a grant (phantoms excluded).
-        borrowing: of those, the ones admitted as borrowers.
-        in_flight_tokens: the estimated tokens of the grants in flight.
-        usage: consumption decayed to now (cost units).
-        level_fairshare: LF = S / U (0 without share, inf with share and no usage).
-        rank: dense rank of LF among all known teams, highest LF first (uncapped).
-        phantoms: live phantoms (requests counted in flight without a grant).
-    """
-
-    team: str
-    share: float
-    reserved: int
-    in_flight: int
-    borrowing: int
-    in_flight_tokens: int
-    usage: float
-    level_fairshare: float
-    rank: int
-    phantoms: int
-
-
-class _Team:
-    """Mutable per-team state; guarded by the owning pool's lock."""
-
-    __slots__ = (
-        "borrowing",
-        "idle",
-        "in_flight",
-        "key",
-        "name",
-        "phantoms",
-        "reserved",
-        "share",
-        "stored",
-        "tokens",
-    )
-
-    def __init__(self, name: str, share: float, reserved: int) -> None:
-        self.name = name
-        self.share = share
-        self.reserved = reserved
-        self.in_flight = 0
-        self.borrowing = 0
-        self.tokens = 0
-        self.stored = 0.0  # usage scaled to the pool's reference time
-        self.key = 0.0  # orders teams like LF does; see Pool._key
-        self.phantoms: list[float] = []  # expiry times, ascending
-        # Its entry (stored, name) in the pool's prunable list, while it has one.
-        self.idle: tuple[float, str] | None = None
-
-
-class Grant:
-    """The decision for one request.
-
-    ``release`` must be called once when the request finishes, successfully or not. It is
-    idempotent (only the first call counts) and thread-safe.
-    """
-
-    __slots__ = (
-        "_borrowing",
-        "_est_tokens",
-        "_lock",
-        "_on_release",
-        "_pool",
-        "_priority",
-        "_released",
-        "_saturated",
-        "_state",
-        "_team",
-    )
-
-    def __init__(
-        self,
-        *,
-        team: str,
-        priority: int,
-        borrowing: bool,
-        saturated: bool,
-        est_tokens: int = 0,
-        pool: Pool | None = None,
-        state: _Team | None = None,
-        on_release: Callable[[float], None] | None = None,
-    ) -> None:
-        self._team = team
-        self._priority = priority
-        self._borrowing = borrowing
-        self._saturated = saturated
-        self._est_tokens = est_tokens
-        self._pool = pool
-        self._state = state
-        self._on_release = on_release
-        self._released = False
-        # Pool grants are guarded by their pool's lock; remote ones need their own.
-        self._lock = threading.Lock() if pool is None else None
-
-    def __repr__(self) -> str:
-        return (
-            f"Grant(team={self._team!r}, priority={self._priority}, "
-            f"borrowing={self._borrowing}, saturated={self._saturated}, "
-            f"est_tokens={self._est_tokens}, released={self._released})"
-        )
-
-    @classmethod
-    def remote(
-        cls,
-        team: str,
-        priority: int,
-        borrowing: bool,
-        saturated: bool,
-        release: Callable[[float], None],
-    ) -> Grant:
-        """Builds a grant decided elsewhere, by the replica that owns the pool.
-
-        Its ``release`` calls ``release`` once, with the sanitised consumption; the grant
-        is counted in no local pool.
-        """
-        return cls(
-            team=team,
-            priority=priority,
-            borrowing=borrowing,
-            saturated=saturated,
-            on_release=release,
-        )
-
-    @property
-    def team(self) -> str:
-        """The team the request belongs to."""
-        return self._team
-
-    @property
-    def priority(self) -> int:
-        """The vLLM priority to send the request with (lower runs earlier)."""
-        return self._priority
-
-    @property
-    def borrowing(self) -> bool:
-        """True when the request is above its team's reservation."""
-        return self._borrowing
-
-    @property
-    def saturated(self) -> bool:
-        """True when the pool already had C or more in flight when the request arrived."""
-        return self._saturated
-
-    @property
-    def est_tokens(self) -> int:
-        """The request's estimated tokens, counted in flight until release."""
-        return self._est_tokens
-
-    @property
-    def released(self) -> bool:
-        """Whether ``release`` has been called."""
-        return self._released
-
-    def release(self, consumed: float = 0.0) -> None:
-        """Ends the request and charges ``consumed`` (cost units) to the team's usage.
-
-        Negative, NaN and infinite consumption counts as 0. Only the first call counts.
-        """
-        amount = _consumption(consumed)
-        if self._pool is not None:
-            self._pool._release(self, amount)
-            return
-        assert self._lock is not None
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        if self._on_release is not None:
-            self._on_release(amount)
 
 
 class Pool:
@@ -260,7 +68,8 @@ class Pool:
         Args:
             name: the pool's name.
             capacity: its sustainable concurrency C, an int >= 0.
-            shares: team -> share (finite, >= 0); teams missing here have share 0.
+            shares: team -> share, a valid shares map (see ``check_shares``); teams
+                missing here have share 0.
             half_life_s: usage half-life in seconds; 0 disables decay.
             clock: wall-clock seconds, ``time.time`` by default.
 
@@ -271,23 +80,22 @@ class Pool:
             raise ValueError(f"half_life_s must be a number, got {half_life_s!r}")
         if not math.isfinite(half_life_s) or half_life_s < 0:
             raise ValueError(f"half_life_s must be finite and >= 0, got {half_life_s!r}")
-        validate_shares(shares)
-        reserved = apportion(capacity, shares.keys(), shares)
+        checked = check_shares(shares)
+        reserved = apportion(capacity, checked.keys(), checked)
         self._name = name
         self._capacity = capacity
-        self._shares = {team: float(share) for team, share in shares.items()}
+        self._shares = checked
         self._share_total = math.fsum(self._shares.values())
         self._lam = math.log(2) / half_life_s if half_life_s > 0 else 0.0
         self._clock: Callable[[], float] = clock if clock is not None else time.time
         self._lock = threading.Lock()
         self._t_ref = self._clock()
-        self._teams: dict[str, _Team] = {}
+        self._teams: dict[str, TeamState] = {}
         self._in_flight = 0  # grants of every team
         self._phantoms = 0  # live phantoms of every team, as of the last expiry sweep
         self._next_expiry = math.inf
-        # Dense rank support: every distinct ordering key once, with its multiplicity.
-        self._keys = SortedList()
-        self._key_count: dict[float, int] = {}
+        # Every team's ordering key, for dense ranks.
+        self._ranks = DenseRanks()
         # Teams without share and with nothing in flight, by stored usage: the candidates
         # for ``prune``. ``_stored_total`` is the sum of every team's stored usage.
         self._idle = SortedList()
@@ -343,7 +151,7 @@ class Pool:
                 state = self._teams.pop(name)
                 self._idle.remove((stored, name))
                 state.idle = None
-                self._remove_key(state.key)
+                self._ranks.remove(state.key)
                 self._stored_total -= state.stored
                 pruned += 1
             if not self._teams:
@@ -455,7 +263,7 @@ class Pool:
         """
         if not team:
             raise ValueError("team must be a non-empty string")
-        amount = _consumption(consumed)
+        amount = consumption(consumed)
         with self._lock:
             state = self._team(team)
             self._charge(state, amount, self._clock())
@@ -467,7 +275,7 @@ class Pool:
         """
         if not team:
             raise ValueError("team must be a non-empty string")
-        value = _consumption(usage)
+        value = consumption(usage)
         with self._lock:
             state = self._team(team)
             now = self._clock()
@@ -581,7 +389,7 @@ class Pool:
             state=state,
         )
 
-    def _count(self, state: _Team, borrowing: bool, est_tokens: int) -> None:
+    def _count(self, state: TeamState, borrowing: bool, est_tokens: int) -> None:
         state.in_flight += 1
         state.tokens += est_tokens
         if borrowing:
@@ -606,21 +414,21 @@ class Pool:
                 self._charge(state, amount, self._clock())
             self._touch(state)
 
-    def _team(self, name: str) -> _Team:
+    def _team(self, name: str) -> TeamState:
         state = self._teams.get(name)
         if state is None:
             state = self._register(name, 0)
         return state
 
-    def _register(self, name: str, reserved: int) -> _Team:
-        state = _Team(name, self._shares.get(name, 0.0), reserved)
-        state.key = self._key(state)
+    def _register(self, name: str, reserved: int) -> TeamState:
+        state = TeamState(name, self._shares.get(name, 0.0), reserved)
+        state.key = level_key(state.share, state.stored)
         self._teams[name] = state
-        self._add_key(state.key)
+        self._ranks.add(state.key)
         self._touch(state)
         return state
 
-    def _touch(self, state: _Team) -> None:
+    def _touch(self, state: TeamState) -> None:
         """Keeps the team's entry in the prunable list in step with its state."""
         entry = None
         if state.in_flight == 0 and not state.phantoms and state.name not in self._shares:
@@ -632,54 +440,21 @@ class Pool:
                 self._idle.add(entry)
             state.idle = entry
 
-    def _key(self, state: _Team) -> float:
-        """A value that orders teams as their level fairshare does.
+    def _rank(self, state: TeamState) -> int:
+        """Dense rank of the team's level fairshare among all known teams, 0 first."""
+        return self._ranks.rank(state.key)
 
-        LF = (share / sum share) / (usage / sum usage); the normalisers are common to all
-        teams, and so is the decay factor of stored usage, so share / stored orders teams
-        like LF, and it only changes when the team is charged. The key is rounded to
-        ``_KEY_BITS`` significant bits so that equal LF values share a rank.
-        """
-        if state.share <= 0.0:
-            return 0.0
-        if state.stored <= 0.0:
-            return math.inf
-        ratio = state.share / state.stored
-        if not ratio < math.inf:  # stored so small that the ratio overflows
-            return math.inf
-        mantissa, exponent = math.frexp(ratio)
-        return math.ldexp(round(mantissa * 2.0**_KEY_BITS), exponent - _KEY_BITS)
-
-    def _rank(self, state: _Team) -> int:
-        """Dense rank of the team's key: the number of distinct larger keys."""
-        keys = self._keys
-        return len(keys) - int(keys.bisect_right(state.key))
-
-    def _add_key(self, key: float) -> None:
-        count = self._key_count.get(key, 0)
-        if count == 0:
-            self._keys.add(key)
-        self._key_count[key] = count + 1
-
-    def _remove_key(self, key: float) -> None:
-        count = self._key_count[key] - 1
-        if count == 0:
-            del self._key_count[key]
-            self._keys.remove(key)
-        else:
-            self._key_count[key] = count
-
-    def _rekey(self, state: _Team, stored: float) -> None:
+    def _rekey(self, state: TeamState, stored: float) -> None:
         self._stored_total += stored - state.stored
         state.stored = stored
-        key = self._key(state)
+        key = level_key(state.share, state.stored)
         if key != state.key:
-            self._remove_key(state.key)
-            self._add_key(key)
+            self._ranks.remove(state.key)
+            self._ranks.add(key)
             state.key = key
         self._touch(state)
 
-    def _charge(self, state: _Team, amount: float, now: float) -> None:
+    def _charge(self, state: TeamState, amount: float, now: float) -> None:
         if amount <= 0.0:
             return
         self._maybe_rebase(now)
@@ -694,13 +469,12 @@ class Pool:
             return
         factor = self._decay_factor(now)
         self._t_ref = now
-        self._keys = SortedList()
-        self._key_count = {}
+        self._ranks = DenseRanks()
         self._idle = SortedList()
         for state in self._teams.values():
             state.stored *= factor
-            state.key = self._key(state)
-            self._add_key(state.key)
+            state.key = level_key(state.share, state.stored)
+            self._ranks.add(state.key)
             state.idle = None
             self._touch(state)
         self._stored_total = math.fsum(t.stored for t in self._teams.values())

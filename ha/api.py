@@ -1,175 +1,35 @@
 """What the replication layer offers the server: ids, decisions, errors, the Allocator.
 
-The server translates gRPC messages to these types and back, and maps the exceptions
-below to status codes in one table; nothing here knows about gRPC.
+The ids (``fairshare.ids``) and errors (``fairshare.errors``) are the core's, re-exported
+here for the replication layer's modules; ``wire`` translates gRPC messages to these types
+and back and maps the errors to status codes in one table. Nothing here knows about gRPC.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NewType, Protocol
+from typing import Protocol
 
 from fairshare import Class, TeamStat
+from fairshare.errors import (
+    AllocatorError,
+    InvalidArgument,
+    LimitExceeded,
+    NoOwner,
+    OutOfRange,
+    PeerUnavailable,
+    PermissionDenied,
+    StoreFull,
+    StoreUnavailable,
+    UnknownNode,
+    UnknownPool,
+    WrongEpoch,
+)
+from fairshare.ids import MAC_BYTES, Epoch, GrantRef, NodeId, PoolName
+from fairshare.records import AdoptResult, Decision, HeldGrant, PoolInfo, PoolView
 
-PoolName = NewType("PoolName", str)
-NodeId = NewType("NodeId", str)
-Epoch = NewType("Epoch", int)
-"""A pool's ownership generation: the create_revision of its owner key (fencing token)."""
-
-
-# -- grant ids ----------------------------------------------------------------------------
-
-_UNSIGNED_TAG = "g1"
-_SIGNED_TAG = "g2"
-MAC_BYTES = 16
-"""Length of a grant id's MAC: HMAC-SHA256 truncated to 128 bits (22 base64url chars)."""
-
-
-def _b64(text: str) -> str:
-    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
-
-
-def _unb64(text: str) -> str:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("utf-8")
-
-
-@dataclass(frozen=True, slots=True)
-class GrantRef:
-    """What a grant id encodes: enough for any replica to route and settle a release.
-
-    Two forms (see docs/ha.md, "Grant ids"):
-
-    - signed, issued by a replica: ``g2.<epoch>.<seq>.<pool>.<team>.<holder>.<mac>``;
-    - unsigned, made by a client while no replica answered: ``g1.<epoch>.<seq>.<pool>.
-      <team>.<holder>``, honoured only with epoch 0 (a degraded grant).
-
-    Epoch and seq are lower-case hex, pool, team and holder base64url of their UTF-8
-    without padding, and ``mac`` base64url of ``MAC_BYTES`` bytes (``ha.grantkeys``
-    computes and checks it over ``signed_text``). Decoding checks the form only; whether
-    the MAC is genuine is for ``ha.grantkeys.GrantKeys.verify``.
-    """
-
-    pool: PoolName
-    epoch: Epoch
-    seq: int
-    team: str = ""
-    holder: str = ""
-    mac: str = ""
-    """The MAC of a signed id; empty for an unsigned one."""
-
-    def signed_text(self) -> str:
-        """What the MAC covers: the id's fields in their canonical encoding."""
-        return ".".join(
-            (
-                _SIGNED_TAG,
-                f"{self.epoch:x}",
-                f"{self.seq:x}",
-                _b64(self.pool),
-                _b64(self.team),
-                _b64(self.holder),
-            )
-        )
-
-    def encode(self) -> str:
-        """The opaque grant id string (signed when ``mac`` is set)."""
-        if self.mac:
-            return f"{self.signed_text()}.{self.mac}"
-        return _UNSIGNED_TAG + self.signed_text()[len(_SIGNED_TAG) :]
-
-    @classmethod
-    def decode(cls, grant_id: str) -> GrantRef:
-        """Parses a grant id (its form; not whether its MAC is genuine).
-
-        Raises:
-            InvalidArgument: not a grant id of this service.
-        """
-        parts = grant_id.split(".")
-        signed = len(parts) == 7 and parts[0] == _SIGNED_TAG
-        if not signed and (len(parts) != 6 or parts[0] != _UNSIGNED_TAG):
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
-        try:
-            epoch, seq = int(parts[1], 16), int(parts[2], 16)
-            pool, team, holder = (_unb64(p) for p in parts[3:6])
-        except (ValueError, binascii.Error, UnicodeDecodeError):
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}") from None
-        mac = parts[6] if signed else ""
-        if not pool or epoch < 0 or seq < 0 or (signed and not mac):
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
-        return cls(PoolName(pool), Epoch(epoch), seq, team, holder, mac)
-
-
-# -- results ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The answer to one Acquire.
-
-    Attributes:
-        granted: False only when ``try_only`` found the pool full (other fields empty).
-        grant_id: opaque id to release with; empty when not granted.
-        priority: the vLLM priority to send the request with.
-        borrowing: above the team's reservation.
-        saturated: the pool already had C or more in flight.
-        degraded: decided without an owner (fail_open); to be adopted by the next owner.
-        owner: node id of the owner that decided (empty when degraded).
-        epoch: the owner's epoch (0 when degraded).
-    """
-
-    granted: bool
-    grant_id: str
-    priority: int
-    borrowing: bool
-    saturated: bool
-    degraded: bool
-    owner: NodeId
-    epoch: Epoch
-
-
-@dataclass(frozen=True, slots=True)
-class HeldGrant:
-    """A live grant a holder re-reports to a new owner with ``Adopt``."""
-
-    grant_id: str
-    team: str
-    priority: int
-    borrowing: bool
-    est_tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class AdoptResult:
-    """What an Adopt changed: grants counted again and phantoms dropped."""
-
-    adopted: int
-    phantoms_dropped: int
-    owner: NodeId
-    epoch: Epoch
-
-
-@dataclass(frozen=True, slots=True)
-class PoolView:
-    """A pool's team table with its owner and epoch (the Snapshot RPC)."""
-
-    pool: PoolName
-    capacity: int
-    owner: NodeId
-    epoch: Epoch
-    teams: Sequence[TeamStat]
-
-
-@dataclass(frozen=True, slots=True)
-class PoolInfo:
-    """One line of ListPools."""
-
-    pool: PoolName
-    capacity: int
-    owner: NodeId
-    owner_address: str
-    epoch: Epoch
+# -- status ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,104 +70,6 @@ class PoolStatus:
     store_refused_writes: int = 0
     charges_clamped: int = 0
     grant_ids_refused: int = 0
-
-
-# -- errors -------------------------------------------------------------------------------
-
-
-class AllocatorError(Exception):
-    """Base of the errors the server maps to gRPC status codes."""
-
-
-class UnknownPool(AllocatorError):
-    """No pool of that name is configured (NOT_FOUND)."""
-
-    def __init__(self, pool: str) -> None:
-        super().__init__(f"unknown pool {pool!r}")
-        self.pool = pool
-
-
-class InvalidArgument(AllocatorError):
-    """A request field is invalid (INVALID_ARGUMENT); ``field`` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-class PermissionDenied(AllocatorError):
-    """A grant id is not genuine, or the caller is not its holder (PERMISSION_DENIED);
-    ``field`` names the request field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-class OutOfRange(InvalidArgument):
-    """A numeric request field is outside what the service can hold (OUT_OF_RANGE)."""
-
-
-class LimitExceeded(AllocatorError):
-    """A request would take the service past a configured or built-in limit
-    (RESOURCE_EXHAUSTED); ``limit`` names it (``max_teams``, ``max_adopt_grants`` ...)."""
-
-    def __init__(self, limit: str, message: str) -> None:
-        super().__init__(f"{limit}: {message}")
-        self.limit = limit
-
-
-class WrongEpoch(AllocatorError):
-    """The request named an epoch this replica does not own (FAILED_PRECONDITION).
-
-    Carries this replica's view of the current owner, so the caller can refresh its
-    route: empty owner and epoch 0 when it knows of none.
-    """
-
-    def __init__(self, pool: str, owner: NodeId, address: str, epoch: Epoch) -> None:
-        super().__init__(f"pool {pool!r} is owned by {owner or 'nobody'!r} at epoch {epoch}")
-        self.pool = pool
-        self.owner = owner
-        self.address = address
-        self.epoch = epoch
-
-
-class NoOwner(AllocatorError):
-    """No owner could be reached and the pool fails closed (UNAVAILABLE)."""
-
-    def __init__(self, pool: str) -> None:
-        super().__init__(f"pool {pool!r} has no reachable owner and fails closed")
-        self.pool = pool
-
-
-class StoreUnavailable(AllocatorError):
-    """The store cannot be reached, or a write's outcome cannot be known (UNAVAILABLE)."""
-
-
-class StoreFull(StoreUnavailable):
-    """The store refuses writes for lack of space (UNAVAILABLE).
-
-    etcd raises its NOSPACE alarm when its database reaches the backend quota; the embedded
-    file store meets ENOSPC or EDQUOT on its disk. Unlike a plain ``StoreUnavailable`` the
-    cause is known and lasts until an operator frees space, so callers report it as such
-    (log, metric, health) and retry with backoff instead of at once.
-    """
-
-
-class PeerUnavailable(AllocatorError):
-    """A peer replica did not answer (connection refused, deadline exceeded)."""
-
-    def __init__(self, address: str, message: str = "") -> None:
-        super().__init__(f"peer {address} unavailable" + (f": {message}" if message else ""))
-        self.address = address
-
-
-class UnknownNode(AllocatorError):
-    """A switchover named a replica that is not a live member (FAILED_PRECONDITION)."""
-
-    def __init__(self, node: str) -> None:
-        super().__init__(f"no live replica named {node!r}")
-        self.node = node
 
 
 # -- the service ----------------------------------------------------------------------------
@@ -436,3 +198,32 @@ class Peers(Protocol):
     async def close(self) -> None:
         """Closes every channel."""
         ...
+
+
+__all__ = [
+    "MAC_BYTES",
+    "AdoptResult",
+    "Allocator",
+    "AllocatorError",
+    "Decision",
+    "Epoch",
+    "GrantRef",
+    "HeldGrant",
+    "InvalidArgument",
+    "LimitExceeded",
+    "NoOwner",
+    "NodeId",
+    "OutOfRange",
+    "PeerUnavailable",
+    "Peers",
+    "PermissionDenied",
+    "PoolInfo",
+    "PoolName",
+    "PoolStatus",
+    "PoolView",
+    "StoreFull",
+    "StoreUnavailable",
+    "UnknownNode",
+    "UnknownPool",
+    "WrongEpoch",
+]

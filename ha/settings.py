@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from fairshare.apportion import validate_shares
+from fairshare.modes import DegradedMode
+from fairshare.shares import ShareError, check_shares
 
 
 class ConfigError(ValueError):
@@ -22,15 +23,6 @@ class ConfigError(ValueError):
         super().__init__(f"{path}: {message}")
         self.path = path
         self.message = message
-
-
-class DegradedMode(Enum):
-    """What a replica (or the client library) answers when no owner can be reached."""
-
-    FAIL_OPEN = "fail_open"
-    """Grant as a borrower at the lowest priority, marked degraded; adopted later."""
-    FAIL_CLOSED = "fail_closed"
-    """Refuse with UNAVAILABLE."""
 
 
 def _finite(path: str, value: float, *, minimum: float = 0.0, strict: bool = False) -> None:
@@ -57,9 +49,9 @@ MAX_CAPACITY = 2**31 - 1
 DEFAULT_MAX_TEAMS = 1024
 """Default of ``PoolConfig.max_teams``."""
 MAX_MAX_TEAMS = 4096
-"""The largest ``max_teams`` accepted: 4096 teams with 256-byte names keep a snapshot's
-usage table near 1.2 MiB, under etcd's 1.5 MiB request limit, and a durable write (which
-encodes every team) near 10 ms."""
+"""The largest ``max_teams`` accepted; it keeps a snapshot of a pool whose team names are
+all 256 bytes long under etcd's 1.5 MiB request limit (the figures: docs/ha.md, "Cost per
+call")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +61,8 @@ class PoolConfig:
     Attributes:
         name: pool name, unique.
         capacity: sustainable concurrency C (requests in flight), an int >= 0.
-        shares: team -> share of C (finite, >= 0; scaled down if they sum above 1).
+        shares: team -> share of C, a valid shares map (``fairshare.check_shares``);
+            scaled down if they sum above 1.
         half_life_s: usage half-life in seconds; 0 disables decay. Default one week.
         max_request_s: longest a request can stay in flight, seconds; bounds how long a
             failover's phantoms count. Default 600.
@@ -108,12 +101,9 @@ class PoolConfig:
             raise ConfigError(
                 f"{path}.capacity", f"must be in [0, {MAX_CAPACITY}], got {self.capacity}"
             )
-        for team in self.shares:
-            if not isinstance(team, str) or not team:
-                raise ConfigError(f"{path}.shares", f"team names must be non-empty, got {team!r}")
         try:
-            validate_shares(self.shares)
-        except ValueError as e:
+            check_shares(self.shares)
+        except ShareError as e:
             raise ConfigError(f"{path}.shares", str(e)) from e
         _finite(f"{path}.half_life_s", self.half_life_s)
         _finite(f"{path}.max_request_s", self.max_request_s, strict=True)
@@ -157,7 +147,8 @@ class Timing:
     """Group commit: least time between the starts of two durable writes; every request
     that arrives meanwhile shares the next one, and a request that finds no write started
     within the window is written at once. Larger windows mean fewer writes under load
-    and more latency at low load (measured in docs/benchmarks.md: 1 ms beat 0 and 2 ms)."""
+    and more latency at low load (why 1 ms: docs/benchmarks.md, "Cost of the durable
+    write")."""
     release_commit_s: float = 0.005
     """The group commit window of releases. A release is acknowledged once a durable
     write covers it, and no request waits on it: its write starts this long after the
@@ -223,3 +214,15 @@ class Timing:
                 f"{path}.release_memory_s",
                 f"must be >= the longest max_request_s ({max_request_s:g})",
             )
+
+
+__all__ = [
+    "DEFAULT_MAX_TEAMS",
+    "MAX_CAPACITY",
+    "MAX_MAX_TEAMS",
+    "ConfigError",
+    "DegradedMode",
+    "PoolConfig",
+    "Timing",
+    "UnknownTeams",
+]

@@ -49,10 +49,10 @@ from server.auth import AdminAuth, read_token
 from server.config import Config, load_config
 from server.intake import Intake
 from server.metrics import Metrics
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class RunningServer:
         return f"127.0.0.1:{self.port}"
 
     async def shutdown(self, grace_s: float = GRACE_S) -> None:
-        """Stops in DESIGN.md's fixed order; safe to call twice.
+        """Stops in the fixed order of docs/design.md §16; safe to call twice.
 
         Health NOT_SERVING first, so load balancers and clients move away while the node
         can still answer; then the node stops deciding, writes its final snapshot and

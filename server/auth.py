@@ -25,9 +25,10 @@ from typing import Final
 import grpc
 from grpc import aio
 
+from wire.metadata import AUTHORIZATION
+
 logger = logging.getLogger(__name__)
 
-AUTHORIZATION: Final = "authorization"
 _BEARER: Final = "bearer "
 # Keys of grpc's auth context that carry the client certificate's identities.
 _IDENTITY_KEYS: Final = ("x509_common_name", "x509_subject_alternative_name")

@@ -5,6 +5,9 @@ value is checked when it loads; unknown keys and bad values are refused with
 ``ha.settings.ConfigError`` whose ``path`` names the key (``pools[1].shares.team-a``), so
 an operator sees which line to fix before anything starts.
 
+This module holds the settings' types, where each can come from and the rules between
+them; ``server.config_values`` reads single values and ``server.config_pools`` the pools.
+
 Unknown ``FAIRSHARE_*`` environment variables are ignored, not refused: Kubernetes injects
 ``<SERVICE>_PORT_...`` variables for every service, and a Service named ``fairshare`` would
 otherwise stop every replica from starting.
@@ -12,21 +15,27 @@ otherwise stop every replica from starting.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import pathlib
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from types import MappingProxyType
 from typing import Final
 
 import yaml
 
 from ha.api import NodeId
-from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing, UnknownTeams
+from ha.settings import ConfigError, PoolConfig, Timing
+from server.config_pools import parse_pools
+from server.config_values import (
+    check_address,
+    read_mapping,
+    read_number,
+    read_opt_file,
+    read_string,
+    read_strings,
+)
 
 __all__ = [
     "AdminConfig",
@@ -34,6 +43,7 @@ __all__ = [
     "ConfigError",
     "EtcdConfig",
     "TlsConfig",
+    "check_address",
     "load_config",
 ]
 
@@ -218,17 +228,6 @@ _TOP = (
     "pools",
     *_SECTIONS,
 )
-_POOL_KEYS = (
-    "name",
-    "capacity",
-    "shares",
-    "half_life_s",
-    "max_request_s",
-    "degraded_mode",
-    "max_charge_per_s",
-    "unknown_teams",
-    "max_teams",
-)
 
 
 def _parse_text(path: str, text: str, source: str) -> object:
@@ -332,96 +331,36 @@ def _put(raw: dict[str, object], path: str, value: object) -> None:
     raw[section] = merged
 
 
-def _mapping(path: str, value: object, allowed: Sequence[str]) -> dict[str, object]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(path, f"must be a mapping, got {value!r}")
-    for key in value:
-        if key not in allowed:
-            where = f"{path}.{key}" if path else str(key)
-            raise ConfigError(where, f"unknown key (known: {', '.join(allowed)})")
-    return value
-
-
-def _string(path: str, value: object, *, empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(path, f"must be a string, got {value!r}")
-    if not empty and not value:
-        raise ConfigError(path, "must not be empty")
-    return value
-
-
-def _opt_file(path: str, value: object) -> str | None:
-    if value is None or value == "":
-        return None
-    text = _string(path, value)
-    if not os.path.isfile(text):
-        raise ConfigError(path, f"no such file: {text}")
-    return text
-
-
-def _strings(path: str, value: object) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [item.strip() for item in value.split(",") if item.strip()]
-    if not isinstance(value, list | tuple):
-        raise ConfigError(path, f"must be a list of strings, got {value!r}")
-    return tuple(_string(f"{path}[{i}]", item) for i, item in enumerate(value))
-
-
-def _number(path: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(path, f"must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ConfigError(path, f"must be finite, got {value!r}")
-    return float(value)
-
-
-def check_address(path: str, value: object) -> str:
-    """Checks a ``host:port`` address (IPv6 hosts in brackets); returns it.
-
-    Raises:
-        ConfigError: not ``host:port`` with a port in 0..65535.
-    """
-    text = _string(path, value)
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(path, f"must be host:port, got {text!r}")
-    return text
-
-
 def _build(raw: Mapping[str, object]) -> Config:
-    top = _mapping("", raw, _TOP)
-    node_id = _string("node_id", top.get("node_id", socket.gethostname()))
+    top = read_mapping("", raw, _TOP)
+    node_id = read_string("node_id", top.get("node_id", socket.gethostname()))
     listen = check_address("listen", top.get("listen", DEFAULT_LISTEN))
     advertise = check_address("advertise", top.get("advertise", listen))
-    metrics = _string(
+    metrics = read_string(
         "metrics_listen", top.get("metrics_listen", DEFAULT_METRICS_LISTEN), empty=True
     )
     if metrics:
         check_address("metrics_listen", metrics)
-    state_dir = pathlib.Path(_string("state_dir", top.get("state_dir", "state")))
-    level = _string("log_level", top.get("log_level", DEFAULT_LOG_LEVEL)).upper()
+    state_dir = pathlib.Path(read_string("state_dir", top.get("state_dir", "state")))
+    level = read_string("log_level", top.get("log_level", DEFAULT_LOG_LEVEL)).upper()
     if level not in LOG_LEVELS:
         raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
 
-    etcd_raw = _mapping("etcd", top.get("etcd"), _SECTIONS["etcd"])
+    etcd_raw = read_mapping("etcd", top.get("etcd"), _SECTIONS["etcd"])
     etcd = EtcdConfig(
-        endpoints=_strings("etcd.endpoints", etcd_raw.get("endpoints")),
-        prefix=_string("etcd.prefix", etcd_raw.get("prefix", DEFAULT_PREFIX)),
+        endpoints=read_strings("etcd.endpoints", etcd_raw.get("endpoints")),
+        prefix=read_string("etcd.prefix", etcd_raw.get("prefix", DEFAULT_PREFIX)),
     )
     if not etcd.prefix.startswith("/"):
         raise ConfigError("etcd.prefix", f"must start with '/', got {etcd.prefix!r}")
 
-    tls_raw = _mapping("tls", top.get("tls"), _SECTIONS["tls"])
+    tls_raw = read_mapping("tls", top.get("tls"), _SECTIONS["tls"])
     tls = TlsConfig(
-        cert_file=_opt_file("tls.cert_file", tls_raw.get("cert_file")),
-        key_file=_opt_file("tls.key_file", tls_raw.get("key_file")),
-        client_ca_file=_opt_file("tls.client_ca_file", tls_raw.get("client_ca_file")),
-        admin_identities=_strings("tls.admin_identities", tls_raw.get("admin_identities")),
-        peer_identities=_strings("tls.peer_identities", tls_raw.get("peer_identities")),
+        cert_file=read_opt_file("tls.cert_file", tls_raw.get("cert_file")),
+        key_file=read_opt_file("tls.key_file", tls_raw.get("key_file")),
+        client_ca_file=read_opt_file("tls.client_ca_file", tls_raw.get("client_ca_file")),
+        admin_identities=read_strings("tls.admin_identities", tls_raw.get("admin_identities")),
+        peer_identities=read_strings("tls.peer_identities", tls_raw.get("peer_identities")),
     )
     if (tls.cert_file is None) != (tls.key_file is None):
         missing = "tls.key_file" if tls.key_file is None else "tls.cert_file"
@@ -433,11 +372,11 @@ def _build(raw: Mapping[str, object]) -> Config:
     if tls.peer_identities and not tls.mutual:
         raise ConfigError("tls.peer_identities", "client identities need tls.client_ca_file")
 
-    admin_raw = _mapping("admin", top.get("admin"), _SECTIONS["admin"])
-    admin = AdminConfig(token_file=_opt_file("admin.token_file", admin_raw.get("token_file")))
+    admin_raw = read_mapping("admin", top.get("admin"), _SECTIONS["admin"])
+    admin = AdminConfig(token_file=read_opt_file("admin.token_file", admin_raw.get("token_file")))
 
-    grants_raw = _mapping("grants", top.get("grants"), _SECTIONS["grants"])
-    grants = GrantsConfig(key_file=_opt_file("grants.key_file", grants_raw.get("key_file")))
+    grants_raw = read_mapping("grants", top.get("grants"), _SECTIONS["grants"])
+    grants = GrantsConfig(key_file=read_opt_file("grants.key_file", grants_raw.get("key_file")))
     if grants.key_file is None and etcd.endpoints:
         raise ConfigError(
             "grants.key_file",
@@ -445,9 +384,9 @@ def _build(raw: Mapping[str, object]) -> Config:
             "with the same keys (see docs/deploy.md)",
         )
 
-    pools = _pools(top.get("pools"))
-    timing_raw = _mapping("timing", top.get("timing"), _SECTIONS["timing"])
-    timing = Timing(**{k: _number(f"timing.{k}", v) for k, v in timing_raw.items()})
+    pools = parse_pools(top.get("pools"))
+    timing_raw = read_mapping("timing", top.get("timing"), _SECTIONS["timing"])
+    timing = Timing(**{k: read_number(f"timing.{k}", v) for k, v in timing_raw.items()})
     timing.validate(max((p.max_request_s for p in pools), default=0.0), "timing")
 
     return Config(
@@ -464,76 +403,3 @@ def _build(raw: Mapping[str, object]) -> Config:
         log_level=level,
         pools=pools,
     )
-
-
-def _pools(value: object) -> tuple[PoolConfig, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ConfigError("pools", f"must be a list of pools, got {value!r}")
-    pools: list[PoolConfig] = []
-    seen: dict[str, int] = {}
-    for i, item in enumerate(value):
-        path = f"pools[{i}]"
-        spec = _mapping(path, item, _POOL_KEYS)
-        for key in ("name", "capacity"):
-            if key not in spec:
-                raise ConfigError(f"{path}.{key}", "is required")
-        name = _string(f"{path}.name", spec["name"])
-        if name in seen:
-            raise ConfigError(f"{path}.name", f"duplicate pool name {name!r} (pools[{seen[name]}])")
-        seen[name] = i
-        capacity = spec["capacity"]
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise ConfigError(f"{path}.capacity", f"must be an int, got {capacity!r}")
-        shares_raw = spec.get("shares")
-        if shares_raw is None:
-            shares_raw = {}
-        if not isinstance(shares_raw, dict):
-            raise ConfigError(
-                f"{path}.shares", f"must be a mapping team -> share, got {shares_raw!r}"
-            )
-        shares: dict[str, float] = {}
-        for team, share in shares_raw.items():
-            team_path = f"{path}.shares.{team}"
-            if not isinstance(team, str) or not team:
-                raise ConfigError(team_path, "team names must be non-empty strings")
-            shares[team] = _number(team_path, share)
-            if shares[team] < 0:
-                raise ConfigError(team_path, f"must be >= 0, got {share!r}")
-        defaults = {f.name: f.default for f in dataclasses.fields(PoolConfig)}
-        mode_text = spec.get("degraded_mode", DegradedMode.FAIL_OPEN.value)
-        try:
-            mode = DegradedMode(mode_text)
-        except ValueError:
-            raise ConfigError(
-                f"{path}.degraded_mode", f"must be fail_open or fail_closed, got {mode_text!r}"
-            ) from None
-        unknown_text = spec.get("unknown_teams", UnknownTeams.ALLOW.value)
-        try:
-            unknown = UnknownTeams(unknown_text)
-        except ValueError:
-            raise ConfigError(
-                f"{path}.unknown_teams", f"must be allow or deny, got {unknown_text!r}"
-            ) from None
-        pool = PoolConfig(
-            name=name,
-            capacity=capacity,
-            shares=MappingProxyType(shares),
-            half_life_s=_number(
-                f"{path}.half_life_s", spec.get("half_life_s", defaults["half_life_s"])
-            ),
-            max_request_s=_number(
-                f"{path}.max_request_s", spec.get("max_request_s", defaults["max_request_s"])
-            ),
-            degraded_mode=mode,
-            max_charge_per_s=_number(
-                f"{path}.max_charge_per_s",
-                spec.get("max_charge_per_s", defaults["max_charge_per_s"]),
-            ),
-            unknown_teams=unknown,
-            max_teams=spec.get("max_teams", defaults["max_teams"]),  # type: ignore[arg-type]
-        )
-        pool.validate(path)
-        pools.append(pool)
-    return tuple(pools)

@@ -39,7 +39,8 @@ from typing import Any, Final
 import grpc
 from grpc import aio
 
-from server.servicer import ERROR_KEY, FIELD_KEY, LIMIT_KEY
+from fairshare.errors import InvalidArgument, LimitExceeded
+from wire.errors import abort
 
 logger = logging.getLogger(__name__)
 
@@ -171,10 +172,11 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
             self._unwarned = 0
         else:
             self._unwarned += 1
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "request: malformed message (it does not parse as the method's request)",
-            trailing_metadata=((ERROR_KEY, "InvalidArgument"), (FIELD_KEY, "request")),
+        await abort(
+            context,
+            InvalidArgument(
+                "request", "malformed message (it does not parse as the method's request)"
+            ),
         )
 
     async def _enter(
@@ -186,13 +188,12 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
         if client.turns.locked() and client.waiting >= self._max_waiting:
             if self._on_refused is not None:
                 self._on_refused(method)
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"max_calls_per_client: this client already has {self._max_calls} calls "
-                f"running and {self._max_waiting} waiting",
-                trailing_metadata=(
-                    (ERROR_KEY, "LimitExceeded"),
-                    (LIMIT_KEY, "max_calls_per_client"),
+            await abort(
+                context,
+                LimitExceeded(
+                    "max_calls_per_client",
+                    f"this client already has {self._max_calls} calls running and "
+                    f"{self._max_waiting} waiting",
                 ),
             )
         client.waiting += 1

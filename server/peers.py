@@ -1,15 +1,12 @@
 """``ha.api.Peers`` over gRPC: how a replica forwards calls to a pool's owner.
 
-One cached ``grpc.aio`` channel per peer address. Every call carries the metadata
-``fairshare-forwarded: 1`` so the receiver answers from its own state. Status codes are
-mapped back to ``ha.api`` exceptions in one table (the inverse of
-``server.servicer.ERROR_CODES``, helped by the ``fairshare-error`` trailing metadata the
-servicer attaches): FAILED_PRECONDITION with owner metadata → WrongEpoch; UNAVAILABLE
-and DEADLINE_EXCEEDED → PeerUnavailable (unless the peer said NoOwner); NOT_FOUND →
-UnknownPool; INVALID_ARGUMENT → InvalidArgument; OUT_OF_RANGE → OutOfRange;
-RESOURCE_EXHAUSTED naming a limit (``fairshare-limit``) → LimitExceeded, so a limit met on
-the owner reaches the client instead of sending this replica into its degraded mode. Any
-other failure of the peer is PeerUnavailable too: the caller cannot know what the peer did.
+One cached ``grpc.aio`` channel per peer address (opened by ``wire.channels``). Every call
+carries the metadata ``fairshare-forwarded: 1`` so the receiver answers from its own state.
+A failed call is turned back into the exception the owner raised by
+``wire.errors.to_allocator_error`` (the one table of ``wire.errors``): a limit met on the
+owner, a wrong epoch or a fail-closed pool reach the client as such instead of sending this
+replica into its degraded mode. Any other failure of the peer is ``PeerUnavailable``: the
+caller cannot know what the peer did.
 """
 
 from __future__ import annotations
@@ -17,99 +14,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, TypeVar
+from typing import TypeVar
 
 import grpc
 from grpc import aio
 
 from fairshare import Class
-from ha.api import (
-    AdoptResult,
-    AllocatorError,
-    Decision,
-    Epoch,
-    HeldGrant,
-    InvalidArgument,
-    LimitExceeded,
-    NodeId,
-    NoOwner,
-    OutOfRange,
-    PeerUnavailable,
-    PermissionDenied,
-    PoolName,
-    PoolView,
-    StoreUnavailable,
-    UnknownNode,
-    UnknownPool,
-    WrongEpoch,
+from fairshare.ids import Epoch
+from fairshare.records import AdoptResult, Decision, HeldGrant, PoolView
+from wire.channels import open_channel
+from wire.convert import (
+    acquire_request,
+    adopt_request,
+    adopt_result,
+    decision,
+    pool_view,
 )
-from server.channels import open_channel
-from server.convert import SERVICE_CLASS_PB, adopt_request, team_stat
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from server.servicer import (
-    EPOCH_KEY,
-    ERROR_KEY,
-    FIELD_KEY,
-    FORWARDED_KEY,
-    LIMIT_KEY,
-    OWNER_ADDRESS_KEY,
-    OWNER_KEY,
-)
+from wire.errors import to_allocator_error
+from wire.metadata import FORWARDED, Metadata, bearer
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-FORWARDED_METADATA: Final = ((FORWARDED_KEY, "1"),)
-
-
-def trailing(error: aio.AioRpcError) -> dict[str, str]:
-    """The trailing metadata of a failed call as a dict (last value wins)."""
-    metadata = error.trailing_metadata() or ()
-    return {
-        key: value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-        for key, value in metadata
-    }
-
-
-def to_allocator_error(
-    error: aio.AioRpcError, *, address: str, pool: str = "", node: str = ""
-) -> AllocatorError:
-    """The ``ha.api`` exception a failed peer call stands for (the one mapping table)."""
-    code = error.code()
-    meta = trailing(error)
-    kind = meta.get(ERROR_KEY, "")
-    details = error.details() or ""
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        if EPOCH_KEY in meta:
-            try:
-                epoch = Epoch(int(meta[EPOCH_KEY]))
-            except ValueError:
-                epoch = Epoch(0)
-            return WrongEpoch(
-                pool, NodeId(meta.get(OWNER_KEY, "")), meta.get(OWNER_ADDRESS_KEY, ""), epoch
-            )
-        if kind == UnknownNode.__name__:
-            return UnknownNode(node)
-    elif code == grpc.StatusCode.NOT_FOUND:
-        return UnknownPool(pool)
-    elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
-        field = meta.get(FIELD_KEY, "request")
-        kind_of = OutOfRange if code == grpc.StatusCode.OUT_OF_RANGE else InvalidArgument
-        return kind_of(field, details.removeprefix(f"{field}: "))
-    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and LIMIT_KEY in meta:
-        limit = meta[LIMIT_KEY]
-        return LimitExceeded(limit, details.removeprefix(f"{limit}: "))
-    elif code == grpc.StatusCode.PERMISSION_DENIED and kind == PermissionDenied.__name__:
-        field = meta.get(FIELD_KEY, "request")
-        return PermissionDenied(field, details.removeprefix(f"{field}: "))
-    elif code == grpc.StatusCode.UNAVAILABLE:
-        if kind == NoOwner.__name__:
-            return NoOwner(pool)
-        if kind == StoreUnavailable.__name__:
-            return StoreUnavailable(details)
-    return PeerUnavailable(address, f"{code.name}: {details}" if code else details)
 
 
 class GrpcPeers:
@@ -130,7 +58,7 @@ class GrpcPeers:
             admin_token: bearer token sent with forwarded admin calls.
             observe: called with (method, seconds) after every forwarded call, for the
                 forward latency histogram.
-            options: extra channel options, over ``server.channels.CHANNEL_OPTIONS``
+            options: extra channel options, over ``wire.channels.CHANNEL_OPTIONS``
                 (bounded reconnect backoff).
         """
         self._credentials = credentials
@@ -165,10 +93,10 @@ class GrpcPeers:
                 self._observe(method, time.perf_counter() - started)
         return response
 
-    def _metadata(self, *, admin: bool = False) -> tuple[tuple[str, str], ...]:
+    def _metadata(self, *, admin: bool = False) -> Metadata:
         if admin and self._admin_token:
-            return (*FORWARDED_METADATA, ("authorization", f"Bearer {self._admin_token}"))
-        return FORWARDED_METADATA
+            return (*FORWARDED, bearer(self._admin_token))
+        return FORWARDED
 
     async def acquire(
         self,
@@ -185,10 +113,10 @@ class GrpcPeers:
         timeout: float,
     ) -> Decision:
         """Acquire on the owner at ``address``, which must own ``pool`` at ``epoch``."""
-        request = pb.AcquireRequest(
+        request = acquire_request(
             pool=pool,
             team=team,
-            service_class=SERVICE_CLASS_PB[cls],
+            cls=cls,
             est_tokens=est_tokens,
             holder=holder,
             request_id=request_id,
@@ -203,16 +131,7 @@ class GrpcPeers:
             ),
             pool=pool,
         )
-        return Decision(
-            granted=r.granted,
-            grant_id=r.grant_id,
-            priority=r.priority,
-            borrowing=r.borrowing,
-            saturated=r.saturated,
-            degraded=r.degraded,
-            owner=NodeId(r.owner),
-            epoch=Epoch(r.epoch),
-        )
+        return decision(r)
 
     async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
         """Release on the owner at ``address``."""
@@ -248,7 +167,7 @@ class GrpcPeers:
             ),
             pool=pool,
         )
-        return AdoptResult(r.adopted, r.phantoms_dropped, NodeId(r.owner), Epoch(r.epoch))
+        return adopt_result(r)
 
     async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
         """Snapshot from the owner at ``address``."""
@@ -261,13 +180,7 @@ class GrpcPeers:
             ),
             pool=pool,
         )
-        return PoolView(
-            PoolName(r.pool),
-            r.capacity,
-            NodeId(r.owner),
-            Epoch(r.epoch),
-            [team_stat(t) for t in r.teams],
-        )
+        return pool_view(r)
 
     async def set_capacity(self, address: str, pool: str, capacity: int, timeout: float) -> int:
         """SetCapacity on the owner at ``address``; returns the previous C."""

@@ -1,13 +1,10 @@
 """gRPC servicers over an ``ha.api.Allocator``: messages in, domain calls, messages out.
 
 The servicers validate request fields (``INVALID_ARGUMENT`` naming the field), translate
-messages to ``ha.api`` types and back, and map the allocator's exceptions to status codes
-in one table, ``ERROR_CODES``. A mapped error also carries the trailing metadata
-``fairshare-error`` (the exception's class name) and, for ``InvalidArgument`` (and its
-``OutOfRange``), ``fairshare-field``; ``LimitExceeded`` adds ``fairshare-limit``;
-``WrongEpoch`` adds ``fairshare-owner``, ``fairshare-owner-address`` and
-``fairshare-epoch``. ``server.peers`` reads them to rebuild the same exceptions on the
-forwarding replica, so an error crosses a forward unchanged.
+messages to the core's types and back with ``wire.convert``, and answer the allocator's
+exceptions with ``wire.errors.abort``: the status code of the one table
+(``wire.errors.TABLE``) and the trailing metadata that lets ``server.peers`` and the
+client library rebuild the same exception, so an error crosses a forward unchanged.
 
 A call from a forwarding peer carries the metadata ``fairshare-forwarded: 1``; it is
 answered from this replica's own state (``forwarded=True``) and not counted again in
@@ -19,103 +16,49 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Final, NoReturn, TypeVar
+from collections.abc import Awaitable, Sequence
+from typing import NoReturn, TypeVar
 
-import grpc
 from grpc import aio
 
-from fairshare import Class
+from fairshare.errors import (
+    AllocatorError,
+    InvalidArgument,
+    LimitExceeded,
+    NoOwner,
+    OutOfRange,
+    PermissionDenied,
+)
+from fairshare.ids import Epoch, GrantRef
 from fairshare.limits import (
     MAX_ADOPT_GRANTS,
     MAX_EST_TOKENS,
     MAX_GRANT_ID_BYTES,
     MAX_NAME_BYTES,
 )
+from fairshare.modes import DegradedMode
+from fairshare.records import HeldGrant
 from ha.api import Allocator as AllocatorApi
-from ha.api import (
-    AllocatorError,
-    Epoch,
-    GrantRef,
-    HeldGrant,
-    InvalidArgument,
-    LimitExceeded,
-    NoOwner,
-    OutOfRange,
-    PeerUnavailable,
-    PermissionDenied,
-    StoreUnavailable,
-    UnknownNode,
-    UnknownPool,
-    WrongEpoch,
-)
-from ha.settings import MAX_CAPACITY, DegradedMode, PoolConfig
+from ha.settings import MAX_CAPACITY, PoolConfig
 from server.auth import AdminAuth, peer_identities
-from server.convert import team_stat_pb
 from server.metrics import Metrics, Outcome
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.convert import (
+    adopt_result_pb,
+    decision_pb,
+    held_grant,
+    pool_info_pb,
+    pool_view_pb,
+    required_epoch,
+    service_class,
+)
+from wire.errors import abort
+from wire.metadata import is_forwarded
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-FORWARDED_KEY: Final = "fairshare-forwarded"
-ERROR_KEY: Final = "fairshare-error"
-FIELD_KEY: Final = "fairshare-field"
-OWNER_KEY: Final = "fairshare-owner"
-OWNER_ADDRESS_KEY: Final = "fairshare-owner-address"
-EPOCH_KEY: Final = "fairshare-epoch"
-LIMIT_KEY: Final = "fairshare-limit"
-
-ERROR_CODES: Final[Mapping[type[AllocatorError], grpc.StatusCode]] = {
-    UnknownPool: grpc.StatusCode.NOT_FOUND,
-    OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
-    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    LimitExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
-    WrongEpoch: grpc.StatusCode.FAILED_PRECONDITION,
-    UnknownNode: grpc.StatusCode.FAILED_PRECONDITION,
-    NoOwner: grpc.StatusCode.UNAVAILABLE,
-    StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
-    PeerUnavailable: grpc.StatusCode.UNAVAILABLE,
-}
-"""The one table from allocator errors to gRPC status codes."""
-
-_DEGRADED_PB: Final = {
-    DegradedMode.FAIL_OPEN: pb.FAIL_OPEN,
-    DegradedMode.FAIL_CLOSED: pb.FAIL_CLOSED,
-}
-
-
-def status_code(error: AllocatorError) -> grpc.StatusCode:
-    """The status code of an allocator error (its nearest class in ``ERROR_CODES``)."""
-    for klass in type(error).__mro__:
-        code = ERROR_CODES.get(klass)
-        if code is not None:
-            return code
-    return grpc.StatusCode.INTERNAL
-
-
-def error_metadata(error: AllocatorError) -> tuple[tuple[str, str], ...]:
-    """The trailing metadata that lets a peer rebuild ``error`` (see module doc)."""
-    metadata: list[tuple[str, str]] = [(ERROR_KEY, type(error).__name__)]
-    if isinstance(error, InvalidArgument | PermissionDenied):
-        metadata.append((FIELD_KEY, error.field))
-    if isinstance(error, LimitExceeded):
-        metadata.append((LIMIT_KEY, error.limit))
-    if isinstance(error, WrongEpoch):
-        metadata += [
-            (OWNER_KEY, str(error.owner)),
-            (OWNER_ADDRESS_KEY, error.address),
-            (EPOCH_KEY, str(int(error.epoch))),
-        ]
-    return tuple(metadata)
-
-
-async def _abort(context: aio.ServicerContext, error: AllocatorError) -> NoReturn:
-    await context.abort(status_code(error), str(error), trailing_metadata=error_metadata(error))
-    raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
 
 async def _guard(context: aio.ServicerContext, call: Awaitable[T]) -> T:
@@ -123,13 +66,11 @@ async def _guard(context: aio.ServicerContext, call: Awaitable[T]) -> T:
     try:
         return await call
     except AllocatorError as e:
-        await _abort(context, e)
+        await abort(context, e)
 
 
 def _forwarded(context: aio.ServicerContext) -> bool:
-    return any(
-        key == FORWARDED_KEY and value == "1" for key, value in context.invocation_metadata() or ()
-    )
+    return is_forwarded(context.invocation_metadata())
 
 
 def _check_name(
@@ -165,13 +106,6 @@ def _check_tokens(field: str, est_tokens: int) -> None:
 
 def _check_grant_id(field: str, grant_id: str) -> None:
     _check_name(field, grant_id, limit=MAX_GRANT_ID_BYTES)
-
-
-def _service_class(value: int) -> Class:
-    try:
-        return Class(value)
-    except ValueError:
-        raise InvalidArgument("service_class", f"unknown service class {value}") from None
 
 
 def _bound_to(holder: str, identities: Sequence[str]) -> bool:
@@ -233,7 +167,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         """Aborts with the mapped status, counting a limit met in the metrics."""
         if isinstance(error, LimitExceeded) and self._metrics is not None:
             self._metrics.count_limited(error.limit)
-        await _abort(context, error)
+        await abort(context, error)
 
     async def Acquire(  # noqa: N802 (gRPC method name)
         self, request: pb.AcquireRequest, context: aio.ServicerContext
@@ -247,7 +181,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             _check_pool(request.pool)
             _check_team("team", request.team)
             _check_name("request_id", request.request_id, empty=True)
-            klass = _service_class(request.service_class)
+            klass = service_class(request.service_class)
             _check_tokens("est_tokens", request.est_tokens)
             decision = await self._allocator.acquire(
                 pool=request.pool,
@@ -257,7 +191,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 holder=request.holder,
                 request_id=request.request_id,
                 try_only=request.try_only,
-                epoch=Epoch(request.epoch) if request.epoch else None,
+                epoch=required_epoch(request),
             )
         except AllocatorError as e:
             if isinstance(e, NoOwner) and self._metrics is not None and not forwarded:
@@ -266,16 +200,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         if self._metrics is not None and not forwarded:
             elapsed = time.perf_counter() - started
             self._metrics.count(request.pool, request.team, Outcome.of(decision), elapsed)
-        return pb.AcquireResponse(
-            granted=decision.granted,
-            grant_id=decision.grant_id,
-            priority=decision.priority,
-            borrowing=decision.borrowing,
-            saturated=decision.saturated,
-            degraded=decision.degraded,
-            owner=decision.owner,
-            epoch=decision.epoch,
-        )
+        return decision_pb(decision)
 
     async def Release(  # noqa: N802 (gRPC method name)
         self, request: pb.ReleaseRequest, context: aio.ServicerContext
@@ -315,15 +240,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                     _check_holder(f"grants[{i}].grant_id", holder, identities)
                 _check_team(f"grants[{i}].team", held.team)
                 _check_tokens(f"grants[{i}].est_tokens", held.est_tokens)
-                grants.append(
-                    HeldGrant(
-                        grant_id=held.grant_id,
-                        team=held.team,
-                        priority=held.priority,
-                        borrowing=held.borrowing,
-                        est_tokens=held.est_tokens,
-                    )
-                )
+                grants.append(held_grant(held))
             result = await self._allocator.adopt(
                 pool=request.pool,
                 epoch=Epoch(request.epoch),
@@ -334,12 +251,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             )
         except AllocatorError as e:
             await self._fail(context, e)
-        return pb.AdoptResponse(
-            adopted=result.adopted,
-            phantoms_dropped=result.phantoms_dropped,
-            owner=result.owner,
-            epoch=result.epoch,
-        )
+        return adopt_result_pb(result)
 
     async def Snapshot(  # noqa: N802 (gRPC method name)
         self, request: pb.SnapshotRequest, context: aio.ServicerContext
@@ -349,14 +261,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             _check_pool(request.pool)
             view = await self._allocator.snapshot(request.pool, forwarded=_forwarded(context))
         except AllocatorError as e:
-            await _abort(context, e)
-        return pb.SnapshotResponse(
-            pool=view.pool,
-            capacity=view.capacity,
-            owner=view.owner,
-            epoch=view.epoch,
-            teams=[team_stat_pb(stat) for stat in view.teams],
-        )
+            await abort(context, e)
+        return pool_view_pb(view)
 
     async def ListPools(  # noqa: N802 (gRPC method name)
         self, request: pb.ListPoolsRequest, context: aio.ServicerContext
@@ -365,14 +271,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         infos = await _guard(context, self._allocator.list_pools())
         return pb.ListPoolsResponse(
             pools=[
-                pb.PoolInfo(
-                    pool=info.pool,
-                    capacity=info.capacity,
-                    owner=info.owner,
-                    owner_address=info.owner_address,
-                    epoch=info.epoch,
-                    degraded_mode=_DEGRADED_PB[self._modes.get(info.pool, DegradedMode.FAIL_OPEN)],
-                )
+                pool_info_pb(info, self._modes.get(info.pool, DegradedMode.FAIL_OPEN))
                 for info in infos
             ]
         )
@@ -406,7 +305,7 @@ class AdminServicer(pb_grpc.AdminServicer):  # type: ignore[misc]
                 request.pool, request.capacity, forwarded=_forwarded(context)
             )
         except AllocatorError as e:
-            await _abort(context, e)
+            await abort(context, e)
         logger.info(
             "pool %s: capacity set to %d (was %d)", request.pool, request.capacity, previous
         )
@@ -424,6 +323,6 @@ class AdminServicer(pb_grpc.AdminServicer):  # type: ignore[misc]
                 request.pool, request.node, forwarded=_forwarded(context)
             )
         except AllocatorError as e:
-            await _abort(context, e)
+            await abort(context, e)
         logger.info("pool %s: switchover to %s requested", request.pool, request.node)
         return pb.SwitchoverResponse()

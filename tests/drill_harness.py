@@ -1,7 +1,7 @@
 """Failover drills: a three-member etcd, three `fairshare serve` processes, gateways under load.
 
 The harness keeps a ledger of every grant the simulated gateways obtain (through the
-project's client library) and checks the invariants of DESIGN.md at every poll and at the
+project's client library) and checks the invariants of docs/design.md §19 at every poll and at the
 end:
 
 1. one epoch decides at a time: no grant of epoch e is decided after the first grant of a
@@ -45,10 +45,10 @@ from harness import serve
 from harness.etcd_cluster import EtcdCluster
 from harness.proxy import TcpProxy
 from harness.serve import Allocator
-from server.channels import open_channel
 from server.client import AllocatorClient, ClientGrant
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.channels import open_channel
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 LEASE_TTL_S = 2.0
 HALF_LIFE_S = 30 * 24 * 3600.0
@@ -74,7 +74,7 @@ GRANT_KEY = "drill-grant-key-shared-by-every-replica"
 
 
 def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
-    """The replicas' YAML config: short timings, as DESIGN.md allows for tests."""
+    """The replicas' YAML config: short timings, as docs/design.md §18 allows for tests."""
     return {
         "admin": {"token_file": str(token_file)},
         "grants": {"key_file": str(key_file)},

@@ -11,7 +11,7 @@ from grpc import aio
 
 from server.app import RunningServer, start_server
 from server.config import Config, load_config
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .fakes import FakeAllocator
 

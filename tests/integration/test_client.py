@@ -9,13 +9,13 @@ import random
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from client import AllocatorClient, SyncAllocatorClient
 from fairshare import Class
 from ha.api import NoOwner, UnknownPool
 from harness.net import free_port
 from server.app import RunningServer, start_server
-from server.channels import open_channel
-from server.client import AllocatorClient, SyncAllocatorClient
 from server.config import Config
+from wire.channels import open_channel
 
 from .fakes import FakeAllocator
 

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from grpc import aio
 
+from client import AllocatorClient
 from fairshare import BORROW_BASE, RANK_STEP, WITHIN_SHARE_BASE
 from ha.api import Epoch, GrantRef, PoolName
 from ha.keys import Keys
@@ -23,10 +24,9 @@ from ha.memstore import FileStore
 from ha.snapshot import PoolSnapshot
 from harness.net import free_port
 from server.app import RunningServer, start_server
-from server.client import AllocatorClient
 from server.config import Config
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 

@@ -30,9 +30,9 @@ from harness.net import free_port
 from harness.process import ServerProcess
 from harness.serve import serve_args
 from server.app import pool_health_service, start_server
-from server.channels import open_channel
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.channels import open_channel
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import POOLS_YAML, make_config
 

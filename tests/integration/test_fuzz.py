@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from server.app import RunningServer, start_server
 from server.config import load_config
-from server.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 pytestmark = pytest.mark.timeout(120)
 

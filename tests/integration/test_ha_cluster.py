@@ -13,8 +13,8 @@ from drill_harness import LEASE_TTL_S, DrillCluster, wait_serving
 from grpc import aio
 
 from ha.etcdstore import connect
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(60)]
 
@@ -163,7 +163,7 @@ async def test_etcd_restarted_under_load_recovers_without_restarting_a_replica(
 async def test_the_client_library_goes_straight_to_the_owner_once_it_knows_it(
     cluster: DrillCluster,
 ) -> None:
-    from server.client import AllocatorClient
+    from client import AllocatorClient
 
     node, epoch = (await cluster.owners())["gpu-a"]
     other = next(r for r in cluster.replicas if r.node != node)

@@ -44,16 +44,16 @@ from dataclasses import dataclass, field
 import pytest
 from grpc import aio
 
+from client import AllocatorClient, ClientGrant
 from fairshare import Class
 from ha.keys import Keys
 from ha.memstore import FileStore
 from ha.snapshot import PoolSnapshot
 from harness.net import free_port
 from harness.serve import serve_args
-from server.channels import open_channel
-from server.client import AllocatorClient, ClientGrant
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from wire.channels import open_channel
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.drill]
 
@@ -93,7 +93,7 @@ pools:
 
 
 class ServerProcess:
-    """``python -m server.cli serve`` on a fixed port and state dir; one log per start."""
+    """``python -m cli serve`` on a fixed port and state dir; one log per start."""
 
     def __init__(self, tmp: pathlib.Path, port: int) -> None:
         self.tmp = tmp

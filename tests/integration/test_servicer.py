@@ -1,4 +1,4 @@
-"""Every RPC over a real grpc.aio server, with the status codes of DESIGN.md."""
+"""Every RPC over a real grpc.aio server, with the status codes of docs/design.md §17."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from ha.api import (
     WrongEpoch,
 )
 from server.app import RunningServer
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.peers import GrpcPeers
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .fakes import FakeAllocator
 

@@ -18,9 +18,9 @@ from grpc import aio
 
 from server.app import RunningServer, start_server
 from server.config import load_config
-from server.pb.fairshare.v1 import allocator_pb2 as pb
-from server.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from server.sim import cli
+from sim import cli
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(30)
 

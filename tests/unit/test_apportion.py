@@ -1,4 +1,4 @@
-"""apportion: largest-remainder reservations (SPEC.md, "Reservations")."""
+"""apportion: largest-remainder reservations (docs/spec.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Usage decay (SPEC.md, "Usage decays exponentially")."""
+"""Usage decay (docs/spec.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Grant and release (SPEC.md, "Grant"; consumption rules under "Pool")."""
+"""Grant and release (docs/spec.md §11; consumption rules in §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pool methods and properties, one SPEC.md row at a time."""
+"""Pool methods and properties, one row of docs/spec.md §7 at a time."""
 
 from __future__ import annotations
 

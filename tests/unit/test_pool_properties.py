@@ -1,10 +1,10 @@
 """Hypothesis: random operation sequences on one pool, checked against a plain model.
 
 The model keeps what the pool must agree with (grants in flight, live phantoms, usage);
-the invariants come from SPEC.md: in-flight counts are never negative, within-share grants
-never exceed a team's reservation (unless capacity changes or a request is adopted within
-share), every priority is an allowed value, and ``usage()`` counts grants plus live
-phantoms.
+the invariants come from docs/spec.md (§4, §8): in-flight counts are never negative,
+within-share grants never exceed a team's reservation (unless capacity changes or a
+request is adopted within share), every priority is an allowed value, and ``usage()``
+counts grants plus live phantoms.
 """
 
 from __future__ import annotations

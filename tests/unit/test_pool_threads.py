@@ -1,4 +1,4 @@
-"""Thread safety: many threads on one pool (SPEC.md, "Every method is safe ... at once")."""
+"""Thread safety: many threads on one pool (docs/spec.md §14)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Priorities and Fair Tree ranks (SPEC.md, "What it decides" and "Fair Tree standing")."""
+"""Priorities and Fair Tree ranks (docs/spec.md §2 and §5)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Saturation converges to shares: the core alone, under a tiny model of vLLM's scheduler.
 
-The model is deliberately self-contained (it does not use ``server.sim``) so that it tests
+The model is deliberately self-contained (it does not use ``sim``) so that it tests
 ``fairshare.Pool`` and nothing else:
 
 - vLLM keeps waiting requests in a min-heap on ``(priority, arrival)`` and runs at most C;

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from fairshare import Class
-from server.sim import cli, scenarios
-from server.sim.engine import Hardware, Policy, Request, Simulator
+from sim import cli, scenarios
+from sim.engine import Simulator
+from sim.model import Hardware, Policy, Request
 
 pytestmark = pytest.mark.timeout(60)
 

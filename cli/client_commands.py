@@ -1,0 +1,214 @@
+"""The commands that call a running allocator: ``status``, ``pools``, ``set-capacity``,
+``switchover``; their flags and their output (tables, or JSON with ``--json``).
+
+Each command opens one channel (plaintext, or TLS with ``--tls-ca``/``--tls-cert``), makes
+its calls with the ``--timeout`` deadline each, writes to the stream it is given and returns
+0. A failed call raises ``grpc.aio.AioRpcError``; an unreadable certificate or token file
+raises ``OSError`` or ``ValueError``: ``cli.main`` turns them into the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, TextIO
+
+import grpc
+from grpc import aio
+
+from server.auth import read_token
+from wire.metadata import bearer
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET: Final = "127.0.0.1:50051"
+
+_COLUMNS: Final = (
+    ("team", "team", "<"),
+    ("share", "share", ">"),
+    ("reserved", "reserved", ">"),
+    ("in flight", "in_flight", ">"),
+    ("borrowing", "borrowing", ">"),
+    ("phantoms", "phantoms", ">"),
+    ("usage", "usage", ">"),
+    ("level fairshare", "level_fairshare", ">"),
+    ("rank", "rank", ">"),
+)
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+
+
+def format_table(snapshot: pb.SnapshotResponse) -> str:
+    """One pool as an sshare-like table, headed by its capacity, owner and epoch."""
+    rows: list[list[str]] = [[title for title, _, _ in _COLUMNS]]
+    for team in snapshot.teams:
+        row = []
+        for _, name, _ in _COLUMNS:
+            value = getattr(team, name)
+            row.append(_number(value) if isinstance(value, float) else str(value))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    owner = snapshot.owner or "(none)"
+    lines = [
+        f"pool {snapshot.pool}  capacity {snapshot.capacity}  owner {owner}  epoch {snapshot.epoch}"
+    ]
+    for row in rows:
+        cells = [
+            f"{cell:{align}{width}}"
+            for cell, width, (_, _, align) in zip(row, widths, _COLUMNS, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _json_number(value: float) -> float | None:
+    # Strict JSON has no infinity: a team with a share and no usage prints null.
+    return value if math.isfinite(value) else None
+
+
+def snapshot_dict(snapshot: pb.SnapshotResponse) -> dict[str, Any]:
+    """One pool as plain JSON-able data."""
+    return {
+        "pool": snapshot.pool,
+        "capacity": snapshot.capacity,
+        "owner": snapshot.owner,
+        "epoch": snapshot.epoch,
+        "teams": [
+            {
+                "team": t.team,
+                "share": t.share,
+                "reserved": t.reserved,
+                "in_flight": t.in_flight,
+                "borrowing": t.borrowing,
+                "in_flight_tokens": t.in_flight_tokens,
+                "usage": t.usage,
+                "level_fairshare": _json_number(t.level_fairshare),
+                "rank": t.rank,
+                "phantoms": t.phantoms,
+            }
+            for t in snapshot.teams
+        ],
+    }
+
+
+def _channel(args: argparse.Namespace) -> aio.Channel:
+    if args.tls_ca or args.tls_cert:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(args.tls_ca),
+            private_key=_read(args.tls_key),
+            certificate_chain=_read(args.tls_cert),
+        )
+        return aio.secure_channel(args.target, credentials)
+    return aio.insecure_channel(args.target)
+
+
+def _read(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _admin_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    path = args.token_file or os.environ.get("FAIRSHARE_ADMIN_TOKEN_FILE")
+    if not path:
+        return ()
+    return (bearer(read_token(path)),)
+
+
+async def _status(args: argparse.Namespace, out: TextIO) -> int:
+    async with _channel(args) as channel:
+        stub = pb_grpc.AllocatorStub(channel)
+        if args.pool:
+            names = [args.pool]
+        else:
+            listing = await stub.ListPools(pb.ListPoolsRequest(), timeout=args.timeout)
+            names = [p.pool for p in listing.pools]
+        snapshots = [
+            await stub.Snapshot(pb.SnapshotRequest(pool=name), timeout=args.timeout)
+            for name in names
+        ]
+    if args.json:
+        json.dump([snapshot_dict(s) for s in snapshots], out, indent=2, allow_nan=False)
+        out.write("\n")
+    else:
+        out.write("\n\n".join(format_table(s) for s in snapshots) + "\n")
+    return 0
+
+
+async def _pools(args: argparse.Namespace, out: TextIO) -> int:
+    async with _channel(args) as channel:
+        listing = await pb_grpc.AllocatorStub(channel).ListPools(
+            pb.ListPoolsRequest(), timeout=args.timeout
+        )
+    if args.json:
+        rows = [
+            {
+                "pool": p.pool,
+                "capacity": p.capacity,
+                "owner": p.owner,
+                "owner_address": p.owner_address,
+                "epoch": p.epoch,
+                "degraded_mode": pb.DegradedMode.Name(p.degraded_mode).lower(),
+            }
+            for p in listing.pools
+        ]
+        json.dump(rows, out, indent=2)
+        out.write("\n")
+        return 0
+    out.write(f"{'pool':<16} {'capacity':>8}  {'owner':<16} {'epoch':>8}  degraded mode\n")
+    for p in listing.pools:
+        mode = pb.DegradedMode.Name(p.degraded_mode).lower()
+        owner = p.owner or "(none)"
+        out.write(f"{p.pool:<16} {p.capacity:>8}  {owner:<16} {p.epoch:>8}  {mode}\n")
+    return 0
+
+
+async def _set_capacity(args: argparse.Namespace, out: TextIO) -> int:
+    async with _channel(args) as channel:
+        r = await pb_grpc.AdminStub(channel).SetCapacity(
+            pb.SetCapacityRequest(pool=args.pool, capacity=args.capacity),
+            timeout=args.timeout,
+            metadata=_admin_metadata(args),
+        )
+    out.write(f"pool {args.pool}: capacity {r.previous} -> {args.capacity}\n")
+    return 0
+
+
+async def _switchover(args: argparse.Namespace, out: TextIO) -> int:
+    async with _channel(args) as channel:
+        await pb_grpc.AdminStub(channel).Switchover(
+            pb.SwitchoverRequest(pool=args.pool, node=args.node),
+            timeout=args.timeout,
+            metadata=_admin_metadata(args),
+        )
+    out.write(f"pool {args.pool}: switchover to {args.node} requested\n")
+    return 0
+
+
+def add_client_arguments(parser: argparse.ArgumentParser, *, admin: bool = False) -> None:
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="server HOST:PORT")
+    parser.add_argument("--timeout", type=float, default=5.0, help="deadline per call, s")
+    parser.add_argument("--tls-ca", help="CA certificate that signed the server's (TLS)")
+    parser.add_argument("--tls-cert", help="client certificate (mutual TLS)")
+    parser.add_argument("--tls-key", help="client private key (mutual TLS)")
+    if admin:
+        parser.add_argument(
+            "--token-file", help="admin bearer token file (default $FAIRSHARE_ADMIN_TOKEN_FILE)"
+        )
+
+
+COMMANDS: Final[dict[str, Callable[[argparse.Namespace, TextIO], Coroutine[Any, Any, int]]]] = {
+    "status": _status,
+    "pools": _pools,
+    "set-capacity": _set_capacity,
+    "switchover": _switchover,
+}
+"""Command name -> the coroutine that runs it, writing to the given stream."""

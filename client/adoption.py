@@ -1,0 +1,154 @@
+"""How a client keeps owners counting its grants: re-reports after a change of owner.
+
+The client keeps its live grants. When an answer or ListPools shows a pool at a new epoch,
+it re-reports them to the new owner with ``Adopt(complete=true)``; a grant no owner
+counted (decided degraded, or late: at an epoch older than one already re-reported to) is
+re-reported with ``Adopt(complete=false)`` as soon as an owner of its pool answers. While
+grants are live it reads ListPools every ``epoch_check_s`` to notice a new owner it would
+not otherwise see, and, with ``route_to_owner``, learns the owners' addresses from it.
+
+Non-guarantees: an Adopt that fails is retried when the next answer names the epoch; one
+the owner refuses for good (not a wrong epoch) is not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc import aio
+
+from client.calls import RETRYABLE, Calls
+from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH
+from fairshare.limits import MAX_ADOPT_GRANTS
+from wire.convert import adopt_request
+from wire.errors import to_allocator_error
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class Adoption(Calls):
+    """Re-reports the client's grants to new owners (see the module doc)."""
+
+    def _saw_epoch(self, pool: str, epoch: int) -> None:
+        """Re-reports live grants when a pool shows an epoch they were not decided in, and
+        grants no owner counted yet whenever an owner of the pool answers."""
+        if epoch in (NO_EPOCH, DEGRADED_EPOCH):  # no owner decided or is known
+            return
+        known = self._epochs.get(pool)
+        self._epochs[pool] = max(epoch, known or 0)
+        if known is not None and epoch <= known:
+            self._report(pool)
+            return
+        if self._route_to_owner:
+            self._learn_routes()
+        older = any(g.pool == pool and g.epoch != epoch for g in self._live.values())
+        if known is None and not older:
+            return
+        self._spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
+
+    def _report(self, pool: str) -> None:
+        """Reports the pool's grants no owner counted, at the newest epoch seen, unless an
+        Adopt of the pool is already in flight (it re-checks when it ends)."""
+        epoch = self._epochs.get(pool, NO_EPOCH)
+        if epoch and self._unreported.get(pool) and pool not in self._reporting:
+            self._spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
+
+    async def _adopt(self, pool: str, epoch: int, *, complete: bool) -> None:
+        """Re-reports grants to the pool's owner at ``epoch``.
+
+        Complete: every live grant of the pool not decided at ``epoch`` (the owner closes
+        this holder's other phantoms). Not complete: the grants no owner counted yet.
+        """
+        unreported = self._unreported.get(pool, set())
+        if complete:
+            grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
+        else:
+            grants = [self._live[i] for i in unreported if i in self._live]
+            unreported.intersection_update(self._live)
+            if not grants:
+                return
+        # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
+        # only the last one complete. Grants a replica signed go last, so the complete
+        # one carries the proof of holdership the owner asks for (docs/ha.md, "Adopt").
+        grants.sort(key=lambda g: g.epoch != DEGRADED_EPOCH)
+        self._reporting.add(pool)
+        try:
+            for start in range(0, len(grants) or 1, MAX_ADOPT_GRANTS):
+                chunk = grants[start : start + MAX_ADOPT_GRANTS]
+                last = start + MAX_ADOPT_GRANTS >= len(grants)
+                request = adopt_request(
+                    pool=pool,
+                    epoch=epoch,
+                    holder=self.holder,
+                    complete=complete and last,
+                    grants=chunk,
+                )
+                r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
+        except aio.AioRpcError as e:
+            if not complete and e.code() not in (*RETRYABLE, grpc.StatusCode.FAILED_PRECONDITION):
+                # Refused for good (not a wrong epoch): retrying the same grants cannot help.
+                unreported.difference_update(g.grant_id for g in grants)
+                logger.error(
+                    "pool %s: the owner refused to count %d grants: %s",
+                    pool,
+                    len(grants),
+                    to_allocator_error(e, address="", pool=pool),
+                )
+                return
+            logger.warning(
+                "pool %s: re-reporting %d grants failed: %s; will retry",
+                pool,
+                len(grants),
+                e.code(),
+            )
+            # Forget the epoch so that the next answer (or ListPools) naming it retries.
+            if complete and self._epochs.get(pool) == epoch:
+                self._epochs[pool] = epoch - 1
+            return
+        finally:
+            self._reporting.discard(pool)
+        unreported.difference_update(g.grant_id for g in grants)
+        logger.info(
+            "pool %s: re-reported %d live grants to %s at epoch %d (%d adopted%s)",
+            pool,
+            len(grants),
+            r.owner,
+            r.epoch,
+            r.adopted,
+            ", complete" if complete else "",
+        )
+        self._report(pool)  # grants that became unreported while this call was out
+
+    def _learn_routes(self) -> None:
+        """Reads ListPools in the background (once at a time) to learn owners' addresses."""
+        if self._closed or (self._learning is not None and not self._learning.done()):
+            return
+
+        async def learn() -> None:
+            try:
+                await self.refresh_pools()
+            except aio.AioRpcError as e:
+                logger.debug("learning the owners failed: %s", e.code())
+
+        self._learning = asyncio.get_running_loop().create_task(
+            learn(), name=f"fairshare-client-{self.holder}-routes"
+        )
+
+    def _ensure_watcher(self) -> None:
+        if self._closed or (self._watcher is not None and not self._watcher.done()):
+            return
+        self._watcher = asyncio.get_running_loop().create_task(
+            self._watch_epochs(), name=f"fairshare-client-{self.holder}-epochs"
+        )
+
+    async def _watch_epochs(self) -> None:
+        """Reads ListPools now and then while grants are live (see ``epoch_check_s``)."""
+        while self._live and not self._closed:
+            await asyncio.sleep(self._epoch_check_s)
+            try:
+                await self.refresh_pools()
+            except aio.AioRpcError as e:
+                logger.debug("epoch check failed: %s", e.code())

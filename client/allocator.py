@@ -1,0 +1,340 @@
+"""The gateway's client library: acquire a priority, release it when the request ends.
+
+Guarantees:
+- ``acquire`` answers within ``deadline_s``: it retries ``UNAVAILABLE`` (and deadline
+  expiries) on the configured targets in turn, with the same request id, so the owner
+  answers a retry with the same grant; when no replica answers in time it applies the
+  pool's degraded mode (learnt from ``ListPools``; ``fail_open`` when unknown): a grant at
+  the lowest borrowing priority marked ``degraded``, or ``NoOwner`` for ``fail_closed``.
+- An acquire it gave up on is not left counted at the owner: the request is queued and
+  sent again in the background with the same request id, and the grant it names is
+  released at no cost. The resends cannot storm a recovering cluster: at most
+  ``resend_batch`` per ``release_retry_s``, and one probe per pool while its owner does
+  not answer. A queued resend is dropped after ``ABANDON_KEEP_S`` or when the queue
+  (``max_abandoned``) is full.
+- A release is sent at least once while the buffer has room: it is buffered until a
+  replica acknowledges it, and a background task retries the buffer every
+  ``release_retry_s``, pool by pool and ``flush_concurrency`` at a time, so a pool without
+  an owner holds back only its own releases. The server makes releases idempotent.
+- The client keeps its live grants; when a response shows a pool at a new epoch it
+  re-reports them to the new owner with ``Adopt(complete=true)``.
+- A grant no owner counted is re-reported (``Adopt(complete=false)``) as soon as an owner
+  of its pool answers, whatever that owner's epoch: degraded grants (epoch 0, decided by
+  this client or by a replica without an owner) and late grants (decided at an epoch
+  older than one the client had already seen, so missing from its complete re-report).
+- Degraded grant ids are random (see ``degraded_grant_id``): a restarted gateway does not
+  reuse an id that an owner remembers as settled.
+
+Non-guarantees: releases buffered when the process dies are lost (the owner's phantoms
+then expire after the pool's ``max_request_s``), and so are the oldest buffered releases
+once ``max_pending_releases`` are buffered (counted in ``dropped_releases``; their grants
+stay counted at the owner until ``max_request_s`` and their consumption is not charged);
+a degraded grant counts nowhere until an owner answers the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Sequence
+
+import grpc
+from grpc import aio
+
+from client.adoption import Adoption
+from client.backlog import Backlog
+from client.calls import RETRYABLE
+from client.grants import ClientGrant, degraded_grant_id
+from fairshare import Class, degraded_priority
+from fairshare.errors import NoOwner
+from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, NodeId
+from fairshare.modes import DegradedMode
+from wire.convert import acquire_request, decision, degraded_mode
+from wire.errors import to_allocator_error
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class AllocatorClient(Adoption, Backlog):
+    """Asyncio client of the allocator for one gateway (``holder``)."""
+
+    def __init__(
+        self,
+        targets: Sequence[str],
+        *,
+        holder: str,
+        deadline_s: float = 0.75,
+        credentials: grpc.ChannelCredentials | None = None,
+        release_retry_s: float = 0.5,
+        release_batch: int = 1000,
+        epoch_check_s: float = 1.0,
+        route_to_owner: bool = True,
+        max_pending_releases: int = 10_000,
+        flush_concurrency: int = 8,
+        max_abandoned: int = 1_000,
+        resend_batch: int = 16,
+    ) -> None:
+        """Creates the client; channels connect lazily.
+
+        Args:
+            targets: replica addresses ``host:port``; any replica serves every pool.
+            holder: this gateway's id (stable across its restarts is best).
+            deadline_s: how long an acquire may look for a replica before the pool's
+                degraded mode applies. Keep a third of it above the replicas'
+                ``degraded_after_s`` (0.2 s by default), so that a replica's own degraded
+                answer, counted in its metrics, arrives before the client gives up.
+            credentials: TLS credentials; None uses plaintext.
+            release_retry_s: period of the background retry of unacknowledged releases
+                and of abandoned acquires.
+            release_batch: most releases retried per period.
+            route_to_owner: send each pool's calls straight to its owner (its address is
+                learnt from ListPools whenever a new epoch shows up), falling back to
+                ``targets`` when the owner does not answer; saves the forwarding hop.
+            epoch_check_s: while it holds grants, how often the client reads ListPools to
+                notice a new owner it would not otherwise see (a gateway that only
+                releases), so its re-report closes the new owner's phantoms early.
+            max_pending_releases: most unacknowledged releases kept; when full the oldest
+                is dropped (``dropped_releases``), with one warning per episode.
+            flush_concurrency: most calls the background retry has in flight at once
+                (across pools; each pool is probed with one call before the rest is sent).
+            max_abandoned: most acquires given up on kept for resending; when full the
+                oldest is dropped (``dropped_abandoned``), with one warning per episode.
+            resend_batch: most acquires given up on resent per ``release_retry_s``, so a
+                recovering cluster is not met by a burst of them.
+
+        Raises:
+            ValueError: no targets, a deadline <= 0, or a bound < 1.
+        """
+        if not targets:
+            raise ValueError("targets must name at least one replica")
+        if deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+        bounds = {
+            "max_pending_releases": max_pending_releases,
+            "flush_concurrency": flush_concurrency,
+            "max_abandoned": max_abandoned,
+            "resend_batch": resend_batch,
+            "release_batch": release_batch,
+        }
+        for name, bound in bounds.items():
+            if bound < 1:
+                raise ValueError(f"{name} must be >= 1, got {bound}")
+        self.holder = holder
+        self.deadline_s = deadline_s
+        self._targets = list(targets)
+        self._credentials = credentials
+        self._channels: dict[str, aio.Channel] = {}
+        # Gateways start on different replicas so that one hung replica stalls few.
+        self._preferred = random.randrange(len(self._targets))
+        self._modes: dict[str, DegradedMode] = {}
+        self._epochs: dict[str, int] = {}
+        self._live: dict[str, ClientGrant] = {}
+        self._pending: dict[str, float] = {}
+        self._release_retry_s = release_retry_s
+        self._release_batch = release_batch
+        self._max_pending = max_pending_releases
+        self._dropped_releases = 0
+        self._pending_full = False  # warned once; re-armed when the buffer drains to half
+        # Acquires given up on, by request id, with when: resent by the background task.
+        self._abandoned: dict[str, tuple[pb.AcquireRequest, float]] = {}
+        self._max_abandoned = max_abandoned
+        self._dropped_abandoned = 0
+        self._abandoned_full = False
+        self._resend_batch = resend_batch
+        self._slots = asyncio.Semaphore(flush_concurrency)
+        # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
+        self._unreported: dict[str, set[str]] = {}
+        self._reporting: set[str] = set()  # pools with an Adopt in flight
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._epoch_check_s = epoch_check_s
+        self._route_to_owner = route_to_owner
+        self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
+        self._learning: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> AllocatorClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self, *, flush_timeout_s: float = 2.0) -> None:
+        """Sends buffered releases and settles acquires given up on (for at most
+        ``flush_timeout_s``), then closes."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            async with asyncio.timeout(flush_timeout_s):
+                await self._flush(until_empty=True)
+        except TimeoutError:
+            logger.warning(
+                "closing with %d releases unacknowledged and %d acquires given up on unsettled",
+                len(self._pending),
+                len(self._abandoned),
+            )
+        tasks = [
+            *self._tasks,
+            *(t for t in (self._flusher, self._watcher, self._learning) if t is not None),
+        ]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    @property
+    def live_grants(self) -> list[ClientGrant]:
+        """The grants acquired and not yet released."""
+        return list(self._live.values())
+
+    @property
+    def pending_releases(self) -> int:
+        """Releases not yet acknowledged by a replica."""
+        return len(self._pending)
+
+    @property
+    def dropped_releases(self) -> int:
+        """Releases dropped unsent because the buffer was full (a counter)."""
+        return self._dropped_releases
+
+    @property
+    def abandoned_acquires(self) -> int:
+        """Acquires given up on whose grant is still to be found and released."""
+        return len(self._abandoned)
+
+    @property
+    def dropped_abandoned(self) -> int:
+        """Acquires given up on and dropped without their grant released: the queue was
+        full, the request too old, or the server refused it (a counter)."""
+        return self._dropped_abandoned
+
+    async def refresh_pools(self) -> list[pb.PoolInfo]:
+        """Reads ListPools: learns each pool's degraded mode and owner epoch."""
+        listing: pb.ListPoolsResponse = await self._call(
+            "ListPools", pb.ListPoolsRequest(), deadline_s=max(self.deadline_s, 1.0)
+        )
+        for info in listing.pools:
+            self._modes[info.pool] = degraded_mode(info.degraded_mode)
+            if info.owner_address:
+                self._owners[info.pool] = info.owner_address
+            else:
+                self._owners.pop(info.pool, None)
+            self._saw_epoch(info.pool, info.epoch)
+        return list(listing.pools)
+
+    async def acquire(
+        self,
+        pool: str,
+        team: str,
+        service_class: Class = Class.INTERACTIVE,
+        est_tokens: int = 0,
+    ) -> ClientGrant:
+        """Acquires a priority for one request.
+
+        Returns:
+            The grant; call ``release`` on it when the request ends.
+
+        Raises:
+            NoOwner: no replica answered in time and the pool fails closed.
+            UnknownPool, InvalidArgument: as the server answered.
+        """
+        grant = await self._acquire(pool, team, Class(service_class), est_tokens, try_only=False)
+        assert grant is not None  # only try_only is ever refused
+        return grant
+
+    async def try_acquire(
+        self,
+        pool: str,
+        team: str,
+        service_class: Class = Class.INTERACTIVE,
+        est_tokens: int = 0,
+    ) -> ClientGrant | None:
+        """Like ``acquire``, but None when the pool already has C requests in flight."""
+        return await self._acquire(pool, team, Class(service_class), est_tokens, try_only=True)
+
+    async def _acquire(
+        self, pool: str, team: str, service_class: Class, est_tokens: int, *, try_only: bool
+    ) -> ClientGrant | None:
+        request = acquire_request(
+            pool=pool,
+            team=team,
+            cls=service_class,
+            est_tokens=est_tokens,
+            holder=self.holder,
+            request_id=uuid.uuid4().hex,
+            try_only=try_only,
+        )
+        try:
+            r: pb.AcquireResponse = await self._call(
+                "Acquire", request, deadline_s=self.deadline_s, pool=pool
+            )
+        except aio.AioRpcError as e:
+            if e.code() not in RETRYABLE:
+                raise to_allocator_error(e, address="", pool=pool) from e
+            self._abandon(request)
+            return self._degraded(pool, team, service_class, est_tokens, e)
+        answer = decision(r)
+        known = self._epochs.get(pool, NO_EPOCH)
+        self._saw_epoch(pool, answer.epoch)
+        if not answer.granted:
+            return None
+        grant = ClientGrant(
+            pool=pool,
+            team=team,
+            service_class=service_class,
+            est_tokens=est_tokens,
+            grant_id=answer.grant_id,
+            priority=answer.priority,
+            borrowing=answer.borrowing,
+            saturated=answer.saturated,
+            degraded=answer.degraded,
+            owner=answer.owner,
+            epoch=answer.epoch,
+            _client=self,
+        )
+        self._live[grant.grant_id] = grant
+        if answer.epoch == DEGRADED_EPOCH or answer.epoch < known:
+            # Degraded at a replica, or late: decided at an epoch older than one this
+            # client already re-reported its grants to, so its complete inventory may
+            # have closed this grant's phantom. Either way no owner counts it now.
+            self._unreported.setdefault(pool, set()).add(grant.grant_id)
+            self._report(pool)
+        self._ensure_watcher()
+        return grant
+
+    def _degraded(
+        self, pool: str, team: str, service_class: Class, est_tokens: int, error: Exception
+    ) -> ClientGrant:
+        mode = self._modes.get(pool, DegradedMode.FAIL_OPEN)
+        if mode is DegradedMode.FAIL_CLOSED:
+            raise NoOwner(pool) from error
+        logger.warning("pool %s: no replica answered within %gs; fail_open", pool, self.deadline_s)
+        grant_id = degraded_grant_id(pool, team, self.holder)
+        grant = ClientGrant(
+            pool=pool,
+            team=team,
+            service_class=service_class,
+            est_tokens=est_tokens,
+            grant_id=grant_id,
+            priority=degraded_priority(service_class),
+            borrowing=True,
+            saturated=False,
+            degraded=True,
+            owner=NodeId(""),
+            epoch=DEGRADED_EPOCH,
+            _client=self,
+        )
+        self._live[grant_id] = grant
+        # Counted nowhere yet: reported to the first owner of the pool that answers.
+        self._unreported.setdefault(pool, set()).add(grant_id)
+        self._ensure_watcher()
+        return grant

@@ -1,0 +1,160 @@
+"""How the client reaches a replica, and the state every part of the client shares.
+
+``Calls`` is the base of ``AllocatorClient``: it declares the client's state (set by
+``AllocatorClient.__init__``) and makes its calls. A call goes to the pool's owner first
+when its address is known (``route_to_owner``), then to the targets in turn from the one
+that answered last, retrying ``UNAVAILABLE`` and deadline expiries (``RETRYABLE``) within
+the caller's deadline; one attempt takes at most a third of it, so a replica that hangs
+leaves time to try another.
+
+Non-guarantees: a call that is not retryable fails at once, with the server's status; the
+caller maps it (``wire.errors.to_allocator_error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import grpc
+from grpc import aio
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from fairshare.modes import DegradedMode
+from wire.channels import open_channel
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from client.grants import ClientGrant
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RETRYABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+"""The status codes a call is retried on (on the next target, within its deadline)."""
+
+
+def retryable(error: BaseException) -> bool:
+    """True for a failed call worth trying again elsewhere (see ``RETRYABLE``)."""
+    return isinstance(error, aio.AioRpcError) and error.code() in RETRYABLE
+
+
+class Calls:
+    """The client's shared state and its calls to replicas (see the module doc)."""
+
+    holder: str
+    deadline_s: float
+    _targets: list[str]
+    _credentials: grpc.ChannelCredentials | None
+    _channels: dict[str, aio.Channel]
+    _preferred: int
+    _modes: dict[str, DegradedMode]
+    _epochs: dict[str, int]
+    _live: dict[str, ClientGrant]
+    _pending: dict[str, float]
+    _release_retry_s: float
+    _release_batch: int
+    _max_pending: int
+    _dropped_releases: int
+    _pending_full: bool
+    _abandoned: dict[str, tuple[pb.AcquireRequest, float]]
+    _max_abandoned: int
+    _dropped_abandoned: int
+    _abandoned_full: bool
+    _resend_batch: int
+    _slots: asyncio.Semaphore
+    _unreported: dict[str, set[str]]
+    _reporting: set[str]
+    _tasks: set[asyncio.Task[None]]
+    _flusher: asyncio.Task[None] | None
+    _watcher: asyncio.Task[None] | None
+    _epoch_check_s: float
+    _route_to_owner: bool
+    _owners: dict[str, str]
+    _learning: asyncio.Task[None] | None
+    _closed: bool
+
+    def _stub(self, target: str) -> pb_grpc.AllocatorStub:
+        channel = self._channels.get(target)
+        if channel is None:
+            # Bounded reconnect backoff: a replica restarted on its address is reached
+            # again within about a second (see wire.channels).
+            channel = open_channel(target, self._credentials)
+            self._channels[target] = channel
+        return pb_grpc.AllocatorStub(channel)
+
+    async def _call(self, method: str, request: object, *, deadline_s: float, pool: str = "") -> T:
+        """Calls ``method`` on the pool's owner first (when known), then on the targets in
+        turn, until one answers or the deadline passes.
+
+        Raises:
+            aio.AioRpcError: the last error (retryable ones only after the deadline).
+        """
+        start = time.monotonic()
+        attempt = itertools.count()
+        owner = self._owners.get(pool) if self._route_to_owner and pool else None
+
+        def log_retry(state: RetryCallState) -> None:
+            logger.debug("%s: attempt %d failed; retrying", method, state.attempt_number)
+
+        async for trying in AsyncRetrying(
+            stop=stop_after_delay(deadline_s),
+            wait=wait_random_exponential(multiplier=deadline_s / 20, max=deadline_s / 4),
+            retry=retry_if_exception(retryable),
+            before_sleep=log_retry,
+            reraise=True,
+        ):
+            with trying:
+                number = next(attempt)
+                left = max(deadline_s - (time.monotonic() - start), 0.001)
+                # One attempt may take a third of the deadline: a replica that hangs
+                # (paused, partitioned) must leave time to try another one.
+                if len(self._targets) > 1 or owner is not None:
+                    left = min(left, max(deadline_s / 3, 0.05))
+                if owner is not None and number == 0:
+                    try:
+                        return await getattr(self._stub(owner), method)(request, timeout=left)  # type: ignore[no-any-return]
+                    except aio.AioRpcError as e:
+                        if e.code() in RETRYABLE and self._owners.get(pool) == owner:
+                            del self._owners[pool]  # learnt again at the next epoch
+                        raise
+                index = self._preferred + number - (1 if owner is not None else 0)
+                target = self._targets[index % len(self._targets)]
+                response: T = await getattr(self._stub(target), method)(request, timeout=left)
+                self._preferred = index % len(self._targets)
+                return response
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
+        if self._closed:
+            coro.close()
+            return
+        task = asyncio.get_running_loop().create_task(coro, name=f"fairshare-client {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- what the other parts of the client provide --------------------------------------------
+
+    async def refresh_pools(self) -> list[pb.PoolInfo]:
+        """Reads ListPools (``AllocatorClient.refresh_pools``)."""
+        raise NotImplementedError
+
+    def _saw_epoch(self, pool: str, epoch: int) -> None:
+        """Notes an owner's epoch seen in an answer (``client.adoption``)."""
+        raise NotImplementedError
+
+    def _ensure_flusher(self) -> None:
+        """Starts the background retry of the backlog (``client.backlog``)."""
+        raise NotImplementedError

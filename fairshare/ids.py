@@ -1,0 +1,110 @@
+"""The names the allocator's parts share: pools, replicas, epochs and grant ids.
+
+A grant id is the only thing a holder keeps of a grant, so it encodes what any replica
+needs to route and settle its release (``GrantRef``). Encoding and decoding live here, in
+the core, because the client library makes ids of its own (degraded grants) and every
+replica reads them; computing and checking the MAC is the replication layer's
+(``ha.grantkeys``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Final, NewType
+
+from fairshare.errors import InvalidArgument
+
+PoolName = NewType("PoolName", str)
+NodeId = NewType("NodeId", str)
+Epoch = NewType("Epoch", int)
+"""A pool's ownership generation: the create_revision of its owner key (fencing token).
+
+No owner holds epoch 0; it stands for what the two names below say, so code says which it
+means."""
+
+DEGRADED_EPOCH: Final = Epoch(0)
+"""The epoch of a grant no owner decided: ``fail_open`` by a replica without an owner, or
+by the client library when no replica answered."""
+NO_EPOCH: Final = Epoch(0)
+"""The epoch where no owner is known (ListPools, a ``WrongEpoch`` naming nobody)."""
+
+
+_UNSIGNED_TAG = "g1"
+_SIGNED_TAG = "g2"
+MAC_BYTES = 16
+"""Length of a grant id's MAC: HMAC-SHA256 truncated to 128 bits (22 base64url chars)."""
+
+
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def _unb64(text: str) -> str:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRef:
+    """What a grant id encodes: enough for any replica to route and settle a release.
+
+    Two forms (see docs/ha.md, "Grant ids"):
+
+    - signed, issued by a replica: ``g2.<epoch>.<seq>.<pool>.<team>.<holder>.<mac>``;
+    - unsigned, made by a client while no replica answered: ``g1.<epoch>.<seq>.<pool>.
+      <team>.<holder>``, honoured only with epoch 0 (a degraded grant).
+
+    Epoch and seq are lower-case hex, pool, team and holder base64url of their UTF-8
+    without padding, and ``mac`` base64url of ``MAC_BYTES`` bytes (``ha.grantkeys``
+    computes and checks it over ``signed_text``). Decoding checks the form only; whether
+    the MAC is genuine is for ``ha.grantkeys.GrantKeys.verify``.
+    """
+
+    pool: PoolName
+    epoch: Epoch
+    seq: int
+    team: str = ""
+    holder: str = ""
+    mac: str = ""
+    """The MAC of a signed id; empty for an unsigned one."""
+
+    def signed_text(self) -> str:
+        """What the MAC covers: the id's fields in their canonical encoding."""
+        return ".".join(
+            (
+                _SIGNED_TAG,
+                f"{self.epoch:x}",
+                f"{self.seq:x}",
+                _b64(self.pool),
+                _b64(self.team),
+                _b64(self.holder),
+            )
+        )
+
+    def encode(self) -> str:
+        """The opaque grant id string (signed when ``mac`` is set)."""
+        if self.mac:
+            return f"{self.signed_text()}.{self.mac}"
+        return _UNSIGNED_TAG + self.signed_text()[len(_SIGNED_TAG) :]
+
+    @classmethod
+    def decode(cls, grant_id: str) -> GrantRef:
+        """Parses a grant id (its form; not whether its MAC is genuine).
+
+        Raises:
+            InvalidArgument: not a grant id of this service.
+        """
+        parts = grant_id.split(".")
+        signed = len(parts) == 7 and parts[0] == _SIGNED_TAG
+        if not signed and (len(parts) != 6 or parts[0] != _UNSIGNED_TAG):
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
+        try:
+            epoch, seq = int(parts[1], 16), int(parts[2], 16)
+            pool, team, holder = (_unb64(p) for p in parts[3:6])
+        except (ValueError, binascii.Error, UnicodeDecodeError):
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}") from None
+        mac = parts[6] if signed else ""
+        if not pool or epoch < 0 or seq < 0 or (signed and not mac):
+            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
+        return cls(PoolName(pool), Epoch(epoch), seq, team, holder, mac)

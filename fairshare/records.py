@@ -1,0 +1,81 @@
+"""What the allocator answers and what a holder re-reports, as plain records.
+
+Every layer passes these: the replicas decide them, ``wire`` carries them across the
+network and the client library reads them. They hold values only; no behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fairshare.ids import Epoch, NodeId, PoolName
+from fairshare.pool import TeamStat
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to one Acquire.
+
+    Attributes:
+        granted: False only when ``try_only`` found the pool full (other fields empty).
+        grant_id: opaque id to release with; empty when not granted.
+        priority: the vLLM priority to send the request with.
+        borrowing: above the team's reservation.
+        saturated: the pool already had C or more in flight.
+        degraded: decided without an owner (fail_open); to be adopted by the next owner.
+        owner: node id of the owner that decided (empty when degraded).
+        epoch: the owner's epoch (0 when degraded).
+    """
+
+    granted: bool
+    grant_id: str
+    priority: int
+    borrowing: bool
+    saturated: bool
+    degraded: bool
+    owner: NodeId
+    epoch: Epoch
+
+
+@dataclass(frozen=True, slots=True)
+class HeldGrant:
+    """A live grant a holder re-reports to a new owner with ``Adopt``."""
+
+    grant_id: str
+    team: str
+    priority: int
+    borrowing: bool
+    est_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptResult:
+    """What an Adopt changed: grants counted again and phantoms dropped."""
+
+    adopted: int
+    phantoms_dropped: int
+    owner: NodeId
+    epoch: Epoch
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """A pool's team table with its owner and epoch (the Snapshot RPC)."""
+
+    pool: PoolName
+    capacity: int
+    owner: NodeId
+    epoch: Epoch
+    teams: Sequence[TeamStat]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInfo:
+    """One line of ListPools."""
+
+    pool: PoolName
+    capacity: int
+    owner: NodeId
+    owner_address: str
+    epoch: Epoch

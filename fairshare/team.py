@@ -1,0 +1,71 @@
+"""What a pool knows of one team: the frozen view callers read and the mutable state
+behind it.
+
+``TeamStat`` is public (``Pool.snapshot`` returns it); ``TeamState`` belongs to ``Pool``
+and the grants it issues, and is guarded by the pool's lock: nothing else may touch it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TeamStat:
+    """The state of one team in a pool at one moment.
+
+    Attributes:
+        team: team name.
+        share: share as configured (not normalised); 0 for teams without one.
+        reserved: within-share slots (see ``apportion``).
+        in_flight: requests in flight with a grant (phantoms excluded).
+        borrowing: of those, the ones admitted as borrowers.
+        in_flight_tokens: the estimated tokens of the grants in flight.
+        usage: consumption decayed to now (cost units).
+        level_fairshare: LF = S / U (0 without share, inf with share and no usage).
+        rank: dense rank of LF among all known teams, highest LF first (uncapped).
+        phantoms: live phantoms (requests counted in flight without a grant).
+    """
+
+    team: str
+    share: float
+    reserved: int
+    in_flight: int
+    borrowing: int
+    in_flight_tokens: int
+    usage: float
+    level_fairshare: float
+    rank: int
+    phantoms: int
+
+
+class TeamState:
+    """Mutable state of one team inside a pool; guarded by the owning pool's lock.
+
+    Only ``Pool`` and the grants it issues touch it; callers see ``TeamStat``."""
+
+    __slots__ = (
+        "borrowing",
+        "idle",
+        "in_flight",
+        "key",
+        "name",
+        "phantoms",
+        "reserved",
+        "share",
+        "stored",
+        "tokens",
+    )
+
+    def __init__(self, name: str, share: float, reserved: int) -> None:
+        self.name = name
+        self.share = share
+        self.reserved = reserved
+        self.in_flight = 0
+        self.borrowing = 0
+        self.tokens = 0
+        self.stored = 0.0  # usage scaled to the pool's reference time
+        self.key = 0.0  # orders teams like LF does; see fairshare.ranking.level_key
+        self.phantoms: list[float] = []  # expiry times, ascending
+        # Its entry (stored, name) in the pool's prunable list, while it has one.
+        self.idle: tuple[float, str] | None = None

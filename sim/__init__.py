@@ -1,0 +1,19 @@
+"""A vLLM scheduling simulator that shows what each team gets from fairshare priorities.
+
+- ``engine``: a discrete-event model of vLLM's priority scheduler (min-heap on
+  ``(priority, arrival)``, C slots, KV-block budget with recompute preemption).
+- ``model``: a request, the hardware (timing and KV cache) and the scheduling policy.
+- ``allocators``: what the scheduler asks before and after a request (FCFS, or a
+  ``fairshare.Pool`` on simulated time).
+- ``results``: what a run recorded, and the waits and service read from it.
+- ``workloads``: arrival processes (Poisson, bursts, floods) and request shapes.
+- ``scenarios``: the scenarios of ``docs/simulation.md``, with figures and targets (one
+  module per family, and the registry of their command-line names).
+- ``report``: PNG plots (matplotlib, imported lazily) and the markdown report.
+- ``remote``: ``GrpcAllocator``, priorities from a running allocator over gRPC
+  (``--allocator``), instead of the in-process pool.
+- ``cli``: ``fairshare simulate`` / ``python -m sim``.
+
+Importing this package needs only ``fairshare``; plotting needs matplotlib; ``remote``
+needs the gRPC client (``client``).
+"""

@@ -1,0 +1,89 @@
+"""What a simulated run is made of: the scheduling policy, the hardware model, a request.
+
+``Request`` is mutable: the allocator sets its standing when it is sent, the scheduler
+(``engine.Simulator``) records its starts, preemptions and end on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from fairshare import Class, Grant
+
+
+class Policy(Enum):
+    """How the simulated vLLM orders its queue."""
+
+    PRIORITY = "priority"
+    """Priorities come from the allocator (fairshare)."""
+    FCFS = "fcfs"
+    """Every request has the same priority: first come, first served."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """Timing and KV-cache model of the pool.
+
+    Attributes:
+        prefill_s_per_token: prefill time per prompt token, in seconds.
+        decode_s_per_token: time per generated token (one decode step), in seconds.
+        block_tokens: tokens per KV-cache block (vLLM's block size).
+        kv_blocks_per_slot: KV blocks per unit of C; None means an unlimited cache (no
+            preemption). The pool's budget is ``kv_blocks_per_slot * C`` blocks.
+        watermark: fraction of the budget kept free when admitting (vLLM's watermark).
+        step_s: one scheduler step, in seconds: admission retried after a preemption.
+    """
+
+    prefill_s_per_token: float = 0.0001
+    decode_s_per_token: float = 0.02
+    block_tokens: int = 16
+    kv_blocks_per_slot: int | None = None
+    watermark: float = 0.01
+    step_s: float = 0.02
+
+    def service_s(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Seconds a request runs when nothing preempts it."""
+        return prompt_tokens * self.prefill_s_per_token + output_tokens * self.decode_s_per_token
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request and what happened to it.
+
+    The allocator sets ``priority``, ``borrowing``, ``degraded``, ``grant`` and ``epoch``
+    when the request is sent; the scheduler fills in the rest.
+    """
+
+    rid: int
+    team: str
+    cls: Class
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    service_s: float
+    queued_s: float = 0.0  # vLLM's arrival time: the heap's tie-breaker
+    priority: int = 0
+    borrowing: bool = False
+    degraded: bool = False
+    grant: Grant | None = None
+    epoch: int = 0
+    first_start_s: float | None = None
+    start_s: float | None = None
+    finish_s: float | None = None
+    preemptions: int = 0
+    blocks: int = 0
+    next_token: int = 0  # output token at which the next KV block is needed
+    run: int = 0  # bumped on every start and preemption: stale events are ignored
+    on_done: Callable[[Request], None] | None = None
+
+    @property
+    def est_tokens(self) -> int:
+        """The tokens a gateway would estimate for the request."""
+        return self.prompt_tokens + self.output_tokens
+
+    def wait_s(self, horizon_s: float) -> float:
+        """Seconds from arrival to first start (to the horizon if it never started)."""
+        start = self.first_start_s if self.first_start_s is not None else horizon_s
+        return start - self.arrival_s

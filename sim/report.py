@@ -1,0 +1,336 @@
+"""Plots (PNG, matplotlib with the Agg backend) and the markdown report of scenarios.
+
+matplotlib is imported inside the functions that draw, so ``sim`` imports without
+it; it comes with the ``sim`` (and ``dev``) extra. Without it, ``require_matplotlib`` and
+every plotting function raise ``PlottingUnavailable``, whose message names the extra.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from sim.scenarios.result import ScenarioResult
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+DPI = 90
+_STYLES = ["-", "--", ":"]
+
+
+class PlottingUnavailable(Exception):
+    """matplotlib is not installed, so no plot can be drawn; the message says what to install."""
+
+
+def _pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise PlottingUnavailable(
+            "the plots need matplotlib, which is not installed: install the sim extra "
+            "(pip install 'fairshare[sim]')"
+        ) from e
+    return plt
+
+
+def require_matplotlib() -> None:
+    """Raises ``PlottingUnavailable`` now if the plots cannot be drawn (before a long run)."""
+    _pyplot()
+
+
+def _figure(width: float = 8.0, height: float = 4.2) -> tuple[Figure, Axes]:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(width, height), dpi=DPI)
+    return fig, ax
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    plt = _pyplot()
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _colors(teams: Sequence[str]) -> dict[str, str]:
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]
+    return {team: palette[i % len(palette)] for i, team in enumerate(teams)}
+
+
+def _decorate_time(ax: Axes, result: ScenarioResult) -> None:
+    if result.window is not None:
+        ax.axvspan(*result.window, color="0.88", zorder=0, label="failover window")
+    for i, (t, label) in enumerate(result.marks):
+        ax.axvline(t, color="0.4", linewidth=0.8, linestyle="-.", zorder=1)
+        ax.annotate(
+            label,
+            (t, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12 - 11 * i),
+            textcoords="offset points",
+            fontsize=8,
+            color="0.3",
+        )
+
+
+def plot_served(result: ScenarioResult, path: Path) -> Path:
+    """Each team's part of the slot-seconds served over time, for every run.
+
+    Bold: cumulative since the start; faint: per time bin (first run only), which shows
+    how borrowed capacity swings between teams as their fairshare order changes.
+    """
+    teams = list(result.shares)
+    colors = _colors(teams)
+    fig, ax = _figure()
+    first_label, first = next(iter(result.runs.items()))
+    bin_s = max(10.0, first.horizon_s / 60)
+    for i, (label, run) in enumerate(result.runs.items()):
+        mids, series = run.served_series(teams, bin_s)
+        totals = [math.fsum(series[t][k] for t in teams) for k in range(len(mids))]
+        grand = list(itertools.accumulate(totals))
+        for team in teams:
+            if i == 0:
+                per_bin = [
+                    100 * v / tot if tot > 0 else math.nan
+                    for v, tot in zip(series[team], totals, strict=True)
+                ]
+                ax.plot(mids, per_bin, "-", color=colors[team], linewidth=0.7, alpha=0.35)
+            cumulative = [
+                100 * v / tot if tot > 0 else math.nan
+                for v, tot in zip(itertools.accumulate(series[team]), grand, strict=True)
+            ]
+            ax.plot(
+                mids,
+                cumulative,
+                _STYLES[i % len(_STYLES)],
+                color=colors[team],
+                linewidth=2.0 if i == 0 else 1.4,
+                label=f"{team} ({label})",
+            )
+    for team in teams:
+        ax.axhline(
+            100 * result.shares[team],
+            color=colors[team],
+            linewidth=0.8,
+            alpha=0.7,
+            linestyle=(0, (1, 3)),
+        )
+    _decorate_time(ax, result)
+    if result.name == "elastic":
+        cap = ax.twinx()
+        times = [t for t, _ in first.capacity_log] + [first.horizon_s]
+        values = [c for _, c in first.capacity_log]
+        cap.step(times, [*values, values[-1]], where="post", color="black", linewidth=1.2)
+        cap.set_ylabel("capacity C (requests, black step)")
+        cap.set_ylim(0, max(values) * 1.6)
+    ax.set_title(f"{result.title}: part of the service each team received")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("part of the slot-seconds served (%)")
+    ax.set_ylim(0, 119)
+    ax.legend(
+        fontsize=7,
+        ncol=len(result.runs),
+        loc="upper right",
+        title=(
+            f"bold: cumulative since 0 s; faint: {first_label} per {bin_s:.0f} s; dotted: share"
+        ),
+        title_fontsize=7,
+    )
+    return _save(fig, path)
+
+
+def plot_waits(result: ScenarioResult, path: Path) -> Path:
+    """Distribution (CDF) of queueing delays per team, fairshare against the comparison."""
+    teams = list(result.shares)
+    colors = _colors(teams)
+    fig, ax = _figure()
+    floor = 0.01
+    for style, (label, run) in zip(_STYLES, result.runs.items(), strict=False):
+        for team in teams:
+            waits = sorted(max(floor, w) for w in run.waits(team))
+            if not waits:
+                continue
+            ys = [100 * (i + 1) / len(waits) for i in range(len(waits))]
+            ax.step(waits, ys, style, where="post", color=colors[team], label=f"{team} ({label})")
+    ax.set_xscale("log")
+    ax.set_title(f"{result.title}: queueing delay (arrival to first start)")
+    ax.set_xlabel(f"queueing delay (s, log scale; below {floor} s drawn at {floor} s)")
+    ax.set_ylabel("requests that waited at most this long (%)")
+    ax.set_ylim(0, 101)
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    return _save(fig, path)
+
+
+def plot_wait_series(result: ScenarioResult, path: Path) -> Path:
+    """Queueing delay of each request against its arrival time, around the failover."""
+    teams = [t for t in result.shares if t != next(iter(result.shares))]
+    assert result.window is not None
+    lo, hi = result.window[0] - 120.0, result.window[1] + 120.0
+    fig, axes = _subplots(len(teams))
+    markers = ["o", "x", "."]
+    floor = 0.01
+    for ax, team in zip(axes, teams, strict=True):
+        for marker, (label, run) in zip(markers, result.runs.items(), strict=False):
+            points = [
+                (r.arrival_s, max(floor, r.wait_s(run.horizon_s)))
+                for r in run.requests
+                if r.team == team and lo <= r.arrival_s < hi
+            ]
+            ax.scatter(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                s=10,
+                marker=marker,
+                alpha=0.7,
+                label=label,
+            )
+        _decorate_time(ax, result)
+        ax.set_yscale("log")
+        ax.set_title(f"team {team}: queueing delay of each request around the failover")
+        ax.set_ylabel("queueing delay (s, log)")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel(
+        f"arrival time (s); delays below {floor} s drawn at {floor} s, "
+        "never started: wait until the end of the run"
+    )
+    return _save(fig, path)
+
+
+def _subplots(n: int) -> tuple[Figure, list[Axes]]:
+    plt = _pyplot()
+    fig, axes = plt.subplots(n, 1, figsize=(8.0, 3.2 * n), dpi=DPI, sharex=True, squeeze=False)
+    return fig, [row[0] for row in axes]
+
+
+def plot_preemptions(result: ScenarioResult, path: Path) -> Path:
+    """Preemptions per team, one bar per run."""
+    teams = list(result.shares)
+    fig, ax = _figure(7.0, 3.8)
+    runs = list(result.runs.items())
+    width = 0.8 / len(runs)
+    for i, (label, run) in enumerate(runs):
+        xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(teams))]
+        counts = [run.preemptions.get(team, 0) for team in teams]
+        bars = ax.bar(xs, counts, width, label=label)
+        ax.bar_label(bars, fontsize=7)
+    ax.set_xticks(range(len(teams)), teams)
+    ax.set_title(f"{result.title}: KV-cache preemptions per team")
+    ax.set_xlabel("team")
+    ax.set_ylabel("preemptions (requests recomputed)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def write_plots(result: ScenarioResult, out_dir: Path) -> list[Path]:
+    """Draws every plot of ``result`` into ``out_dir``; returns the files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [plot_served(result, out_dir / f"{result.name}-served.png")]
+    if result.wait_series:
+        paths.append(plot_wait_series(result, out_dir / f"{result.name}-waits.png"))
+    else:
+        paths.append(plot_waits(result, out_dir / f"{result.name}-waits.png"))
+    paths.append(plot_preemptions(result, out_dir / f"{result.name}-preemptions.png"))
+    return paths
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, int) or (math.isfinite(value) and value == int(value)):
+        return f"{int(value)}"
+    if math.isnan(value):
+        return "—"
+    if abs(value) < 10:
+        return f"{value:.3f}"
+    return f"{value:.1f}"
+
+
+def section(result: ScenarioResult, images: Sequence[Path], base: Path) -> str:
+    """The markdown section of one scenario; image links are relative to ``base``."""
+    lines = [f"## {result.title} (`{result.name}`)", "", result.description, ""]
+    lines += ["| target | value | bound | met |", "| --- | ---: | ---: | :---: |"]
+    for t in result.targets:
+        op = "≤" if t.at_most else "≥"
+        unit = f" {t.unit}" if t.unit else ""
+        mark = "yes" if t.met else "**no**"
+        lines.append(f"| {t.text} | {_fmt(t.value)}{unit} | {op} {_fmt(t.bound)}{unit} | {mark} |")
+    lines += ["", "<details><summary>All figures</summary>", ""]
+    lines += ["| figure | value |", "| --- | ---: |"]
+    lines += [f"| `{k}` | {_fmt(v)} |" for k, v in result.figures.items()]
+    lines += ["", "</details>", ""]
+    if result.notes:
+        lines += [result.notes, ""]
+    for image in images:
+        rel = os.path.relpath(image, base)
+        lines += [f"![{image.stem}]({Path(rel).as_posix()})", ""]
+    return "\n".join(lines)
+
+
+LIVE_ALLOCATOR = """\
+## Priorities from a running allocator
+
+`fairshare simulate --scenario NAME --out DIR --allocator HOST:PORT [--pool POOL] \
+[--token-file FILE]` runs the fairshare side of one scenario against a running allocator \
+over gRPC instead of an in-process `fairshare.Pool`, through the gateway client library \
+(`SyncAllocatorClient`, holder `simulator`): every request sent is an `Acquire`, every \
+request that ends a `Release` with its cost (`sim/remote.py`). The FCFS comparison \
+stays in-process.
+
+- The allocator's pools come from its own configuration: the pool named like the scenario \
+(or `--pool`) must exist there with the scenario's capacity and the same teams and shares. \
+The simulator checks this with `ListPools` and `Snapshot` before the run and otherwise \
+refuses, naming what is missing and the YAML to configure.
+- `elastic` changes the capacity mid-run with the admin `SetCapacity`: it needs \
+`--token-file` (refused without it); the capacity found at the start is restored at the \
+end.
+- `failover` crashes and rebuilds the owner on simulated time: in-process only, refused \
+under `--allocator` (so is `--scenario all`).
+- Requests still in flight at the end of the run are released at no cost, so the run \
+leaves nothing in flight on the allocator.
+- The figures are **not comparable** with the in-process ones: the allocator decays usage \
+on wall time with the half-life of its configuration while the simulation runs on \
+simulated time (a 30-minute scenario takes seconds, so usage barely decays); usage left by \
+earlier runs counts; every decision includes a network round trip. The report of such a \
+run says so under each scenario and adds `live_*` figures (grants, degraded grants, grants \
+released at the end, usage found at the start).
+"""
+"""The report's last section: how to take priorities from a running allocator."""
+
+
+def document(sections: Sequence[str], command: str) -> str:
+    """The whole report."""
+    head = [
+        "# Simulation: what each team gets from vLLM's priority scheduler",
+        "",
+        f"Generated by `{command}` (`make simulate`); do not edit by hand.",
+        "",
+        "A discrete-event model of vLLM's priority scheduler (`sim/engine.py`): "
+        "waiting requests in a min-heap on (priority, arrival time), at most C running, a "
+        "KV-cache budget (72 blocks of 16 tokens per unit of C) where a running request that "
+        "needs a block preempts the running request with the largest (priority, arrival "
+        "time), which loses its progress and is recomputed later; waiting requests never "
+        "preempt running ones. Priorities come from the real `fairshare.Pool`, whose clock "
+        "is the simulated time; costs (GPU-seconds: the run's service time) are charged at "
+        "release. FCFS is the same scheduler with every priority equal. A request's service "
+        "time is its prefill (0.1 ms per prompt token) plus 20 ms per output token; prompt "
+        "and output lengths are log-normal (interactive: 600 + 200 tokens on average, "
+        "batch: 1200 + 300). A *flood* is a client with a fixed number of requests "
+        "outstanding: it sends the next one when one ends. Runs are deterministic for a "
+        "seed.",
+        "",
+        "Queueing delay is the time from a request's arrival to its first start (requests "
+        "never started count with their wait until the end of the run). *Within share* "
+        "means the pool granted the request inside its team's reservation (priority 0 or "
+        "1); in FCFS runs the pool still records that standing, but vLLM ignores it.",
+        "",
+    ]
+    return "\n".join(head) + "\n" + "\n".join(sections) + "\n" + LIVE_ALLOCATOR

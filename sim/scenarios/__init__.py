@@ -1,0 +1,50 @@
+"""The scenarios of the simulation report, each with its figures and targets.
+
+Every scenario runs the same workload (same seed, same open-loop arrivals and request
+sizes) under fairshare priorities and under a comparison (FCFS, or the same run without
+a failover), and returns a ``ScenarioResult``: the runs, a flat ``figures`` dict that
+tests and the report read, and the targets checked against those figures.
+
+``scale`` shortens the horizon (tests use 0.2-0.3); the report uses 1.0.
+
+``fairshare`` builds the allocator of the fairshare run (``allocators.AllocatorFactory``);
+None, the default, is the in-process ``fairshare.Pool`` on simulated time. ``runs.run`` is
+the one place that applies it; the comparison runs (FCFS) always stay in-process. The
+failover scenario builds its own owners and refuses any other fairshare side.
+
+- ``result``: ``ScenarioResult``, ``Target`` and ``percentile``.
+- ``runs``: the shared hardware model, a scenario's set-up and one run of it.
+- ``shared_pool``: two institutions, three teams (steady sharing against FCFS).
+- ``resize``: an elastic pool (shrink, then grow).
+- ``owner_crash``: an owner failover mid-run (in-process only).
+
+This module is the registry: ``SCENARIOS`` maps each command-line name to its function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sim.scenarios.owner_crash import failover
+from sim.scenarios.resize import elastic
+from sim.scenarios.result import ScenarioResult, Target
+from sim.scenarios.shared_pool import three_teams, two_institutions
+
+__all__ = [
+    "SCENARIOS",
+    "ScenarioResult",
+    "Target",
+    "elastic",
+    "failover",
+    "three_teams",
+    "two_institutions",
+]
+
+SCENARIOS: dict[str, Callable[..., ScenarioResult]] = {
+    "two-institutions": two_institutions,
+    "three-teams": three_teams,
+    "elastic": elastic,
+    "failover": failover,
+}
+"""Command-line name -> scenario function (keyword arguments ``seed``, ``scale`` and
+``fairshare``)."""

@@ -1,0 +1,92 @@
+"""How a scenario runs its workload: the shared hardware, the set-up, one run.
+
+``run`` is the one place that applies a scenario's ``fairshare`` allocator factory
+(``allocators.AllocatorFactory``): None, the default, is the in-process
+``fairshare.Pool`` on simulated time; the comparison runs (FCFS) always stay in-process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from sim.allocators import Allocator, AllocatorFactory, FcfsAllocator, PoolSpec, in_process
+from sim.engine import Simulator
+from sim.model import Hardware, Policy
+from sim.results import SimResult
+from sim.workloads import Source, start_all
+
+HARDWARE = Hardware(kv_blocks_per_slot=72)
+"""One slot of C has 72 KV blocks of 16 tokens: enough for the average request, not for
+every request at full length, so long answers under load cause preemptions."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the runs of a scenario share."""
+
+    capacity: int
+    shares: Mapping[str, float]
+    sources: list[Source]
+    horizon_s: float
+    seed: int
+    half_life_s: float
+    pool: str
+    """The pool's name: a running allocator must have a pool of that name."""
+    controls: Callable[[Simulator], None] | None = None
+    """Schedules capacity changes and the like on a new simulator."""
+    resizes: bool = False
+    """``controls`` changes the pool's capacity (``set_capacity``)."""
+
+    def spec(self) -> PoolSpec:
+        """The pool the fairshare run decides on."""
+        return PoolSpec(
+            name=self.pool,
+            capacity=self.capacity,
+            shares=self.shares,
+            half_life_s=self.half_life_s,
+            resizes=self.resizes,
+        )
+
+
+def run(
+    setup: Setup,
+    *,
+    policy: Policy = Policy.PRIORITY,
+    allocator: Callable[[Simulator], Allocator] | None = None,
+    fairshare: AllocatorFactory | None = None,
+) -> SimResult:
+    """One run; ``allocator`` builds a custom allocator, else ``fairshare`` (the pool's).
+
+    ``fairshare`` applies to PRIORITY runs only: the FCFS run keeps an in-process pool,
+    only to know which requests would have been within share; vLLM ignores it.
+    """
+    sim = Simulator(
+        capacity=setup.capacity,
+        hardware=HARDWARE,
+        allocator=FcfsAllocator(),
+        policy=policy,
+        horizon_s=setup.horizon_s,
+    )
+    if allocator is not None:
+        sim.allocator = allocator(sim)
+    else:
+        make = fairshare if fairshare is not None and policy is Policy.PRIORITY else in_process
+        sim.allocator = make(setup.spec(), sim)
+    if setup.controls is not None:
+        setup.controls(sim)
+    start_all(sim, setup.sources, setup.seed)
+    return sim.run()
+
+
+def served_fractions(
+    result: SimResult, teams: list[str], start_s: float, end_s: float = math.inf
+) -> dict[str, float]:
+    """Each team's part of the useful slot-seconds served in ``[start_s, end_s)``.
+
+    The parts sum to 1, or are all 0 when nothing was served in the interval.
+    """
+    served = {team: result.served_s(team, start_s, end_s) for team in teams}
+    total = math.fsum(served.values())
+    return {team: (v / total if total > 0 else 0.0) for team, v in served.items()}

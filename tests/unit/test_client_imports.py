@@ -1,0 +1,51 @@
+"""The client library a gateway installs loads nothing of the server or the replication layer.
+
+A fresh interpreter imports ``client`` under ``-X importtime``, which lists every module it
+loads; none may belong to ``server``, ``ha``, ``prometheus_client`` or ``yaml``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+FORBIDDEN = ("server", "ha", "prometheus_client", "yaml")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def loaded_modules(code: str) -> list[str]:
+    """Every module a fresh interpreter loads to run ``code`` (from ``-X importtime``)."""
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=50,
+    )
+    # Lines read "import time: <self us> | <cumulative us> | <indented module name>".
+    return [
+        line.rsplit("|", 1)[1].strip()
+        for line in run.stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    ]
+
+
+def forbidden(modules: list[str]) -> list[str]:
+    return [m for m in modules if m.split(".", 1)[0] in FORBIDDEN]
+
+
+@pytest.mark.parametrize(
+    "code", ["import client", "from client import AllocatorClient, SyncAllocatorClient"]
+)
+def test_the_client_loads_no_server_module(code: str) -> None:
+    modules = loaded_modules(code)
+    assert "client.allocator" in modules, "the import did not run"
+    assert forbidden(modules) == []
+
+
+def test_the_check_sees_a_server_import() -> None:
+    """The check itself: importing the server's re-export does load the server."""
+    assert "server" in forbidden(loaded_modules("import server.client"))

@@ -1,0 +1,101 @@
+"""The import contracts in pyproject.toml catch what they forbid.
+
+Each case copies the packages the contracts cover and pyproject.toml into a temporary
+directory, adds one forbidden import to one module of the copy and runs the virtualenv's
+``lint-imports`` there: it must fail and name the contract that the import breaks. The
+unmodified copy must keep every contract, so a failure is the injected import's doing.
+
+To cover a new contract, add a row to ``CASES``: the module to change, the import to add
+and the contract's name as pyproject.toml spells it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+CORE = "The decision core does no I/O"
+HA = "ha does not speak gRPC or read config files"
+HARNESS = "No shipped package imports the test harness"
+
+CASES = [
+    pytest.param("fairshare/pool.py", "import os", CORE, id="core-os"),
+    pytest.param("fairshare/apportion.py", "import yaml", CORE, id="core-yaml"),
+    pytest.param("fairshare/priority.py", "from pathlib import Path", CORE, id="core-pathlib"),
+    pytest.param("fairshare/limits.py", "import logging.handlers", CORE, id="core-log-handlers"),
+    pytest.param("fairshare/shares.py", "import subprocess", CORE, id="core-subprocess"),
+    pytest.param("ha/clock.py", "import grpc", HA, id="ha-grpc"),
+    pytest.param("ha/settings.py", "import yaml", HA, id="ha-yaml"),
+    pytest.param("ha/owner.py", "import prometheus_client", HA, id="ha-prometheus"),
+    pytest.param("server/app.py", "from harness import serve", HARNESS, id="server-harness"),
+]
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Iterator[Path]:
+    """A fresh copy of the project's packages and pyproject.toml, removed afterwards."""
+    target = tmp_path / "copy"
+    target.mkdir()
+    _copy_project(target)
+    yield target
+    shutil.rmtree(target)
+
+
+def _copy_project(target: Path) -> None:
+    """Copies pyproject.toml and every root package its import contracts name."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    for package in config["tool"]["importlinter"]["root_packages"]:
+        shutil.copytree(
+            ROOT / package, target / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy2(ROOT / "pyproject.toml", target / "pyproject.toml")
+
+
+def _lint_imports(where: Path) -> subprocess.CompletedProcess[str]:
+    """Runs lint-imports on the copy in ``where``, its config and its packages only."""
+    assert LINT_IMPORTS.is_file(), f"no lint-imports beside {sys.executable}"
+    env = {**os.environ, "PYTHONPATH": str(where), "NO_COLOR": "1"}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", "pyproject.toml", "--no-cache"],
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_the_unmodified_copy_keeps_every_contract(copy: Path) -> None:
+    result = _lint_imports(copy)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 broken" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(("path", "statement", "contract"), CASES)
+def test_a_forbidden_import_breaks_its_contract(
+    copy: Path, path: str, statement: str, contract: str
+) -> None:
+    module_file = copy / path
+    assert module_file.is_file(), f"{path} is not in the copy"
+    with module_file.open("a", encoding="utf-8") as f:
+        f.write(f"\n{statement}  # injected by the test\n")
+
+    result = _lint_imports(copy)
+
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    broken = output.partition("Broken contracts")[2]
+    assert contract in broken, output
+    module = path.removesuffix(".py").replace("/", ".")
+    imported = statement.split()[1].partition(".")[0]  # external packages are seen whole
+    assert f"{module} -> {imported}" in broken, output
