@@ -20,8 +20,8 @@ help:
 	@echo "make lock      rewrite $(LOCK) after a change of dependencies (UPGRADE=1: newest)"
 	@echo "make drill     randomized failover drill on a three-member etcd (MINUTES=5 SEED=1)"
 
-# Debian's own python3 needs python3-venv for `-m venv`; it is installed when missing.
-# $(VENV) gets the exact versions of $(LOCK) (the ranges are pyproject.toml's).
+# A virtualenv at $(1) with a current pip. Debian's own python3 needs python3-venv for
+# `-m venv`; it is installed when missing.
 define new_venv
 @$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
 test -x $(1)/bin/python || $(PYTHON) -m venv $(1) || { rm -rf $(1); \
@@ -30,6 +30,7 @@ test -x $(1)/bin/python || $(PYTHON) -m venv $(1) || { rm -rf $(1); \
 $(1)/bin/python -m pip install --quiet --upgrade pip
 endef
 
+# $(VENV) gets the exact versions of $(LOCK) (the ranges are pyproject.toml's).
 $(STAMP): pyproject.toml $(LOCK)
 	$(call new_venv,$(VENV))
 	$(PY) -m pip install --quiet -c $(LOCK) -e '.[server,dev]'
