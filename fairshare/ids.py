@@ -21,14 +21,17 @@ NodeId = NewType("NodeId", str)
 Epoch = NewType("Epoch", int)
 """A pool's ownership generation: the create_revision of its owner key (fencing token).
 
-No owner holds epoch 0; it stands for what the two names below say, so code says which it
-means."""
+No owner holds epoch 0; it stands for what the three names below say, so code says which
+it means."""
 
 DEGRADED_EPOCH: Final = Epoch(0)
 """The epoch of a grant no owner decided: ``fail_open`` by a replica without an owner, or
 by the client library when no replica answered."""
 NO_EPOCH: Final = Epoch(0)
 """The epoch where no owner is known (ListPools, a ``WrongEpoch`` naming nobody)."""
+ANY_EPOCH: Final = Epoch(0)
+"""In a call that names the epoch it expects (Adopt, a forwarded Acquire): whichever epoch
+the current owner has."""
 
 
 _UNSIGNED_TAG = "g1"

@@ -26,7 +26,16 @@ from fairshare.errors import (
     UnknownPool,
     WrongEpoch,
 )
-from fairshare.ids import MAC_BYTES, Epoch, GrantRef, NodeId, PoolName
+from fairshare.ids import (
+    ANY_EPOCH,
+    DEGRADED_EPOCH,
+    MAC_BYTES,
+    NO_EPOCH,
+    Epoch,
+    GrantRef,
+    NodeId,
+    PoolName,
+)
 from fairshare.records import AdoptResult, Decision, HeldGrant, PoolInfo, PoolView
 
 # -- status ------------------------------------------------------------------------------
@@ -40,7 +49,7 @@ class PoolStatus:
         pool: pool name.
         owned: this replica owns the pool and may decide for it now.
         owner: node id of the owner this replica routes to (empty: none known).
-        epoch: that owner's epoch (0: none).
+        epoch: that owner's epoch (``NO_EPOCH``: none).
         transitions: epochs of this pool that this replica started (each ownership
             change is counted once, by the new owner; summed over replicas it is the
             number of ownership changes).
@@ -79,6 +88,10 @@ class Allocator(Protocol):
     """The allocator as the server sees it: embedded (one node) or replicated.
 
     Every coroutine is safe to call concurrently. Errors are the classes above.
+
+    ``forwarded`` is the one mark of a call a peer forwarded (``Peers``): it is answered
+    from this replica's own state, never forwarded again; a replica that does not decide
+    for the pool raises WrongEpoch naming the owner it routes to.
     """
 
     async def acquire(
@@ -91,13 +104,15 @@ class Allocator(Protocol):
         holder: str = "",
         request_id: str = "",
         try_only: bool = False,
-        epoch: Epoch | None = None,
+        epoch: Epoch = ANY_EPOCH,
+        forwarded: bool = False,
     ) -> Decision:
         """Decides one request; forwards to the owner when this replica is not it.
 
-        ``request_id`` (with ``holder``) makes a retry return the same grant. ``epoch``
-        is set by a forwarding peer: a replica that does not own the pool at exactly that
-        epoch raises WrongEpoch instead of forwarding again.
+        ``request_id`` (with ``holder``) makes a retry return the same grant. A forwarded
+        call names the ``epoch`` its forwarder routed to: a replica that does not own the
+        pool at exactly that epoch (at any, for ``ANY_EPOCH``) raises WrongEpoch instead
+        of forwarding again. ``epoch`` means nothing in a call that is not forwarded.
         """
         ...
 
@@ -115,7 +130,11 @@ class Allocator(Protocol):
         complete: bool,
         forwarded: bool = False,
     ) -> AdoptResult:
-        """Re-reports a holder's live grants of earlier epochs to the current owner."""
+        """Re-reports a holder's live grants of earlier epochs to the current owner.
+
+        ``epoch`` is the owner epoch the holder expects (``ANY_EPOCH``: the current one);
+        an owner at another epoch raises WrongEpoch.
+        """
         ...
 
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
@@ -201,7 +220,10 @@ class Peers(Protocol):
 
 
 __all__ = [
+    "ANY_EPOCH",
+    "DEGRADED_EPOCH",
     "MAC_BYTES",
+    "NO_EPOCH",
     "AdoptResult",
     "Allocator",
     "AllocatorError",

@@ -1,4 +1,5 @@
-"""What this node knows of the others: members, pool owners (routes) and handovers.
+"""What this node knows of the others: members, pool owners (routes), handovers and the
+capacities the owners decide with.
 
 Kept by watches on the store, which resume by themselves; a watch that fails is listed
 again from scratch. Every change sets ``changed`` so the node reconciles at once.
@@ -24,6 +25,7 @@ from ha.keys import (
     Handover,
     Keys,
     Route,
+    decode_capacity,
     decode_handover,
     decode_member,
     decode_owner,
@@ -34,6 +36,8 @@ from ha.store import EventKind, KeyValue, Store, StoreUnavailable, WatchEvent
 logger = logging.getLogger(__name__)
 
 _RETRY_S = 0.2
+_WATCHES = 4
+"""Members, owners, handovers, capacities: the view is ready once each was listed."""
 
 
 def preferred_owner(pool: str, members: Iterable[str]) -> NodeId | None:
@@ -69,21 +73,30 @@ class ClusterView:
         self.member_revs: dict[NodeId, int] = {}  # node -> create_revision of its key
         self.routes: dict[PoolName, Route] = {}
         self.handovers: dict[PoolName, Handover] = {}
+        self.capacities: dict[PoolName, int] = {}  # as the owners last published them
         self.changed = asyncio.Event()
         self.ready = asyncio.Event()
         self._ready_parts: set[str] = set()
 
     async def run(self) -> None:
-        """Watches members, owners and handovers until cancelled."""
+        """Watches members, owners, handovers and capacities until cancelled."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._follow(self._keys.members, self._members), name="watch-members")
             group.create_task(self._follow(self._keys.owners, self._owners), name="watch-owners")
             group.create_task(
                 self._follow(self._keys.handovers, self._handovers), name="watch-handovers"
             )
+            group.create_task(
+                self._follow(self._keys.capacities, self._capacities), name="watch-capacities"
+            )
 
     def route(self, pool: str) -> Route | None:
         return self.routes.get(PoolName(pool))
+
+    def capacity(self, pool: str) -> int | None:
+        """The capacity the pool's owner last published; None if none was (it is then
+        the configured one). It may lag the owner by a watch round trip."""
+        return self.capacities.get(PoolName(pool))
 
     def pinned(self, pool: str) -> NodeId | None:
         """The node an operator's switchover pinned ``pool`` to, while that pin holds:
@@ -100,10 +113,6 @@ class ClusterView:
         now = self._clock.monotonic()
         return [node for node, (_, since) in self.members.items() if now - since >= settle_s]
 
-    def address_of(self, node: str) -> str | None:
-        entry = self.members.get(NodeId(node))
-        return entry[0] if entry is not None else None
-
     # -- watch plumbing -----------------------------------------------------------------
 
     async def _follow(
@@ -116,7 +125,7 @@ class ClusterView:
                 listing, revision = await self._store.get_prefix(prefix)
                 self._replace(prefix, listing, apply)
                 self._ready_parts.add(prefix)
-                if len(self._ready_parts) == 3:
+                if len(self._ready_parts) == _WATCHES:
                     self.ready.set()
                 async for event in self._store.watch_prefix(prefix, start_revision=revision):
                     self._event(prefix, event, apply)
@@ -148,6 +157,8 @@ class ClusterView:
             table = dict.fromkeys(self.members)
         elif prefix == self._keys.owners:
             table = dict.fromkeys(self.routes)
+        elif prefix == self._keys.capacities:
+            table = dict.fromkeys(self.capacities)
         else:
             table = dict.fromkeys(self.handovers)
         for name in list(table):
@@ -195,3 +206,11 @@ class ClusterView:
             self.handovers.pop(pool, None)
             return
         self.handovers[pool] = decoded
+
+    def _capacities(self, name: str, kv: KeyValue | None, _listing: bool) -> None:
+        pool = PoolName(name)
+        capacity = decode_capacity(kv.value) if kv is not None else None
+        if capacity is None:
+            self.capacities.pop(pool, None)
+            return
+        self.capacities[pool] = capacity

@@ -9,6 +9,10 @@
                            (pinned: holds while that node's member key of
                            create_revision "member" lives) or a rebalancing hint
 <prefix>/state/<pool>      the owner's snapshot (see ha.snapshot), written fenced
+<prefix>/capacity/<pool>   {"capacity": ..., "epoch": ...}
+                           the capacity the owner decides with, written fenced when
+                           it changes (or differs): what every replica's ListPools
+                           reports for a pool it does not own
 ```
 """
 
@@ -45,6 +49,10 @@ class Keys:
     def states(self) -> str:
         return f"{self.prefix}/state/"
 
+    @property
+    def capacities(self) -> str:
+        return f"{self.prefix}/capacity/"
+
     def member(self, node: str) -> str:
         return self.members + node
 
@@ -56,6 +64,9 @@ class Keys:
 
     def state(self, pool: str) -> str:
         return self.states + pool
+
+    def capacity(self, pool: str) -> str:
+        return self.capacities + pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +89,19 @@ def decode_owner(value: bytes, epoch: int) -> Route | None:
         return Route(NodeId(str(doc["node"])), str(doc["address"]), Epoch(epoch))
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def encode_capacity(capacity: int, epoch: Epoch) -> bytes:
+    return json.dumps({"capacity": capacity, "epoch": epoch}).encode()
+
+
+def decode_capacity(value: bytes) -> int | None:
+    """The capacity a capacity key holds; None if the value is unreadable."""
+    try:
+        capacity = json.loads(value)["capacity"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return capacity if isinstance(capacity, int) and capacity >= 0 else None
 
 
 def encode_member(address: str) -> bytes:

@@ -1,5 +1,10 @@
 """One pool as decided by its owner during one epoch.
 
+Its parts keep one table each: ``ha.held`` (grants in flight), ``ha.phantoms`` (the
+previous owner's), ``ha.settled`` (earlier grants nobody counted), ``ha.answers``
+(answers to retries), ``ha.genuine`` (id checks, the charge bound), ``ha.teams``
+(admission of teams).
+
 Guarantees:
 - Decisions are made only while ``can_decide()`` holds: the pool is not being handed
   over and the node's lease is within its self-fencing deadline.
@@ -8,8 +13,8 @@ Guarantees:
 - A retried Acquire (same holder and request id) returns the first answer.
 - A release is counted once per grant id, whatever the epoch that issued it.
 - Only genuine ids count: a signed id whose MAC does not verify under the cluster's grant
-  keys, or an unsigned id of an epoch other than 0, is refused (``PermissionDenied``)
-  before anything is charged or counted.
+  keys, or an unsigned id of an epoch other than ``DEGRADED_EPOCH`` (0), is refused
+  (``PermissionDenied``) before anything is charged or counted.
 - A release charges at most ``config.max_charge()`` (``max_charge_per_s`` x
   ``max_request_s``); more is clamped to it, logged and counted (``IdCounters``).
 - Adopt counts unsigned (client-made degraded) grants only when they name the calling
@@ -30,19 +35,15 @@ crash; the successor is then more cautious (more phantoms), never less.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import heapq
 import logging
 import math
-import secrets
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
 from itertools import chain
-from typing import NamedTuple, TypeVar
 
-from fairshare import Class, Grant, Pool, TeamStat
-from fairshare.limits import MAX_ANSWER_BYTES, MAX_ANSWERS
+from fairshare import Class, Pool, TeamStat
+from ha.answers import Answer, Answers
 from ha.api import (
     AdoptResult,
     Decision,
@@ -50,7 +51,6 @@ from ha.api import (
     GrantRef,
     HeldGrant,
     InvalidArgument,
-    LimitExceeded,
     NodeId,
     PermissionDenied,
     PoolName,
@@ -59,53 +59,27 @@ from ha.api import (
 )
 from ha.clock import Clock, EpochTime
 from ha.commit import CommitFailed, GroupCommitter
+from ha.genuine import IdCounters, IdGuard
 from ha.grantkeys import GrantKeys, ephemeral_keys
-from ha.settings import PoolConfig, UnknownTeams
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
+from ha.held import HeldGrants
+from ha.phantoms import Phantoms
+from ha.settings import PoolConfig
+from ha.settled import Settled
+from ha.snapshot import GrantKey, PoolSnapshot
+from ha.teams import admit, restorable
 
 logger = logging.getLogger(__name__)
 
-_K = TypeVar("_K")
-# What one remembered answer costs beyond its strings: the key and value tuples, the
-# dict slot and the ints and bools (measured with tracemalloc: about 330 bytes).
-_ANSWER_OVERHEAD = 400
 # A team table of more teams than this is built at most once per _VIEW_CACHE_S.
 _FRESH_TEAMS = 64
 _VIEW_CACHE_S = 1.0
 # Expired phantoms and accounting entries are dropped at a write at most this often: a
 # scan of every table at every write (hundreds a second) would cost more than the writes.
 _FORGET_EVERY_S = 1.0
-_Answer = tuple[bool, str, int, bool, bool]  # granted, grant id, priority, borrowing, saturated
-
-
-@dataclass(slots=True)
-class IdCounters:
-    """What a node counts of a pool's grant ids across its epochs (for metrics)."""
-
-    charges_clamped: int = 0
-    """Releases that claimed more than ``max_charge()`` and were charged that."""
-    ids_refused: int = 0
-    """Releases and adopted grants refused as not genuine (``PermissionDenied``)."""
 
 
 class NotDeciding(Exception):
     """The owner may not decide for the pool now (handover, fence, lost write)."""
-
-
-@dataclass(slots=True)
-class _Held:
-    grant: Grant
-    holder: str
-    team: str
-    wall: float  # when it was issued or adopted
-    row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
-    unsigned: bool = False  # a client-made degraded grant (no MAC)
-
-
-class _Phantom(NamedTuple):
-    team: str
-    until: float  # wall time after which its request cannot be running
-    row: str  # its entry in a snapshot's live list
 
 
 class OwnedPool:
@@ -159,35 +133,29 @@ class OwnedPool:
             half_life_s=config.half_life_s,
             clock=self._now,
         )
-        self.deciding = True
+        self._deciding = True
         self._seq = 0
-        self._grants: dict[int, _Held] = {}  # this epoch's grants by sequence number
-        self._adopted: dict[GrantKey, _Held] = {}  # earlier grants counted again
-        # Earlier grants the previous owner counted, each standing for one phantom, with
-        # the wall time after which it cannot be running any more. The pool's phantoms
-        # never expire by themselves: this map ends them, one by one, so that the pool's
-        # count and these identities always agree.
-        self._phantoms: dict[GrantKey, _Phantom] = {}
-        # Epoch -> (sequence, since): grants above it were never counted (see ha.snapshot).
-        self._unknown_after: dict[int, tuple[int, float]] = {}
-        # (lo, hi, since): every grant of an epoch strictly between lo and hi is uncounted.
-        self._unknown_between: list[tuple[int, int, float]] = []
-        self._uncounted: dict[GrantKey, float] = {}  # known, not counted, still chargeable
-        self._settled: dict[GrantKey, float] = {}  # unknown-window grants settled, at wall
-        # (holder, request id) -> (granted, grant id, priority, borrowing, saturated). Plain
-        # tuples of atoms, not Decisions: the garbage collector stops tracking them, so a
-        # full table does not make every full collection scan (and pause for) its entries.
-        self._answers: OrderedDict[tuple[str, str], _Answer] = OrderedDict()
-        self._answer_bytes = 0  # what they hold, estimated (see _remember)
+        self._held = HeldGrants(epoch, config.max_request_s)  # counted in flight
+        # Earlier grants the previous owner counted, each standing for one phantom.
+        self._phantoms = Phantoms(self.pool)
+        self._earlier = Settled(config.name)  # earlier grants nobody counted (ha.settled)
+        self._answers = Answers()  # (holder, request id) -> the first answer
         self._teams_cache: tuple[float, Sequence[TeamStat]] | None = None
         self._release_memory_s = release_memory_s
         self._keys = keys if keys is not None else ephemeral_keys()
         self.counters = counters if counters is not None else IdCounters()
-        self._clamp_logged = -math.inf
+        self._ids = IdGuard(
+            pool=self.name,
+            epoch=epoch,
+            keys=self._keys,
+            counters=self.counters,
+            max_charge=config.max_charge(),
+            clock=clock,
+        )
         self._write = write
-        self.last_snapshot_mono = -1.0
+        self._last_write_mono = -1.0
         self._forgot_at = -math.inf
-        self.committer = GroupCommitter(
+        self._committer = GroupCommitter(
             self._persist,
             window_s=commit_window_s,
             lazy_s=release_commit_s,
@@ -206,30 +174,17 @@ class OwnedPool:
         now = self._now()
         if snapshot is None:
             # Nothing was ever written, or it is gone: no earlier grant was counted.
-            self._unknown_between = [(0, self.epoch, now)]
+            self._earlier.start_unknown(self.epoch, now)
             return 0, 0
         if snapshot.capacity != self.pool.capacity:
             self.pool.set_capacity(snapshot.capacity)
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
-        for team, usage in self._restorable(snapshot.usage).items():
+        for team, usage in restorable(self.config, snapshot.usage).items():
             self.pool.set_usage(team, usage * decay)
         # Each phantom lasts as long as its request could still be running, and never
         # beyond max_request_s from now: chained failovers do not stretch it.
-        latest = now + self.config.max_request_s
-        counts: dict[str, int] = {}
-        for grant in snapshot.live:
-            until = min(grant.until, latest)
-            if until > now:
-                self._phantoms[grant.key] = _phantom(grant.key, grant.team, until)
-                counts[grant.team] = counts.get(grant.team, 0) + 1
-        for team, n in counts.items():
-            self.pool.add_phantoms(team, n, math.inf)
-        self._unknown_after = dict(snapshot.unknown_after)
-        self._unknown_after[snapshot.epoch] = (snapshot.issued, now)
-        # Owners between the snapshot's writer and this one never had a write read back.
-        self._unknown_between = [*snapshot.unknown_between, (snapshot.epoch, self.epoch, now)]
-        self._uncounted = dict(snapshot.uncounted)
-        self._settled = dict(snapshot.settled)
+        self._phantoms.restore(snapshot.live, now, now + self.config.max_request_s)
+        self._earlier.restore(snapshot, self.epoch, now)
         self._forget(now)
         return len(snapshot.usage), len(self._phantoms)
 
@@ -241,25 +196,51 @@ class OwnedPool:
         epoch is taken as settled. Returns the phantoms added.
         """
         now = self._now()
-        until = now + self.config.max_request_s
-        added = 0
-        for team, slots in self.pool.reserved().items():
-            for i in range(slots):
-                key = GrantKey(-1, added + i, "")
-                self._phantoms[key] = _phantom(key, team, until)
-            if slots:
-                self.pool.add_phantoms(team, slots, math.inf)
-            added += slots
-        self._unknown_between = [(0, self.epoch, now)]
+        added = self._phantoms.fill(self.pool.reserved(), now + self.config.max_request_s)
+        self._earlier.start_unknown(self.epoch, now)
         return added
 
     def can_decide(self) -> bool:
-        return self.deciding and not self.committer.failed and self._fenced()
+        """True while this owner may decide: not stopped, no write failed, fenced."""
+        return self._deciding and not self._committer.failed and self._fenced()
 
     @property
     def lost(self) -> bool:
         """A fenced write failed: the pool must be given up."""
-        return self.committer.failed
+        return self._committer.failed
+
+    def stop(self) -> None:
+        """Stops deciding for good: ``can_decide()`` is False from now on, and every later
+        decision raises NotDeciding. Writes already started still end; ``close`` writes
+        the last one."""
+        self._deciding = False
+
+    async def flush(self) -> None:
+        """Writes the state now and waits for it. A failure is not raised: it marks the
+        pool ``lost`` (the caller looks there)."""
+        with contextlib.suppress(Exception):
+            await self._committer.sync()
+
+    async def close(self) -> None:
+        """The final snapshot: writes the state once more (a failure is logged, not
+        raised), then closes the writer: nothing is written for this epoch after it
+        returns. Call ``stop`` first, or a decision may land after the last write."""
+        try:
+            await self._committer.sync()
+        except Exception as e:
+            logger.warning("pool %s: final snapshot failed: %s", self.name, e)
+        await self._committer.close()
+
+    @property
+    def capacity(self) -> int:
+        """The pool's live capacity (C), as this owner decides with it."""
+        return self.pool.capacity
+
+    def snapshot_age_s(self) -> float:
+        """Seconds since the last successful write of this epoch; -1 before the first."""
+        if self._last_write_mono < 0:
+            return -1.0
+        return self._clock.monotonic() - self._last_write_mono
 
     # -- decisions ------------------------------------------------------------------
 
@@ -296,19 +277,17 @@ class OwnedPool:
             )
         except ValueError as e:
             raise InvalidArgument(_field_of(e), str(e)) from e
-        answer: _Answer
+        answer: Answer
         if grant is None:
             answer = (False, "", 0, False, True)
         else:
             self._seq += 1
             ref = GrantRef(self.name, self.epoch, self._seq, team, holder)
-            self._grants[self._seq] = self._held(
-                grant, GrantKey(self.epoch, self._seq, holder), team, self._now()
-            )
+            self._held.issue(self._seq, grant, holder, team, self._now())
             answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
         decision = Decision(*answer, False, self.node, self.epoch)
         if request_id:
-            self._remember(key, answer)
+            self._answers.remember(key, answer)
         if grant is not None and not grant.borrowing:
             await self.durable()
         return decision
@@ -318,31 +297,31 @@ class OwnedPool:
 
         Raises:
             WrongEpoch: the grant is of a later epoch than this owner's (it is stale).
-            PermissionDenied: the id is not genuine (see ``check_id``).
+            PermissionDenied: the id is not genuine (see ``ha.genuine``).
         """
-        self.check_id(ref, "grant_id")
+        self._ids.check(ref, "grant_id")
         if ref.epoch > self.epoch:
             raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
-        consumed = self._bounded(ref, consumed)
+        consumed = self._ids.bounded(ref, consumed)
         if ref.epoch == self.epoch:
-            held = self._grants.pop(ref.seq, None)
+            held = self._held.take_own(ref.seq)
             if held is not None:
                 held.grant.release(consumed)
             return
         key = GrantKey(ref.epoch, ref.seq, ref.holder)
-        adopted = self._adopted.pop(key, None)
+        adopted = self._held.take_adopted(key)
         if adopted is not None:
             adopted.grant.release(consumed)
             self._settle(key)
             return
-        phantom = self._phantoms.pop(key, None)
+        phantom = self._phantoms.take(key)
         if phantom is not None:
             # The previous owner counted it: charge it and close its phantom.
-            team = phantom[0]
+            team = phantom.team
             self.pool.charge(team, consumed)
             self.pool.drop_phantom(team)
             self._settle(key)
-        elif self._chargeable(key) and key not in self._settled:
+        elif self._earlier.chargeable(key) and not self._earlier.is_settled(key):
             # No owner ever counted it (made after a crashed owner's last write, or
             # degraded): charge it, once.
             self._admit(ref.team or "unknown")
@@ -377,19 +356,19 @@ class OwnedPool:
             field = f"grants[{i}].grant_id"
             if ref.pool != self.name:
                 raise InvalidArgument(field, f"grant of pool {ref.pool!r}, not {self.name!r}")
-            self.check_id(ref, field)
+            self._ids.check(ref, field)
             if not ref.mac and ref.holder != holder:
-                self.counters.ids_refused += 1
+                self._ids.refused()
                 raise PermissionDenied(
                     field, f"an unsigned grant of holder {ref.holder!r} adopted by {holder!r}"
                 )
             proven = proven or (bool(ref.mac) and ref.holder == holder)
-        unsigned_live = sum(1 for h in self._adopted.values() if h.unsigned and h.holder == holder)
+        unsigned_live = self._held.unsigned_of(holder)
         adopted = 0
         dropped = 0
         for held, ref in zip(grants, refs, strict=True):
             key = GrantKey(ref.epoch, ref.seq, ref.holder)
-            if ref.epoch >= self.epoch or key in self._adopted or key in self._settled:
+            if ref.epoch >= self.epoch or self._held.adopted(key) or self._earlier.is_settled(key):
                 continue
             if not ref.mac:
                 if unsigned_live >= self.pool.capacity:
@@ -404,7 +383,7 @@ class OwnedPool:
                     continue
                 unsigned_live += 1
             counted = key in self._phantoms
-            if not counted and not self._chargeable(key):
+            if not counted and not self._earlier.chargeable(key):
                 continue  # settled or expired before the snapshot
             self._admit(held.team or ref.team)
             try:
@@ -413,15 +392,14 @@ class OwnedPool:
                 )
             except ValueError as e:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
-            phantom = self._phantoms.pop(key, None)
+            phantom = self._phantoms.take(key)
             # It keeps the deadline its phantom had: re-counting does not extend a request.
-            issued = self._now() if phantom is None else phantom[1] - self.config.max_request_s
-            self._adopted[key] = self._held(grant, key, grant.team, issued)
-            self._adopted[key].unsigned = not ref.mac
+            issued = self._now() if phantom is None else phantom.until - self.config.max_request_s
+            self._held.adopt(key, grant, issued, unsigned=not ref.mac)
             adopted += 1
-            if phantom is not None and self.pool.drop_phantom(phantom[0]):
+            if phantom is not None and self.pool.drop_phantom(phantom.team):
                 dropped += 1
-        if complete and not proven and any(k.holder == holder for k in self._phantoms):
+        if complete and not proven and self._phantoms.holds(holder):
             logger.warning(
                 "pool %s at epoch %d: a complete re-report for holder %r carries no signed "
                 "grant of it; its phantoms stay until they expire",
@@ -432,12 +410,9 @@ class OwnedPool:
         if complete and proven:
             # The holder does not hold these any more: their releases may still be on the
             # way, so they stay chargeable, but they no longer count in flight.
-            now = self._now()
-            for key in [k for k in self._phantoms if k.holder == holder]:
-                if self.pool.drop_phantom(self._phantoms.pop(key)[0]):
-                    dropped += 1
-                self._uncounted[key] = now
-            _cap(self._uncounted, self.name, "closed phantoms")
+            closed, ended = self._phantoms.close(holder)
+            dropped += ended
+            self._earlier.uncount(closed, self._now())
         return AdoptResult(adopted, dropped, self.node, self.epoch)
 
     def expire(self) -> int:
@@ -450,7 +425,7 @@ class OwnedPool:
         now = self._now()
         self._forget(now)  # phantoms end here too: the pool's never expire by themselves
         horizon = now - self.config.max_request_s
-        expired = _expire(self._grants, horizon) + _expire(self._adopted, horizon)
+        expired = self._held.expire(horizon)
         if expired:
             logger.warning(
                 "pool %s at epoch %d: %d grants outlived max_request_s (%gs) unreleased; "
@@ -460,7 +435,7 @@ class OwnedPool:
                 expired,
                 self.config.max_request_s,
             )
-            self.committer.nudge()
+            self._committer.nudge()
         return expired
 
     def set_capacity(self, capacity: int) -> int:
@@ -489,16 +464,7 @@ class OwnedPool:
     def snapshot(self) -> PoolSnapshot:
         """The state to persist now."""
         state = self._state()
-        limit = self.config.max_request_s
-        live = [
-            LiveGrant(GrantKey(self.epoch, seq, held.holder), held.team, held.wall + limit)
-            for seq, held in self._grants.items()
-        ]
-        live += [
-            LiveGrant(key, held.team, held.wall + limit) for key, held in self._adopted.items()
-        ]
-        live += [LiveGrant(key, p.team, p.until) for key, p in self._phantoms.items()]
-        return dataclasses.replace(state, live=live)
+        return dataclasses.replace(state, live=self._held.live() + self._phantoms.live())
 
     def _state(self) -> PoolSnapshot:
         """The state to persist now, but for the requests in flight."""
@@ -513,27 +479,19 @@ class OwnedPool:
             capacity=self.pool.capacity,
             usage=usage,
             issued=self._seq,
-            unknown_after=dict(self._unknown_after),
-            unknown_between=list(self._unknown_between),
-            uncounted=dict(self._uncounted),
-            settled=dict(self._settled),
+            unknown_after=dict(self._earlier.unknown_after),
+            unknown_between=list(self._earlier.unknown_between),
+            uncounted=dict(self._earlier.uncounted),
+            settled=dict(self._earlier.settled),
         )
 
     async def _persist(self) -> None:
         # What ``snapshot().encode()`` gives, from the rows each request keeps encoded: a
         # write costs a join over the requests in flight, not an encoding of each.
         state = self._state()  # first: it may drop expired phantoms
-        rows = chain(
-            (held.row for held in self._grants.values()),
-            (held.row for held in self._adopted.values()),
-            (p.row for p in self._phantoms.values()),
-        )
+        rows = chain(self._held.rows(), self._phantoms.rows())
         await self._write(state.encode(live_rows=rows))
-        self.last_snapshot_mono = self._clock.monotonic()
-
-    def _held(self, grant: Grant, key: GrantKey, team: str, wall: float) -> _Held:
-        until = wall + self.config.max_request_s
-        return _Held(grant, key.holder, team, wall, live_row(LiveGrant(key, team, until)))
+        self._last_write_mono = self._clock.monotonic()
 
     async def durable(self, *, lazy: bool = False) -> None:
         """Returns once a fenced write covers the state as of the call.
@@ -547,189 +505,24 @@ class OwnedPool:
             NotDeciding: the write failed; the pool is lost.
         """
         try:
-            await self.committer.sync(lazy=lazy)
+            await self._committer.sync(lazy=lazy)
         except CommitFailed as e:
             raise NotDeciding(f"{self.name}: durable write failed: {e}") from e
-
-    # -- genuine ids and bounded charges ------------------------------------------------
-
-    def check_id(self, ref: GrantRef, field: str) -> None:
-        """Raises PermissionDenied naming ``field`` unless ``ref`` is a genuine id: signed
-        with a MAC the grant keys verify, or unsigned of epoch 0 (a client's degraded
-        grant, bounded elsewhere)."""
-        if ref.mac:
-            if self._keys.verify(ref):
-                return
-            reason = "its MAC does not verify under the cluster's grant keys"
-        elif ref.epoch == 0:
-            return
-        else:
-            reason = f"an unsigned id of epoch {ref.epoch} (only degraded ids may be unsigned)"
-        self.counters.ids_refused += 1
-        raise PermissionDenied(field, f"not a genuine grant id: {reason}")
-
-    def _bounded(self, ref: GrantRef, consumed: float) -> float:
-        """``consumed`` clamped to what a grant can consume in its life (logged, counted)."""
-        limit = self.config.max_charge()
-        if not consumed > limit:  # also NaN: the pool counts it as 0
-            return consumed
-        self.counters.charges_clamped += 1
-        now = self._clock.monotonic()
-        if now >= self._clamp_logged + _CLAMP_LOG_EVERY_S:
-            self._clamp_logged = now
-            logger.warning(
-                "pool %s at epoch %d: release of grant %d.%d of holder %r claimed %g, more "
-                "than a grant can consume (max_charge_per_s x max_request_s = %g); charged "
-                "%g (%d clamped so far)",
-                self.name,
-                self.epoch,
-                ref.epoch,
-                ref.seq,
-                ref.holder[:64],
-                consumed,
-                limit,
-                limit,
-                self.counters.charges_clamped,
-            )
-        return limit
 
     # -- internals --------------------------------------------------------------------
 
     def _admit(self, team: str) -> None:
-        """Lets ``team`` into the pool's state, as the pool's config allows.
-
-        A known team is always admitted. An unknown one is refused under
-        ``unknown_teams: deny``; at ``max_teams`` the pool first forgets idle teams of
-        negligible usage (``Pool.prune``, O(log T)), and refuses if none can be.
-
-        Raises:
-            InvalidArgument: the team is not configured and the pool denies such teams.
-            LimitExceeded: the pool already keeps ``max_teams`` teams it cannot forget.
-        """
-        pool = self.pool
-        if not team or pool.knows(team):
-            return  # an empty team is refused by the pool itself, naming the field
-        if self.config.unknown_teams is UnknownTeams.DENY:
-            raise InvalidArgument(
-                "team", f"team {team!r} is not configured in pool {self.name} (unknown_teams: deny)"
-            )
-        limit = self.config.max_teams
-        if pool.team_count >= limit:
-            pool.prune(limit - 1)
-        if pool.team_count >= limit:
-            raise LimitExceeded(
-                "max_teams",
-                f"pool {self.name} already keeps {limit} teams, none idle with negligible "
-                f"usage; team {team!r} refused",
-            )
-
-    def _restorable(self, usage: Mapping[str, float]) -> Mapping[str, float]:
-        """The restored usage within ``max_teams`` (and ``unknown_teams``): configured teams
-        and then the largest users; the others start afresh if they come back. A state
-        written before the limits, or under a larger ``max_teams``, restores in time."""
-        shares = self.config.shares
-        if self.config.unknown_teams is UnknownTeams.DENY:
-            return {team: used for team, used in usage.items() if team in shares}
-        if len(usage) <= self.config.max_teams:
-            return usage
-        room = self.config.max_teams - len(shares)
-        others = heapq.nlargest(
-            room, ((used, team) for team, used in usage.items() if team not in shares)
-        )
-        kept = {team: usage[team] for team in shares if team in usage}
-        kept.update((team, used) for used, team in others)
-        logger.warning(
-            "pool %s: the restored state has %d teams, max_teams is %d; the %d smallest "
-            "users start afresh",
-            self.name,
-            len(usage),
-            self.config.max_teams,
-            len(usage) - len(kept),
-        )
-        return kept
-
-    def _remember(self, key: tuple[str, str], answer: _Answer) -> None:
-        """Remembers an answer for retries, within ``MAX_ANSWERS`` and
-        ``MAX_ANSWER_BYTES`` (estimated from its strings); the oldest go first."""
-        answers = self._answers
-        previous = answers.pop(key, None)
-        if previous is not None:
-            self._answer_bytes -= _answer_size(key, previous)
-        answers[key] = answer
-        self._answer_bytes += _answer_size(key, answer)
-        while len(answers) > MAX_ANSWERS or self._answer_bytes > MAX_ANSWER_BYTES:
-            old_key, old = answers.popitem(last=False)
-            self._answer_bytes -= _answer_size(old_key, old)
-
-    def _chargeable(self, key: GrantKey) -> bool:
-        """True for a grant of an unknown window: no owner ever counted it."""
-        if key.epoch == 0 or key in self._uncounted:
-            return True  # degraded, or closed by its holder's complete re-report
-        window = self._unknown_after.get(key.epoch)
-        if window is not None and key.seq > window[0]:
-            return True
-        return any(lo < key.epoch < hi for lo, hi, _ in self._unknown_between)
+        admit(self.pool, self.config, team)
 
     def _settle(self, key: GrantKey) -> None:
-        if self._chargeable(key):
-            self._settled[key] = self._now()
-            _cap(self._settled, self.name, "settled releases")
+        self._earlier.settle(key, self._now())
 
     def _forget(self, now: float) -> None:
         """Drops what no request can outlive: phantoms, windows and settled entries older
         than ``max_request_s``."""
         self._forgot_at = now
-        for key in [k for k, p in self._phantoms.items() if p.until <= now]:
-            self.pool.drop_phantom(self._phantoms.pop(key)[0])
-        horizon = now - max(self.config.max_request_s, self._release_memory_s)
-        if self._unknown_after:
-            self._unknown_after = {e: w for e, w in self._unknown_after.items() if w[1] >= horizon}
-        if self._settled:
-            self._settled = {k: w for k, w in self._settled.items() if w >= horizon}
-        if self._uncounted:
-            self._uncounted = {k: w for k, w in self._uncounted.items() if w >= horizon}
-        if self._unknown_between:
-            self._unknown_between = [r for r in self._unknown_between if r[2] >= horizon]
-
-
-_MEMORY_CAP = 10_000  # entries kept per accounting table in every snapshot
-_CLAMP_LOG_EVERY_S = 10.0  # clamped charges are logged at most this often per pool
-
-
-def _cap(table: dict[GrantKey, float], pool: str, what: str) -> None:
-    """Keeps a snapshot's accounting table bounded (etcd refuses values over 1.5 MiB):
-    past the cap the oldest entries go, and a retry of their release could be charged
-    again."""
-    if len(table) > _MEMORY_CAP:
-        for key in list(table)[: len(table) - _MEMORY_CAP]:
-            del table[key]
-        logger.warning(
-            "pool %s: more than %d %s remembered; forgetting the oldest", pool, _MEMORY_CAP, what
-        )
-
-
-def _expire(table: dict[_K, _Held], horizon: float) -> int:
-    """Releases the grants of ``table`` issued before ``horizon``; the table is in issue
-    order, so the scan stops at the first live one."""
-    expired = 0
-    for key in list(table):
-        held = table[key]
-        if held.wall > horizon:
-            break
-        del table[key]
-        held.grant.release(0.0)
-        expired += 1
-    return expired
-
-
-def degraded_grant_id(pool: str, team: str, holder: str, keys: GrantKeys) -> str:
-    """A replica's grant id for a degraded decision: epoch 0, a random sequence number,
-    signed (unlike a client's degraded ids, it is genuine for any owner)."""
-    return keys.sign(GrantRef(PoolName(pool), Epoch(0), secrets.randbits(62), team, holder))
-
-
-def _answer_size(key: tuple[str, str], answer: _Answer) -> int:
-    return len(key[0]) + len(key[1]) + len(answer[1]) + _ANSWER_OVERHEAD
+        self._phantoms.forget(now)
+        self._earlier.forget(now - max(self.config.max_request_s, self._release_memory_s))
 
 
 def _field_of(error: ValueError) -> str:
@@ -739,7 +532,3 @@ def _field_of(error: ValueError) -> str:
         if text.startswith(field):
             return names.get(field, field)
     return "request"
-
-
-def _phantom(key: GrantKey, team: str, until: float) -> _Phantom:
-    return _Phantom(team, until, live_row(LiveGrant(key, team, until)))

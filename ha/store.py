@@ -1,7 +1,7 @@
 """The store contract: leases, conditional writes and watches, as etcd offers them.
 
 Three implementations honour it: ``ha.etcdstore.EtcdStore`` (replicated mode),
-``ha.memstore.FileStore`` (embedded single-node mode) and ``ha.memstore.MemoryStore``
+``ha.filestore.FileStore`` (embedded single-node mode) and ``ha.memorystore.MemoryStore``
 (fast tests under a fake clock).
 
 Guarantees every implementation gives:

@@ -145,7 +145,12 @@ class WatchedStore:
     # -- internals -----------------------------------------------------------------------
 
     def _pool_of(self, key: str) -> PoolName | None:
-        for under in (self._keys.owners, self._keys.states, self._keys.handovers):
+        for under in (
+            self._keys.owners,
+            self._keys.states,
+            self._keys.handovers,
+            self._keys.capacities,
+        ):
             if key.startswith(under):
                 return PoolName(key[len(under) :])
         return None

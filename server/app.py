@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib
 import logging
 import pathlib
 import signal
@@ -44,6 +43,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ha.api import Allocator, NodeId, Peers, StoreUnavailable
 from ha.grantkeys import GrantKeys, KeyFileError
+from ha.node import open_node
 from ha.settings import ConfigError, PoolConfig, Timing
 from server.auth import AdminAuth, read_token
 from server.config import Config, load_config
@@ -102,20 +102,6 @@ class NodeFactory(Protocol):
         peers: Peers,
         grant_keys: GrantKeys | None,
     ) -> Awaitable[Node]: ...
-
-
-def default_node_factory() -> NodeFactory:
-    """``ha.node.open_node``, imported when first needed.
-
-    Raises:
-        RuntimeError: the replication layer is not installed.
-    """
-    try:
-        module = importlib.import_module("ha.node")
-    except ImportError as e:
-        raise RuntimeError(f"the replication layer ha.node cannot be imported: {e}") from e
-    factory: NodeFactory = module.open_node
-    return factory
 
 
 def _read(path: str | None) -> bytes | None:
@@ -338,7 +324,7 @@ async def start_server(
                 grant_keys = GrantKeys.from_file(config.grants.key_file)
             except (OSError, KeyFileError) as e:
                 raise ConfigError("grants.key_file", str(e)) from e
-        factory = node_factory if node_factory is not None else default_node_factory()
+        factory = node_factory if node_factory is not None else open_node
         try:
             node = await factory(
                 node_id=config.node_id,

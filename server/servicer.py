@@ -8,7 +8,8 @@ client library rebuild the same exception, so an error crosses a forward unchang
 
 A call from a forwarding peer carries the metadata ``fairshare-forwarded: 1``; it is
 answered from this replica's own state (``forwarded=True``) and not counted again in
-the decision metrics.
+the decision metrics. An Acquire that names an epoch is answered from this replica's
+own state too, whatever its metadata: it is decided at that epoch or refused.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from fairshare.errors import (
     OutOfRange,
     PermissionDenied,
 )
-from fairshare.ids import Epoch, GrantRef
+from fairshare.ids import ANY_EPOCH, Epoch, GrantRef
 from fairshare.limits import (
     MAX_ADOPT_GRANTS,
     MAX_EST_TOKENS,
@@ -183,6 +184,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             _check_name("request_id", request.request_id, empty=True)
             klass = service_class(request.service_class)
             _check_tokens("est_tokens", request.est_tokens)
+            required = required_epoch(request)
             decision = await self._allocator.acquire(
                 pool=request.pool,
                 team=request.team,
@@ -191,7 +193,9 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 holder=request.holder,
                 request_id=request.request_id,
                 try_only=request.try_only,
-                epoch=required_epoch(request),
+                epoch=ANY_EPOCH if required is None else required,
+                # An Acquire naming an epoch must be decided at it, whoever sends it.
+                forwarded=forwarded or required is not None,
             )
         except AllocatorError as e:
             if isinstance(e, NoOwner) and self._metrics is not None and not forwarded:
@@ -306,9 +310,6 @@ class AdminServicer(pb_grpc.AdminServicer):  # type: ignore[misc]
             )
         except AllocatorError as e:
             await abort(context, e)
-        logger.info(
-            "pool %s: capacity set to %d (was %d)", request.pool, request.capacity, previous
-        )
         return pb.SetCapacityResponse(previous=previous)
 
     async def Switchover(  # noqa: N802 (gRPC method name)

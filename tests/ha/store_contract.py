@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ha.clock import FakeClock, SystemClock
 from ha.etcdstore import EtcdStore, connect
-from ha.memstore import FileStore, MemoryStore
+from ha.filestore import FileStore
+from ha.memorystore import MemoryStore
 from ha.store import LeaseId, Store, WatchEvent
 
 ETCD_RPC_TIMEOUT_S = 2.0

@@ -12,7 +12,7 @@ import pytest
 from test_node import TIMING, Cluster, LocalPeers, acquire
 
 from fairshare import Class
-from ha.api import Epoch, GrantRef, HeldGrant, NodeId, WrongEpoch
+from ha.api import Epoch, GrantRef, HeldGrant, NodeId, PoolName, WrongEpoch
 from ha.clock import FakeClock, SystemClock, WallOffsetClock, system_clock
 from ha.node import open_node
 from ha.owner import NotDeciding
@@ -107,7 +107,7 @@ async def test_a_suspended_owner_stops_deciding_at_once() -> None:
     await c.start()
     owner = c.owner("p")
     assert owner is not None
-    owned = owner._owned["p"]
+    owned = owner.ownership.owned[PoolName("p")]
     epoch = owned.epoch
     for _ in range(5):
         await acquire(owner, "p", "b")  # b's share is full: a's next ones would borrow
@@ -132,7 +132,13 @@ async def test_a_suspended_owner_stops_deciding_at_once() -> None:
     # As a peer would ask it: refused, naming no decision of the old epoch.
     with pytest.raises(WrongEpoch):
         await owner.acquire(
-            pool="p", team="b", cls=Class.INTERACTIVE, est_tokens=1, holder="gw", epoch=epoch
+            pool="p",
+            team="b",
+            cls=Class.INTERACTIVE,
+            est_tokens=1,
+            holder="gw",
+            epoch=epoch,
+            forwarded=True,
         )
     with pytest.raises(WrongEpoch):
         await owner.adopt(

@@ -183,9 +183,9 @@ async def test_an_unreadable_snapshot_does_not_free_the_reserved_slots(cluster: 
 
 
 async def test_a_forwarders_re_report_reaches_the_new_owner() -> None:
-    """Node._readopt fires on the watch event of the new owner key, i.e. while the new
-    owner is still reading the snapshot (not yet in _owned); the forwarded Adopt gets
-    WrongEpoch and _readopt gives up after one try."""
+    """Stubs.readopt (ha.stubs) fires on the watch event of the new owner key, i.e. while
+    the new owner is still reading the snapshot (not yet in its owned table); the
+    forwarded Adopt gets WrongEpoch and readopt gave up after one try."""
     c = Cluster(3)
     await c.start()
     try:

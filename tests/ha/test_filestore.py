@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ha import memstore
-from ha.memstore import FileStore, MemoryStore
+from ha import filestore
+from ha.filestore import FileStore
+from ha.memorystore import MemoryStore
 from ha.store import NO_LEASE, EventKind, StoreUnavailable
 
 pytestmark = pytest.mark.timeout(20)
@@ -115,7 +116,7 @@ async def test_watch_history_is_bounded_and_an_older_start_gets_a_reset() -> Non
 async def test_after_a_slow_append_appends_move_to_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    real = memstore._append
+    real = filestore._append
     threads: list[int] = []
 
     def append(fd: int, data: bytes, size: int) -> None:
@@ -124,7 +125,7 @@ async def test_after_a_slow_append_appends_move_to_a_thread(
             time.sleep(FileStore.SLOW_APPEND_S * 2)  # a stalling disk
         real(fd, data, size)
 
-    monkeypatch.setattr(memstore, "_append", append)
+    monkeypatch.setattr(filestore, "_append", append)
     store = FileStore(tmp_path)
     try:
         for i in range(4):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ha import memstore
-from ha.memstore import FileStore
+from ha import filestore
+from ha.filestore import FileStore
 from ha.store import NO_LEASE, EventKind, StoreFull, StoreUnavailable
 
 pytestmark = pytest.mark.timeout(20)
@@ -28,7 +28,7 @@ class Disk:
     def __init__(self) -> None:
         self.full = False
         self.refused = 0
-        self._real = memstore._write_all
+        self._real = filestore._write_all
 
     def write_all(self, fd: int, data: bytes) -> None:
         if self.full:
@@ -41,7 +41,7 @@ class Disk:
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
     disk = Disk()
-    monkeypatch.setattr(memstore, "_write_all", disk.write_all)
+    monkeypatch.setattr(filestore, "_write_all", disk.write_all)
     yield disk
 
 
@@ -125,7 +125,7 @@ async def test_a_torn_last_record_is_dropped_and_reported(
     await store.close()
     log = tmp_path / FileStore.LOG_NAMES[0]
     size = log.stat().st_size
-    line = memstore._encode_record({"r": 99, "k": "/a", "v": "Mw==", "c": 1})
+    line = filestore._encode_record({"r": 99, "k": "/a", "v": "Mw==", "c": 1})
     with log.open("ab") as f:
         f.write(line[:-6])  # a crash in the middle of the append: never acknowledged
     again = FileStore(tmp_path)
@@ -186,7 +186,7 @@ async def test_a_compaction_that_fails_for_lack_of_space_loses_nothing(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # store.json cannot grow
 
     store = FileStore(tmp_path)
-    monkeypatch.setattr(memstore, "_atomic_write", atomic_write)
+    monkeypatch.setattr(filestore, "_atomic_write", atomic_write)
     store.COMPACT_BYTES = 200  # a compaction every few writes: all of them fail
     for i in range(40):
         await store.put(f"/x/{i}", b"%d" % i)

@@ -22,7 +22,7 @@ from ha.api import (
     PoolView,
 )
 from ha.clock import FakeClock, settle
-from ha.memstore import MemoryStore
+from ha.memorystore import MemoryStore
 from ha.node import Node
 from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing
 from ha.store import LeaseId, StoreUnavailable
@@ -96,6 +96,7 @@ class LocalPeers:
             request_id=request_id,
             try_only=try_only,
             epoch=epoch,
+            forwarded=True,
         )
 
     async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
@@ -178,8 +179,8 @@ class Cluster:
         """kill -9: tasks stop, nothing is revoked or written, peers cannot reach it."""
         for task in node._tasks:
             task.cancel()
-        for owned in node._owned.values():
-            owned.deciding = False
+        for owned in node.ownership.owned.values():
+            owned.stop()
         self.peers.down.add(node.address)
         self.nodes.remove(node)
 
@@ -239,7 +240,12 @@ async def test_a_wrong_epoch_is_refused(cluster: Cluster) -> None:
     epoch = owner.status()[0].epoch
     with pytest.raises(WrongEpoch):
         await owner.acquire(
-            pool="pool-0", team="a", cls=Class.INTERACTIVE, est_tokens=0, epoch=Epoch(epoch + 1)
+            pool="pool-0",
+            team="a",
+            cls=Class.INTERACTIVE,
+            est_tokens=0,
+            epoch=Epoch(epoch + 1),
+            forwarded=True,
         )
 
 
@@ -449,6 +455,33 @@ async def test_capacity_changes_survive_failover(cluster: Cluster) -> None:
     view = await cluster.nodes[0].snapshot("pool-3")
     assert view.capacity == 20
     assert {s.team: s.reserved for s in view.teams} == {"a": 10, "b": 6, "c": 4}
+
+
+async def test_every_replica_lists_the_owners_live_capacity(cluster: Cluster) -> None:
+    """ListPools on a replica that does not own the pool reports the capacity the owner
+    decides with, not the configured one: after a SetCapacity, and after a failover."""
+    owner = cluster.owner("pool-3")
+    assert owner is not None
+    others = [n for n in cluster.nodes if n is not owner]
+    assert await others[0].set_capacity("pool-3", 20) == 10
+
+    async def listed() -> list[int]:
+        await cluster.clock.advance(0.1)  # the watches deliver the change
+        return [
+            next(p.capacity for p in await n.list_pools() if p.pool == "pool-3")
+            for n in cluster.nodes
+        ]
+
+    assert await listed() == [20, 20, 20]
+    cluster.crash(owner)
+    await cluster.clock.advance(TIMING.lease_ttl_s + 0.2)
+    await cluster.settle_owners()
+    assert await listed() == [20, 20]
+    successor = cluster.owner("pool-3")
+    assert successor is not None
+    other = cluster.other("pool-3")
+    assert await other.set_capacity("pool-3", 30) == 20
+    assert await listed() == [30, 30]
 
 
 async def test_a_returning_preferred_replica_gets_its_pools_back_by_handover(

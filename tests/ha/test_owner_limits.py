@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-import ha.owner
+import ha.answers
 from fairshare import Class
 from ha.api import Epoch, GrantRef, LimitExceeded, NodeId
 from ha.clock import FakeClock
@@ -78,7 +78,7 @@ async def test_the_owner_refuses_a_new_team_at_the_cap_and_admits_after_pruning(
 
 
 async def test_remembered_answers_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ha.owner, "MAX_ANSWER_BYTES", 200_000)
+    monkeypatch.setattr(ha.answers, "MAX_ANSWER_BYTES", 200_000)
     clock = FakeClock()
     owned = owner(PoolConfig("p", 10, {"a": 1.0}), clock)
     for i in range(400):
@@ -91,5 +91,5 @@ async def test_remembered_answers_are_bounded_in_bytes(monkeypatch: pytest.Monke
             try_only=False,
         )
         owned.release(GrantRef.decode(d.grant_id), 0.0)
-    assert owned._answer_bytes <= 200_000
+    assert owned._answers.bytes <= 200_000
     assert 100 < len(owned._answers) < 400

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ha.api import NodeId
-from ha.memstore import MemoryStore
+from ha.memorystore import MemoryStore
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
 from ha.store import bounded

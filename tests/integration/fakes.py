@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from fairshare import BORROW_BASE, MAX_RANK, RANK_STEP, Class, Grant, Pool
 from ha.api import (
+    ANY_EPOCH,
     AdoptResult,
     Decision,
     Epoch,
@@ -93,10 +94,11 @@ class FakeAllocator:
         holder: str = "",
         request_id: str = "",
         try_only: bool = False,
-        epoch: Epoch | None = None,
+        epoch: Epoch = ANY_EPOCH,
+        forwarded: bool = False,
     ) -> Decision:
         target = self._pool(pool)
-        if epoch is not None and epoch != self.epoch:
+        if forwarded and epoch not in (ANY_EPOCH, self.epoch):
             raise WrongEpoch(pool, self.node_id, self.address, self.epoch)
         if not self.owned:
             if self.configs[pool].degraded_mode is DegradedMode.FAIL_CLOSED:

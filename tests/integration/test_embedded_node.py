@@ -19,8 +19,8 @@ from grpc import aio
 from client import AllocatorClient
 from fairshare import BORROW_BASE, RANK_STEP, WITHIN_SHARE_BASE
 from ha.api import Epoch, GrantRef, PoolName
+from ha.filestore import FileStore
 from ha.keys import Keys
-from ha.memstore import FileStore
 from ha.snapshot import PoolSnapshot
 from harness.net import free_port
 from server.app import RunningServer, start_server

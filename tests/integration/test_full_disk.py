@@ -25,7 +25,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
-from ha import memstore
+from ha import filestore
 from harness.net import free_port
 from harness.process import ServerProcess
 from harness.serve import serve_args
@@ -46,7 +46,7 @@ class Disk:
 
     def __init__(self) -> None:
         self.full = False
-        self._real = memstore._write_all
+        self._real = filestore._write_all
 
     def write_all(self, fd: int, data: bytes) -> None:
         if self.full:
@@ -57,7 +57,7 @@ class Disk:
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
     disk = Disk()
-    monkeypatch.setattr(memstore, "_write_all", disk.write_all)
+    monkeypatch.setattr(filestore, "_write_all", disk.write_all)
     yield disk
 
 

@@ -46,8 +46,8 @@ from grpc import aio
 
 from client import AllocatorClient, ClientGrant
 from fairshare import Class
+from ha.filestore import FileStore
 from ha.keys import Keys
-from ha.memstore import FileStore
 from ha.snapshot import PoolSnapshot
 from harness.net import free_port
 from harness.serve import serve_args

@@ -1,13 +1,10 @@
-"""Stores that live in this process: in memory (tests) and in a local file (embedded mode).
+"""The local file store of embedded mode: the store contract for one process, on disk.
 
-Both honour the contract of ``ha.store.Store`` exactly: one revision counter, atomic
-conditional writes, leases that expire on the injected clock and take their keys with
-them, watches that replay from a revision.
-
-``FileStore`` keeps keys without a lease on disk (an fdatasync'd append-only log, compacted
-into a JSON file), with the revision counter: epochs keep growing across restarts. Keys on
-leases are not written: like etcd's, they cannot outlive the process that kept the
-lease alive.
+``FileStore`` is the in-memory store (``ha.memorystore.MemoryStore``: the contract of
+``ha.store.Store`` exactly) that also keeps keys without a lease on disk (an fdatasync'd
+append-only log, compacted into a JSON file), with the revision counter: epochs keep
+growing across restarts. Keys on leases are not written: like etcd's, they cannot
+outlive the process that kept the lease alive.
 """
 
 from __future__ import annotations
@@ -25,261 +22,18 @@ import re
 import tempfile
 import time
 import zlib
-from collections import deque
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ha.clock import Clock, SystemClock
+from ha.clock import Clock
+from ha.memorystore import MemoryStore
 from ha.store import (
-    NO_LEASE,
-    EventKind,
     KeyValue,
-    LeaseId,
-    LeaseNotFound,
     StoreFull,
     StoreUnavailable,
-    WatchEvent,
-    within,
 )
 
 logger = logging.getLogger(__name__)
-
-# Events kept for watches that start from an older revision; an older start gets a RESET,
-# as from etcd after a compaction. Watches here start from a revision just read, so a short
-# history is enough, and a short one keeps state writes (hundreds a second, each with the
-# pool's whole snapshot) from piling up in memory and in the garbage collector's scans.
-_HISTORY = 1_000
-_HISTORY_BYTES = 4 * 1024 * 1024
-_EXPIRY_TICK_S = 0.05
-
-
-class MemoryStore:
-    """The store contract in memory, on an injected clock."""
-
-    def __init__(self, clock: Clock | None = None) -> None:
-        self._clock: Clock = clock if clock is not None else SystemClock()
-        self._revision = 0
-        self._keys: dict[str, KeyValue] = {}
-        self._leases: dict[LeaseId, tuple[float, float]] = {}  # id -> (ttl, expires_at)
-        self._next_lease = 0x1000
-        self._history: deque[WatchEvent] = deque()
-        self._history_bytes = 0
-        self._watchers: list[tuple[str, asyncio.Queue[WatchEvent | None]]] = []
-        self._expirer: asyncio.Task[None] | None = None
-        self._closed = False
-        self._lock = asyncio.Lock()
-
-    # -- leases ---------------------------------------------------------------------
-
-    async def grant_lease(self, ttl_s: float) -> LeaseId:
-        async with self._op():
-            self._next_lease += 1
-            lease = LeaseId(self._next_lease)
-            self._leases[lease] = (ttl_s, self._clock.monotonic() + ttl_s)
-            if self._expirer is None:
-                self._expirer = asyncio.create_task(self._expire_loop(), name="store-expirer")
-            return lease
-
-    async def keepalive(self, lease: LeaseId, *, timeout_s: float | None = None) -> float:
-        async with within(timeout_s), self._op():
-            entry = self._leases.get(lease)
-            if entry is None:
-                raise LeaseNotFound(f"lease {lease:x} not found")
-            ttl = entry[0]
-            self._leases[lease] = (ttl, self._clock.monotonic() + ttl)
-            return ttl
-
-    async def revoke(self, lease: LeaseId) -> None:
-        async with self._op():
-            if self._leases.pop(lease, None) is not None:
-                await self._drop_lease_keys(lease)
-
-    # -- reads ----------------------------------------------------------------------
-
-    async def get(self, key: str) -> KeyValue | None:
-        async with self._op():
-            return self._keys.get(key)
-
-    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        async with self._op():
-            return self._listing(prefix), self._revision
-
-    # -- writes ---------------------------------------------------------------------
-
-    async def put(self, key: str, value: bytes, *, lease: LeaseId = NO_LEASE) -> int:
-        async with self._op():
-            self._check_lease(lease)
-            await self._write(key, value, lease)
-            return self._revision
-
-    async def create(self, key: str, value: bytes, *, lease: LeaseId) -> KeyValue | None:
-        async with self._op():
-            if key in self._keys:  # as etcd: the compare fails before the lease is looked at
-                return None
-            self._check_lease(lease)
-            return await self._write(key, value, lease)
-
-    async def put_fenced(
-        self,
-        key: str,
-        value: bytes,
-        *,
-        fence_key: str,
-        fence_revision: int,
-        timeout_s: float | None = None,
-    ) -> bool:
-        async with within(timeout_s), self._op():
-            fence = self._keys.get(fence_key)
-            if fence is None or fence.create_revision != fence_revision:
-                return False
-            await self._write(key, value, NO_LEASE)
-            return True
-
-    async def delete_fenced(
-        self, key: str, *, create_revision: int, timeout_s: float | None = None
-    ) -> bool:
-        async with within(timeout_s), self._op():
-            kv = self._keys.get(key)
-            if kv is None or kv.create_revision != create_revision:
-                return False
-            await self._delete(key)
-            return True
-
-    # -- watches ----------------------------------------------------------------------
-
-    async def watch_prefix(self, prefix: str, *, start_revision: int) -> AsyncIterator[WatchEvent]:
-        if self._closed:
-            return
-        queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
-        oldest = self._history[0].revision if self._history else self._revision + 1
-        if start_revision + 1 < oldest and start_revision < self._revision:
-            queue.put_nowait(
-                WatchEvent(
-                    EventKind.RESET,
-                    "",
-                    None,
-                    self._revision,
-                    tuple(self._listing(prefix)),
-                )
-            )
-        else:
-            for event in self._history:
-                if event.revision > start_revision and event.key.startswith(prefix):
-                    queue.put_nowait(event)
-        entry = (prefix, queue)
-        self._watchers.append(entry)
-        try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    return
-                yield item
-        finally:
-            with contextlib.suppress(ValueError):
-                self._watchers.remove(entry)
-
-    async def close(self) -> None:
-        self._closed = True
-        if self._expirer is not None:
-            self._expirer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._expirer
-        for _, queue in self._watchers:
-            queue.put_nowait(None)
-
-    # -- internals --------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def _op(self) -> AsyncIterator[None]:
-        # Every call yields to the loop once, as a call to a remote store does: callers
-        # must not come to depend on a store call that completes without a pause.
-        await asyncio.sleep(0)
-        if self._closed:
-            raise StoreUnavailable("store is closed")
-        async with self._lock:
-            await self._expire()
-            yield
-
-    def _listing(self, prefix: str) -> list[KeyValue]:
-        return sorted(
-            (kv for k, kv in self._keys.items() if k.startswith(prefix)), key=lambda kv: kv.key
-        )
-
-    def _check_lease(self, lease: LeaseId) -> None:
-        if lease and lease not in self._leases:
-            raise LeaseNotFound(f"lease {lease:x} not found")
-
-    async def _write(self, key: str, value: bytes, lease: LeaseId) -> KeyValue:
-        # Persist first, change memory after: a write that fails to persist changes
-        # nothing, neither the keys nor the revision, and publishes no event.
-        revision = self._revision + 1
-        old = self._keys.get(key)
-        created = old.create_revision if old is not None else revision
-        kv = KeyValue(key, bytes(value), created, revision, lease)
-        durable = kv.lease == 0 or (old is not None and old.lease == 0)
-        await self._persist(revision, key, kv if kv.lease == 0 else None, durable=durable)
-        self._revision = revision
-        self._keys[key] = kv
-        self._applied()
-        self._publish(WatchEvent(EventKind.PUT, key, kv, revision))
-        return kv
-
-    async def _delete(self, key: str) -> None:
-        old = self._keys[key]
-        revision = self._revision + 1
-        if old.lease == 0:
-            # A key on a lease was never on disk, and the revision of its delete is never
-            # an epoch: nothing to log (a restart skips a revision for these deletes). So
-            # a lease's expiry and a resignation cannot fail for lack of disk space.
-            await self._persist(revision, key, None, durable=True)
-        self._revision = revision
-        del self._keys[key]
-        self._applied()
-        self._publish(WatchEvent(EventKind.DELETE, key, None, revision))
-
-    def _publish(self, event: WatchEvent) -> None:
-        self._history.append(event)
-        self._history_bytes += _size(event)
-        while len(self._history) > _HISTORY or self._history_bytes > _HISTORY_BYTES:
-            self._history_bytes -= _size(self._history.popleft())
-        for prefix, queue in self._watchers:
-            if event.key.startswith(prefix):
-                queue.put_nowait(event)
-
-    async def _drop_lease_keys(self, lease: LeaseId) -> None:
-        for key in [k for k, kv in self._keys.items() if kv.lease == lease]:
-            await self._delete(key)
-
-    async def _expire(self) -> None:
-        now = self._clock.monotonic()
-        for lease in [lid for lid, (_, at) in self._leases.items() if at <= now]:
-            del self._leases[lease]
-            await self._drop_lease_keys(lease)
-
-    async def _expire_loop(self) -> None:
-        while not self._closed:
-            await self._clock.sleep(_EXPIRY_TICK_S)
-            async with self._lock:
-                await self._expire()
-
-    async def _persist(
-        self, revision: int, key: str, kv: KeyValue | None, *, durable: bool
-    ) -> None:
-        """Hook for FileStore: makes a write durable before memory changes.
-
-        Args:
-            revision: the revision the write will get.
-            key: the key written.
-            kv: its new value, or None when it is deleted (or put on a lease).
-            durable: the key's value must be kept; otherwise only the revision is.
-
-        Raises:
-            StoreUnavailable: the write is not durable; the caller changes nothing.
-        """
-
-    def _applied(self) -> None:
-        """Hook for FileStore: a persisted write is now in memory."""
 
 
 class FileStore(MemoryStore):
@@ -663,7 +417,3 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def _size(event: WatchEvent) -> int:
-    return 0 if event.kv is None else len(event.kv.value)

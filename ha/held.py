@@ -1,0 +1,107 @@
+"""The grants an owner counts in flight: its own, and earlier ones it counted again.
+
+Guarantees: each grant is kept once, with the time it was issued (or adopted, or the
+deadline its phantom had); ``expire`` releases, charging nothing, every grant older than
+``max_request_s``; ``live`` and ``rows`` list exactly the grants kept, for a snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+from typing import TypeVar
+
+from fairshare import Grant
+from ha.api import Epoch
+from ha.snapshot import GrantKey, LiveGrant, live_row
+
+_K = TypeVar("_K")
+
+
+@dataclass(slots=True)
+class Held:
+    """One grant counted in flight."""
+
+    grant: Grant
+    holder: str
+    team: str
+    wall: float  # when it was issued or adopted (the epoch's clock)
+    row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
+    unsigned: bool = False  # a client-made degraded grant (no MAC)
+
+
+class HeldGrants:
+    """The grants of one owner at ``epoch`` (see module)."""
+
+    def __init__(self, epoch: Epoch, max_request_s: float) -> None:
+        self._epoch = epoch
+        self._limit = max_request_s
+        self._own: dict[int, Held] = {}  # this epoch's grants by sequence number
+        self._adopted: dict[GrantKey, Held] = {}  # earlier grants counted again
+
+    def issue(self, seq: int, grant: Grant, holder: str, team: str, wall: float) -> None:
+        """Keeps a grant of this epoch, issued at ``wall``."""
+        self._own[seq] = self._held(grant, GrantKey(self._epoch, seq, holder), team, wall)
+
+    def adopt(self, key: GrantKey, grant: Grant, wall: float, *, unsigned: bool) -> None:
+        """Keeps an earlier grant counted again, as if issued at ``wall``."""
+        self._adopted[key] = self._held(grant, key, grant.team, wall)
+        self._adopted[key].unsigned = unsigned
+
+    def take_own(self, seq: int) -> Held | None:
+        """Forgets this epoch's grant ``seq`` (released) and returns it, if kept."""
+        return self._own.pop(seq, None)
+
+    def take_adopted(self, key: GrantKey) -> Held | None:
+        """Forgets the adopted grant ``key`` (released) and returns it, if kept."""
+        return self._adopted.pop(key, None)
+
+    def adopted(self, key: GrantKey) -> bool:
+        return key in self._adopted
+
+    def unsigned_of(self, holder: str) -> int:
+        """How many unsigned (client-made degraded) grants of ``holder`` are kept."""
+        return sum(1 for h in self._adopted.values() if h.unsigned and h.holder == holder)
+
+    def expire(self, horizon: float) -> int:
+        """Releases (charging nothing) the grants issued before ``horizon``; returns how
+        many."""
+        return _expire(self._own, horizon) + _expire(self._adopted, horizon)
+
+    def live(self) -> list[LiveGrant]:
+        """The grants as a snapshot's live list."""
+        limit = self._limit
+        live = [
+            LiveGrant(GrantKey(self._epoch, seq, held.holder), held.team, held.wall + limit)
+            for seq, held in self._own.items()
+        ]
+        live += [
+            LiveGrant(key, held.team, held.wall + limit) for key, held in self._adopted.items()
+        ]
+        return live
+
+    def rows(self) -> Iterator[str]:
+        """The grants' encoded live rows (what ``live`` encodes to)."""
+        return chain(
+            (held.row for held in self._own.values()),
+            (held.row for held in self._adopted.values()),
+        )
+
+    def _held(self, grant: Grant, key: GrantKey, team: str, wall: float) -> Held:
+        until = wall + self._limit
+        return Held(grant, key.holder, team, wall, live_row(LiveGrant(key, team, until)))
+
+
+def _expire(table: dict[_K, Held], horizon: float) -> int:
+    """Releases the grants of ``table`` issued before ``horizon``; the table is in issue
+    order, so the scan stops at the first live one."""
+    expired = 0
+    for key in list(table):
+        held = table[key]
+        if held.wall > horizon:
+            break
+        del table[key]
+        held.grant.release(0.0)
+        expired += 1
+    return expired

@@ -1,0 +1,416 @@
+"""How a replica answers every call: from the pool it owns, from the owner, or degraded.
+
+Guarantees:
+- Any replica accepts every call. One that decides for the pool answers from its own
+  state; otherwise it forwards to the owner with the epoch it expects and refreshes its
+  route on FAILED_PRECONDITION (WrongEpoch).
+- A forwarded call (``forwarded=True``) is answered from this replica's own state only,
+  never forwarded again: a replica that does not decide for the pool (at the named epoch,
+  for Acquire) raises WrongEpoch naming the owner it routes to.
+- When no owner answers an Acquire within ``degraded_after_s``, the pool's degraded mode
+  applies: ``fail_closed`` raises NoOwner, ``fail_open`` grants at ``degraded_priority``
+  with a signed ``DEGRADED_EPOCH`` id, counted by no owner until adopted.
+- A grant obtained from another owner (or degraded) is remembered as a stub for
+  ``max_request_s``, and re-reported (Adopt) to each new owner of its pool.
+
+Non-guarantees: decisions made in degraded mode are not counted until adopted; a stub is
+forgotten after ``max_request_s`` (its request cannot be running any more).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+from fairshare import Class, degraded_priority
+from ha.api import (
+    ANY_EPOCH,
+    DEGRADED_EPOCH,
+    NO_EPOCH,
+    AdoptResult,
+    Decision,
+    Epoch,
+    GrantRef,
+    HeldGrant,
+    NodeId,
+    NoOwner,
+    Peers,
+    PeerUnavailable,
+    PoolInfo,
+    PoolName,
+    PoolView,
+    StoreUnavailable,
+    UnknownNode,
+    UnknownPool,
+    WrongEpoch,
+)
+from ha.clock import Clock
+from ha.cluster import ClusterView
+from ha.genuine import degraded_grant_id
+from ha.grantkeys import GrantKeys
+from ha.owner import NotDeciding, OwnedPool
+from ha.ownership import Ownership
+from ha.settings import DegradedMode, PoolConfig, Timing
+from ha.stubs import Stubs
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+ROUTE_POLL_S = 0.01
+"""How often a call waiting for a route looks again."""
+
+
+class Router:
+    """Answers the Allocator's calls for one replica (see module)."""
+
+    def __init__(
+        self,
+        *,
+        node_id: NodeId,
+        address: str,
+        configs: Mapping[PoolName, PoolConfig],
+        timing: Timing,
+        clock: Clock,
+        view: ClusterView,
+        peers: Peers,
+        grant_keys: GrantKeys,
+        ownership: Ownership,
+    ) -> None:
+        self.node_id = node_id
+        self.address = address
+        self.timing = timing
+        self.view = view
+        self._configs = configs
+        self._clock = clock
+        self._peers = peers
+        self._grant_keys = grant_keys
+        self._ownership = ownership
+        self._owned = ownership.owned
+        self.degraded: dict[PoolName, int] = dict.fromkeys(configs, 0)
+        """Degraded decisions this replica made, per pool."""
+        self.stubs = Stubs(
+            node_id=node_id,
+            configs=configs,
+            timing=timing,
+            clock=clock,
+            view=view,
+            peers=peers,
+            ownership=ownership,
+        )
+        """The grants this replica obtained for its callers elsewhere (``ha.stubs``)."""
+        self._request_seq = 0
+        # Generated request ids must not repeat across restarts of this node: an owner
+        # that outlived the restart would answer a new request with an old grant.
+        self._incarnation = secrets.token_hex(6)
+
+    async def acquire(
+        self,
+        *,
+        pool: str,
+        team: str,
+        cls: Class,
+        est_tokens: int,
+        holder: str = "",
+        request_id: str = "",
+        try_only: bool = False,
+        epoch: Epoch = ANY_EPOCH,
+        forwarded: bool = False,
+    ) -> Decision:
+        """``ha.api.Allocator.acquire``."""
+        config = self._config(pool)
+        name = PoolName(pool)
+        if not request_id and not forwarded:
+            # Forwarding may retry: a request id makes the owner answer a retry alike.
+            self._request_seq += 1
+            request_id = f"{self.node_id}:{self._incarnation}:{self._request_seq}"
+        decide = functools.partial(
+            OwnedPool.acquire,
+            team=team,
+            cls=cls,
+            est_tokens=est_tokens,
+            holder=holder,
+            request_id=request_id,
+            try_only=try_only,
+        )
+        if forwarded:  # answer from our own state only
+            try:
+                return await decide(self._owner_at(name, epoch))
+            except NotDeciding:
+                raise self._wrong_epoch(name) from None
+        deadline = self._clock.monotonic() + self.timing.degraded_after_s
+        while True:
+            local = self._ownership.deciding(name)
+            if local is not None:
+                try:
+                    return await decide(local)
+                except NotDeciding:
+                    pass
+            route = self.view.route(name)
+            if route is not None and route.node != self.node_id:
+                try:
+                    decision = await self._peers.acquire(
+                        route.address,
+                        pool=pool,
+                        team=team,
+                        cls=cls,
+                        est_tokens=est_tokens,
+                        holder=holder,
+                        request_id=request_id,
+                        try_only=try_only,
+                        epoch=route.epoch,
+                        timeout=max(self.timing.rpc_timeout_s, deadline - self._clock.monotonic()),
+                    )
+                except (WrongEpoch, PeerUnavailable) as e:
+                    logger.debug("forward of %s to %s failed: %s", pool, route.node, e)
+                else:
+                    if decision.granted:
+                        self.stubs.keep(name, team, est_tokens, decision)
+                    return decision
+            if self._clock.monotonic() >= deadline:
+                return self._degrade(
+                    config,
+                    team=team,
+                    cls=cls,
+                    est_tokens=est_tokens,
+                    holder=holder,
+                    try_only=try_only,
+                )
+            await self._clock.sleep(ROUTE_POLL_S)
+
+    async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
+        """``ha.api.Allocator.release``."""
+        ref = GrantRef.decode(grant_id)
+        self._config(ref.pool)
+        owned = self._ownership.deciding(ref.pool)
+        if owned is not None and ref.epoch <= owned.epoch:
+            owned.release(ref, consumed)
+            self.stubs.take(grant_id)
+            # Usage is what fairness stands on: a release is acknowledged only once a
+            # fenced write covers it, so no owner loses an acknowledged consumption. No
+            # request waits on a release, so its write may wait to be shared.
+            try:
+                await owned.durable(lazy=True)
+            except NotDeciding as e:
+                raise StoreUnavailable(f"release of {grant_id} not persisted: {e}") from e
+            return
+        if forwarded:
+            raise self._wrong_epoch(ref.pool)
+        stub = self.stubs.take(grant_id)
+        try:
+            await self._to_owner(
+                ref.pool,
+                lambda address: self._peers.release(
+                    address, grant_id, consumed, self.timing.rpc_timeout_s
+                ),
+            )
+        except BaseException:
+            if stub is not None:
+                self.stubs.put_back(grant_id, stub)
+            raise
+
+    async def adopt(
+        self,
+        *,
+        pool: str,
+        epoch: Epoch,
+        holder: str,
+        grants: Sequence[HeldGrant],
+        complete: bool,
+        forwarded: bool = False,
+    ) -> AdoptResult:
+        """``ha.api.Allocator.adopt``."""
+        self._config(pool)
+        name = PoolName(pool)
+        owned = self._ownership.deciding(name)
+        if owned is not None:
+            if epoch not in (ANY_EPOCH, owned.epoch):
+                raise WrongEpoch(name, self.node_id, self.address, owned.epoch)
+            return owned.adopt(holder=holder, grants=grants, complete=complete)
+        if forwarded:
+            raise self._wrong_epoch(name)
+        return await self._to_owner(
+            name,
+            lambda address: self._peers.adopt(
+                address,
+                pool=pool,
+                epoch=ANY_EPOCH,
+                holder=holder,
+                grants=grants,
+                complete=complete,
+                timeout=self.timing.rpc_timeout_s,
+            ),
+        )
+
+    async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
+        """``ha.api.Allocator.snapshot``."""
+        self._config(pool)
+        name = PoolName(pool)
+        owned = self._owned.get(name)
+        if owned is not None and not owned.lost:
+            return owned.view()
+        if forwarded:
+            raise self._wrong_epoch(name)
+        return await self._to_owner(
+            name,
+            lambda address: self._peers.snapshot(address, pool, self.timing.rpc_timeout_s),
+        )
+
+    async def list_pools(self) -> list[PoolInfo]:
+        """``ha.api.Allocator.list_pools``: the capacity is the owner's live one, read
+        from the pool here or, elsewhere, as the owner published it (``ClusterView``)."""
+        result = []
+        for name, config in sorted(self._configs.items()):
+            route = self.view.route(name)
+            owned = self._owned.get(name)
+            published = self.view.capacity(name)
+            if owned is not None:
+                capacity = owned.capacity
+            else:
+                capacity = published if published is not None else config.capacity
+            result.append(
+                PoolInfo(
+                    name,
+                    capacity,
+                    route.node if route else NodeId(""),
+                    route.address if route else "",
+                    route.epoch if route else NO_EPOCH,
+                )
+            )
+        return result
+
+    async def set_capacity(self, pool: str, capacity: int, *, forwarded: bool = False) -> int:
+        """``ha.api.Allocator.set_capacity``."""
+        self._config(pool)
+        name = PoolName(pool)
+        owned = self._ownership.deciding(name)
+        if owned is not None:
+            previous = owned.set_capacity(capacity)
+            try:
+                await owned.durable()
+            except Exception as e:
+                raise StoreUnavailable(f"capacity of {pool} not persisted: {e}") from e
+            logger.info(
+                "pool %s at epoch %d: capacity changed from %d to %d",
+                pool,
+                owned.epoch,
+                previous,
+                capacity,
+            )
+            try:
+                await self._ownership.publish_capacity(owned)
+            except (StoreUnavailable, WrongEpoch) as e:
+                logger.warning(
+                    "pool %s: capacity %d not published to the other replicas yet: %s",
+                    pool,
+                    capacity,
+                    e,
+                )
+            return previous
+        if forwarded:
+            raise self._wrong_epoch(name)
+        return await self._to_owner(
+            name,
+            lambda address: self._peers.set_capacity(
+                address, pool, capacity, self.timing.rpc_timeout_s
+            ),
+        )
+
+    async def switchover(self, pool: str, node: str, *, forwarded: bool = False) -> None:
+        """Moves ``pool`` to ``node`` and pins it there.
+
+        The pin is the handover key, naming ``node`` and the revision of its member key;
+        every replica honours it (rebalancing does not move the pool away, a campaign
+        prefers ``node``) until ``node`` leaves the cluster or another switchover is
+        made. Raises StoreUnavailable (nothing moved) when the pin cannot be written.
+        """
+        self._config(pool)
+        name = PoolName(pool)
+        target = NodeId(node)
+        if target not in self.view.members:
+            raise UnknownNode(node)
+        owned = self._owned.get(name)
+        if owned is not None and not self._ownership.handing_over(name):
+            await self._ownership.switchover(owned, target)
+            return
+        if forwarded:
+            raise self._wrong_epoch(name)
+        await self._to_owner(
+            name,
+            lambda address: self._peers.switchover(
+                address, pool, node, self.timing.forward_deadline_s
+            ),
+        )
+
+    # -- routing helpers --------------------------------------------------------------
+
+    def _config(self, pool: str) -> PoolConfig:
+        config = self._configs.get(PoolName(pool))
+        if config is None:
+            raise UnknownPool(pool)
+        return config
+
+    def _owner_at(self, pool: PoolName, epoch: Epoch) -> OwnedPool:
+        """The pool if this node decides for it at ``epoch`` (any, for ``ANY_EPOCH``)."""
+        owned = self._ownership.deciding(pool)
+        if owned is None or epoch not in (ANY_EPOCH, owned.epoch):
+            raise self._wrong_epoch(pool)
+        return owned
+
+    def _wrong_epoch(self, pool: PoolName) -> WrongEpoch:
+        route = self.view.route(pool)
+        if route is None or route.node == self.node_id:
+            return WrongEpoch(pool, NodeId(""), "", NO_EPOCH)
+        return WrongEpoch(pool, route.node, route.address, route.epoch)
+
+    async def _to_owner(self, pool: PoolName, call: Callable[[str], Awaitable[_T]]) -> _T:
+        """Runs ``call(address)`` on the pool's owner, refreshing the route on refusal.
+
+        Raises:
+            NoOwner: no owner answered within the forward deadline.
+        """
+        deadline = self._clock.monotonic() + self.timing.forward_deadline_s
+        while True:
+            route = self.view.route(pool)
+            if route is not None and route.node != self.node_id:
+                try:
+                    return await call(route.address)
+                except (WrongEpoch, PeerUnavailable) as e:
+                    logger.debug("call for %s to %s failed: %s", pool, route.node, e)
+            if self._clock.monotonic() >= deadline:
+                raise NoOwner(pool)
+            await self._clock.sleep(ROUTE_POLL_S * 5)
+
+    def _degrade(
+        self,
+        config: PoolConfig,
+        *,
+        team: str,
+        cls: Class,
+        est_tokens: int,
+        holder: str,
+        try_only: bool,
+    ) -> Decision:
+        name = PoolName(config.name)
+        if config.degraded_mode is DegradedMode.FAIL_CLOSED:
+            raise NoOwner(config.name)
+        self.degraded[name] += 1
+        if try_only:
+            # Without an owner nobody knows whether the pool has room.
+            return Decision(False, "", 0, False, True, True, NodeId(""), DEGRADED_EPOCH)
+        priority = degraded_priority(cls)
+        decision = Decision(
+            True,
+            degraded_grant_id(config.name, team, holder, self._grant_keys),
+            priority,
+            True,
+            False,
+            True,
+            NodeId(""),
+            DEGRADED_EPOCH,
+        )
+        self.stubs.keep(name, team, est_tokens, decision)
+        logger.warning("pool %s: no owner reachable; granted %s degraded", config.name, team)
+        return decision
