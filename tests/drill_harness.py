@@ -461,6 +461,7 @@ class DrillCluster:
             self.replicas.append(replica)
         await asyncio.gather(*(wait_serving(r.address) for r in self.replicas))
         await self.wait_owned()
+        await self.wait_agreed()
         for _ in range(self.gateway_count):
             self.add_gateway()
         self.poll_task = asyncio.create_task(self._poll(), name="drill-poller")
@@ -569,6 +570,32 @@ class DrillCluster:
                 return time.monotonic() - start
             await asyncio.sleep(0.05)
         raise AssertionError(f"pools without owner after {timeout_s}s: {await self.owners()}")
+
+    async def wait_agreed(self, timeout_s: float = 15.0) -> float:
+        """Waits until every live replica names the same owner and epoch for every pool;
+        returns the time taken.
+
+        ``wait_owned`` asks one replica; the others learn of an owner through their own
+        watch, a moment later. A test that asks every replica for a decision needs them all
+        to know the owner, or a replica still waiting to learn it answers degraded.
+        """
+        start = time.monotonic()
+        views: list[dict[str, tuple[str, int]]] = []
+        while time.monotonic() - start < timeout_s:
+            views = [await self._owners_seen_by(r) for r in self.replicas if r.alive]
+            if views and all(len(v) == len(POOLS) and v == views[0] for v in views):
+                return time.monotonic() - start
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"replicas disagree on owners after {timeout_s}s: {views}")
+
+    async def _owners_seen_by(self, replica: Replica) -> dict[str, tuple[str, int]]:
+        try:
+            async with open_channel(replica.address) as channel:
+                stub = pb_grpc.AllocatorStub(channel)
+                r = await stub.ListPools(pb.ListPoolsRequest(), timeout=0.5)
+        except aio.AioRpcError:
+            return {}
+        return {p.pool: (p.owner, p.epoch) for p in r.pools if p.owner}
 
     async def switchover(self, pool: str, node: str) -> None:
         """Admin Switchover through any live replica."""
