@@ -19,7 +19,7 @@ from typing import Any, Final, TextIO
 import grpc
 from grpc import aio
 
-from server.auth import read_token
+from wire.credentials import read_token
 from wire.metadata import bearer
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc

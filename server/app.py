@@ -45,12 +45,13 @@ from ha.api import Allocator, NodeId, Peers, StoreUnavailable
 from ha.grantkeys import GrantKeys, KeyFileError
 from ha.node import open_node
 from ha.settings import ConfigError, PoolConfig, Timing
-from server.auth import AdminAuth, read_token
+from server.auth import AdminAuth
 from server.config import Config, load_config
 from server.intake import Intake
 from server.metrics import Metrics
 from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
+from wire.credentials import read_token
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
