@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
