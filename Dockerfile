@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 # The allocator image: `docker build -t fairshare:0.1.0 .` (deploy/ runs this tag).
-# Two stages: the first installs the project and its pinned dependencies into a virtual
-# environment; the second copies only that environment onto the same base image, so no
-# build tooling, pip cache or source tree ships. The generated gRPC stubs are committed
-# under wire/pb, so nothing is generated here.
+# Two stages: the first installs the project with its `server` extra, at the exact versions
+# of requirements.lock, into a virtual environment; the second copies only that environment
+# onto the same base image, so no build tooling, pip cache or source tree ships. The
+# generated gRPC stubs are committed under wire/pb, so nothing is generated here.
 
 # Pinned to a patch release; bump deliberately (and pin the digest in your registry).
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
@@ -15,7 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/fairshare
 WORKDIR /src
 # README.m[d]: the readme if there is one (a pattern that matches nothing is skipped).
-COPY pyproject.toml README.m[d] ./
+COPY pyproject.toml requirements.lock README.m[d] ./
 COPY fairshare ./fairshare
 COPY wire ./wire
 COPY client ./client
@@ -24,7 +24,7 @@ COPY server ./server
 COPY sim ./sim
 COPY cli ./cli
 # A regular (not editable) install: the runtime stage has no /src.
-RUN /opt/fairshare/bin/pip install . \
+RUN /opt/fairshare/bin/pip install -c requirements.lock '.[server]' \
     && /opt/fairshare/bin/python -m compileall -q /opt/fairshare/lib
 
 FROM ${PYTHON_IMAGE}

@@ -6,7 +6,10 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/pools.yaml
 
-.PHONY: help venv etcd run test check lint typecheck imports unit pytest bench proto simulate drill clean
+LOCK := requirements.lock
+LOCK_VENV := build/lock-venv
+
+.PHONY: help venv lock etcd run test check lint typecheck imports unit pytest bench proto simulate drill clean
 
 help:
 	@echo "make run       set up and start a single-node allocator on $(CONFIG)"
@@ -14,19 +17,43 @@ help:
 	@echo "make check     lint, format check, mypy --strict, import layers"
 	@echo "make bench     run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make proto     regenerate the gRPC stubs from proto/"
+	@echo "make lock      rewrite $(LOCK) after a change of dependencies (UPGRADE=1: newest)"
 	@echo "make drill     randomized failover drill on a three-member etcd (MINUTES=5 SEED=1)"
 
-# Debian's own python3 needs python3-venv for `-m venv`; it is installed when missing.
-$(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+# A virtualenv at $(1) with a current pip. Debian's own python3 needs python3-venv for
+# `-m venv`; it is installed when missing.
+define new_venv
+@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
+test -x $(1)/bin/python || $(PYTHON) -m venv $(1) || { rm -rf $(1); \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null \
-	  && $(PYTHON) -m venv $(VENV); }
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	  && $(PYTHON) -m venv $(1); }
+$(1)/bin/python -m pip install --quiet --upgrade pip
+endef
+
+# $(VENV) gets the exact versions of $(LOCK) (the ranges are pyproject.toml's).
+$(STAMP): pyproject.toml $(LOCK)
+	$(call new_venv,$(VENV))
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[server,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# Installs every dependency of every extra in a throw-away virtualenv and writes their
+# exact versions to $(LOCK): the versions already locked are kept (pip fails if a range of
+# pyproject.toml no longer allows one), what is new is resolved. UPGRADE=1 resolves all
+# afresh: the newest releases the ranges allow. Commit the result with the change that
+# needed it; `make venv` then installs it.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(call new_venv,$(LOCK_VENV))
+	$(LOCK_VENV)/bin/python -m pip install --quiet \
+	  $(if $(UPGRADE),,$(addprefix -c ,$(wildcard $(LOCK)))) -e '.[server,sim,dev]'
+	{ echo "# Exact versions of every dependency of fairshare and its extras (server, sim, dev),"; \
+	  echo "# resolved by \`make lock\` for CPython $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())') on Linux."; \
+	  echo "# Install with: pip install -c $(LOCK) -e '.[server,dev]' (see docs/deploy.md)."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable; } > $(LOCK).tmp
+	mv $(LOCK).tmp $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 # Debian's etcd-server (3.4) gives the tests a real etcd; they start and stop it themselves.
 # etcd-client's etcdctl lets the drills find and move the leader of their three-member etcd.
@@ -53,9 +80,9 @@ test: check pytest
 
 # Each benchmark writes its own section of docs/benchmarks.md (about 4 minutes in all).
 bench: venv etcd
-	$(PY) bench/core.py
-	$(PY) bench/grpc_service.py
-	$(PY) bench/replicated.py
+	$(PY) -m bench.core
+	$(PY) -m bench.grpc_service
+	$(PY) -m bench.replicated
 
 MINUTES ?= 5
 SEED ?= 1

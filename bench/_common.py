@@ -1,22 +1,18 @@
-"""What the benchmarks share: the machine description, the doc's sections, server
-processes on loopback, and bounded load loops with percentiles.
+"""What the benchmarks share: the machine description, the doc's sections, the servers'
+config files, and bounded load loops with percentiles.
 
 Every benchmark writes its own ``## ...`` section of docs/benchmarks.md with
-``write_section`` and leaves the others as they are.
+``write_section`` and leaves the others as they are. Benchmarks run from the repository
+root as modules (``python -m bench.core``), which puts ``bench`` and ``harness`` on the path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 import platform
 import re
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -213,13 +209,7 @@ async def paced_loop(
 
 
 # -- processes ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# The processes themselves (allocators, etcd, waits) come from the ``harness`` package.
 
 
 def pool_yaml(pools: list[dict[str, object]], timing: dict[str, float] | None = None) -> str:
@@ -228,121 +218,6 @@ def pool_yaml(pools: list[dict[str, object]], timing: dict[str, float] | None = 
     if timing:
         doc["timing"] = timing
     return yaml.safe_dump(doc, sort_keys=False)
-
-
-class Process:
-    """A child process on loopback whose output goes to a log file; killed by ``close``."""
-
-    def __init__(self, args: list[str], *, log: Path, port: int) -> None:
-        self.args = args
-        self.log_path = log
-        self.port = port
-        self.address = f"127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.args,
-                cwd=ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.alive:
-            assert self.proc is not None
-            self.proc.send_signal(sig)
-
-    def wait(self, timeout_s: float) -> int | None:
-        if self.proc is None:
-            return None
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
-        if self.alive:
-            self.signal(signal.SIGTERM)
-            if self.wait(timeout_s) is None:
-                self.kill()
-
-    def kill(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
-
-
-def fairshare_server(
-    workdir: Path,
-    config: Path,
-    *,
-    name: str = "allocator-0",
-    etcd: str | None = None,
-    prefix: str | None = None,
-) -> Process:
-    """``python -m cli serve`` on a free port with its own state dir (embedded mode
-    unless ``etcd`` names an endpoint)."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    args = [
-        sys.executable,
-        "-m",
-        "cli",
-        "serve",
-        "--config",
-        str(config),
-        "--listen",
-        address,
-        "--advertise",
-        address,
-        "--metrics-listen",
-        "",
-        "--state-dir",
-        str(workdir / f"state-{name}"),
-        "--node-id",
-        name,
-    ]
-    if etcd is not None:
-        args += ["--etcd", etcd]
-    if prefix is not None:
-        args += ["--prefix", prefix]
-    return Process(args, log=workdir / f"{name}.log", port=port)
-
-
-async def wait_serving(process: Process, timeout_s: float = 30.0) -> None:
-    """Waits until the process answers the standard health check with SERVING."""
-    from grpc import aio
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout_s
-    async with aio.insecure_channel(process.address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            if not process.alive:
-                raise RuntimeError(f"{process.args[:4]} exited:\n{process.log_tail()}")
-            try:
-                r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except aio.AioRpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"not serving after {timeout_s}s:\n{process.log_tail()}")
-            await asyncio.sleep(0.05)
 
 
 def workdir(prefix: str) -> Path:

@@ -1,9 +1,10 @@
 """Benchmark of the decision core: the cost of one acquire + release pair.
 
-Run with ``make bench`` (or ``python bench/core.py``). For 10, 100, 1,000 and 10,000 teams
-it times many acquire + release pairs on one pool under a mixed workload, prints a table
-with the median cost per pair and its ratio to the 10-team cost, and rewrites the
-"## Decision core" section of docs/benchmarks.md (other sections are left as they are).
+Run with ``make bench`` (or ``python -m bench.core`` from the repository root). For 10,
+100, 1,000 and 10,000 teams it times many acquire + release pairs on one pool under a
+mixed workload, prints a table with the median cost per pair and its ratio to the 10-team
+cost, and rewrites the "## Decision core" section of docs/benchmarks.md (other sections
+are left as they are).
 
 Workload, per pool size T:
 - shares drawn at random (weights 1..10, normalised), C = 2T, so reservations are 0 to a
@@ -30,14 +31,9 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
-
-from bench._common import machine, machine_lines, write_section  # noqa: E402
-from fairshare import Class, Grant, Pool  # noqa: E402
+from bench._common import machine, machine_lines, write_section
+from fairshare import Class, Grant, Pool
 
 SIZES = (10, 100, 1_000, 10_000)
 WITHIN_SHARE_FRACTION = 0.1
@@ -145,7 +141,7 @@ def section(results: list[Result], pairs: int, repeats: int, info: dict[str, str
 
 Cost of one `Pool.acquire` + `Grant.release` pair, the hot path of every request.
 
-Command: `make bench` (runs `python bench/core.py`; `--profile` adds a cProfile listing).
+Command: `make bench` (runs `python -m bench.core`; `--profile` adds a cProfile listing).
 
 Workload per pool size T: shares drawn at random, C = 2T; every team starts with a
 different decayed usage (T distinct ranks); 90 % of the teams already hold their whole

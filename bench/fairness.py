@@ -22,21 +22,14 @@ import asyncio
 import contextlib
 import multiprocessing
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from grpc import aio
 
-from bench._common import (
-    Process,
-    fairshare_server,
-    percentile,
-    pool_yaml,
-    wait_serving,
-    workdir,
-)
+from bench._common import percentile, pool_yaml, workdir
+from harness.serve import Allocator, wait_serving
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -88,17 +81,6 @@ def _flood_process(
     out.put(asyncio.run(_flood(address, seconds, in_flight)))
 
 
-def _start(server: Process, root: str | None) -> None:
-    if root is None:
-        server.start()
-        return
-    # ``python -m cli`` imports the packages (``cli``, ``server``...) of its working directory.
-    with server.log_path.open("ab") as log:
-        server.proc = subprocess.Popen(
-            server.args, cwd=Path(root), stdin=subprocess.DEVNULL, stdout=log, stderr=log
-        )
-
-
 def _summary(name: str, latencies: list[float]) -> str:
     return (
         f"{name}: {len(latencies)} pairs, p50 {percentile(latencies, 50) * 1e3:.2f} ms, "
@@ -114,10 +96,13 @@ async def run(args: argparse.Namespace) -> bool:
     work = workdir("fairshare-bench-fairness-")
     config = work / "pools.yaml"
     config.write_text(pool_yaml([POOL]), encoding="utf-8")
-    server: Process = fairshare_server(work, config)
+    server = Allocator(work, config)
+    if args.server_root is not None:
+        # ``python -m cli`` imports the packages (``cli``, ``server``...) of its working directory.
+        server.cwd = Path(args.server_root)
     try:
-        _start(server, args.server_root)
-        await wait_serving(server)
+        server.start()
+        await wait_serving(server.address, process=server)
         alone = await quiet(server.address, args.seconds)
         out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
         flooder = multiprocessing.Process(

@@ -1,6 +1,7 @@
 """Benchmark of the replicated service: a real etcd and three ``fairshare serve`` replicas.
 
-Run with ``make bench`` (or ``python bench/replicated.py``). It measures, in one run:
+Run with ``make bench`` (or ``python -m bench.replicated`` from the repository root). It
+measures, in one run:
 
 - forwarded vs direct Acquire + Release pairs, 1 and 32 in flight: the same workload sent to
   the pool's owner (direct) and to a replica that does not own it (forwarded: that replica
@@ -12,7 +13,7 @@ Run with ``make bench`` (or ``python bench/replicated.py``). It measures, in one
   non-degraded Acquire (try_only) for that pool succeeds through a surviving replica,
   probes started every 10 ms; median of 5 runs each, the replica restarted between runs.
 
-The workload of the throughput runs is bench/grpc_service.py's (C = 100, ten teams, eight
+The workload of the throughput runs is bench/workload.py's (C = 100, ten teams, eight
 of them holding their reservation, 20 % of the requests within share).
 
 Targets (docs/design.md §19): decisions resume <= T + 1 s after a crash; a successor decides
@@ -33,19 +34,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests"):  # run as a script from anywhere; EtcdProcess lives in tests/
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from grpc import aio
 
-from etcd_process import EtcdProcess  # noqa: E402
-from grpc import aio  # noqa: E402
-
-from bench._common import (  # noqa: E402
+from bench._common import (
     LoadResult,
-    Process,
     closed_loop,
-    fairshare_server,
     machine,
     machine_lines,
     met,
@@ -53,13 +46,14 @@ from bench._common import (  # noqa: E402
     paced_loop,
     percentile,
     pool_yaml,
-    wait_serving,
     workdir,
     write_section,
 )
-from bench.grpc_service import POOL, Gateway, bench_pool  # noqa: E402
-from wire.pb.fairshare.v1 import allocator_pb2 as pb  # noqa: E402
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc  # noqa: E402
+from bench.workload import POOL, Gateway, bench_pool
+from harness.etcd import EtcdProcess
+from harness.serve import Allocator, wait_serving
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 SECTION = "## Replicated: forwarding, durable writes with etcd, failover"
 LEASE_TTL_S = 2.0
@@ -102,18 +96,19 @@ class Cluster:
         self.prefix = f"/bench-{os.getpid()}"
         self.config = work / "pools.yaml"
         self.config.write_text(pool_yaml([bench_pool(), failover_pool()], TIMING), "utf-8")
-        self.replicas: dict[str, Process] = {}
+        self.replicas: dict[str, Allocator] = {}
 
-    def spawn(self, node: str) -> Process:
-        process = fairshare_server(
-            self.work, self.config, name=node, etcd=self.etcd.endpoint, prefix=self.prefix
-        )
-        # A restarted replica keeps its port, as a pod keeps its address.
+    def spawn(self, node: str) -> Allocator:
+        # A restarted replica keeps its address, as a pod does.
         old = self.replicas.get(node)
-        if old is not None:
-            process.port, process.address = old.port, old.address
-            i = process.args.index("--listen")
-            process.args[i + 1] = process.args[i + 3] = old.address
+        process = Allocator(
+            self.work,
+            self.config,
+            node=node,
+            etcd=self.etcd.endpoint,
+            prefix=self.prefix,
+            address=None if old is None else old.address,
+        )
         self.replicas[node] = process
         process.start()
         return process
@@ -122,7 +117,7 @@ class Cluster:
         self.etcd.start()
         for i in range(REPLICAS):
             self.spawn(f"allocator-{i}")
-        await asyncio.gather(*(wait_serving(p) for p in self.replicas.values()))
+        await asyncio.gather(*(wait_serving(p.address, process=p) for p in self.replicas.values()))
 
     async def owner(self, pool: str) -> tuple[str, int] | None:
         """(owner node, epoch) as the first live replica sees it."""
@@ -296,7 +291,8 @@ async def failovers(cluster: Cluster, sig: signal.Signals, runs: int) -> list[fl
         victim = cluster.replicas[owner]
         if victim.wait(10.0) is None:
             victim.kill()
-        await wait_serving(cluster.spawn(owner))
+        replica = cluster.spawn(owner)
+        await wait_serving(replica.address, process=replica)
         # The restarted replica may be the pool's preferred owner: it gets the pool back
         # by a graceful handover once it has been a member for T. Let that happen first.
         await asyncio.sleep(LEASE_TTL_S + 0.5)
@@ -410,11 +406,11 @@ def section(
     timing = ", ".join(f"`{k}` {v:g}" for k, v in TIMING.items())
     return f"""{SECTION}
 
-The replicated mode on one machine: a single-member etcd (`tests/etcd_process.py`, data
+The replicated mode on one machine: a single-member etcd (`harness/etcd.py`, data
 dir on a RAM-backed file system) and three `python -m cli serve` replicas on
 loopback, with the drills' timings: {timing} (T = `lease_ttl_s` = {LEASE_TTL_S:g} s).
 
-Command: `make bench` (runs `python bench/replicated.py`).
+Command: `make bench` (runs `python -m bench.replicated`).
 
 Throughput: the workload of the previous section (one pool, C = 100, ten teams, eight
 holding their reservation, 20 % of the requests within share; pairs of Acquire and an

@@ -2,7 +2,7 @@
 
 ``etcd_server`` is one real etcd member for the whole session (tests that only read and
 write use it, each under its own key prefix); ``etcd_disposable`` is a private member
-for a test that stops, pauses or restarts it. Both come from ``tests/etcd_process.py``,
+for a test that stops, pauses or restarts it. Both come from ``harness/etcd.py``,
 which the failover drills reuse. A machine without the etcd binary fails these tests
 with the command that installs it: a suite that skipped them would pass untested.
 """
@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from etcd_process import EtcdNotInstalled, EtcdProcess
+
+from harness.etcd import EtcdNotInstalled, EtcdProcess
 
 
 def _etcd(name: str) -> EtcdProcess:

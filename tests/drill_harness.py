@@ -30,9 +30,6 @@ import math
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -41,10 +38,13 @@ from pathlib import Path
 
 import grpc
 import yaml
-from etcd_process import EtcdCluster, PeerProxy, free_port
 from grpc import aio
 
 from fairshare import Class, apportion
+from harness import serve
+from harness.etcd_cluster import EtcdCluster
+from harness.proxy import TcpProxy
+from harness.serve import Allocator
 from server.client import AllocatorClient, ClientGrant
 from wire.channels import open_channel
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -107,21 +107,20 @@ def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
 # -- processes -------------------------------------------------------------------------------
 
 
-class Replica:
-    """One ``fairshare serve`` process."""
+class Replica(Allocator):
+    """One ``fairshare serve`` process of the drill cluster, with the test-only wall-clock
+    hook (``step_wall_clock``) and a count of its starts."""
 
     def __init__(self, *, node: str, workdir: Path, etcd: str, prefix: str, config: Path) -> None:
-        self.node = node
-        self.workdir = workdir
-        self.etcd = etcd
-        self.prefix = prefix
-        self.config = config
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.state_dir = workdir / f"state-{node}"
-        self.log_path = workdir / f"{node}.log"
         self.wall_offset_file = workdir / f"wall-offset-{node}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(
+            workdir,
+            config,
+            node=node,
+            etcd=etcd,
+            prefix=prefix,
+            env={**os.environ, WALL_OFFSET_ENV: str(self.wall_offset_file)},
+        )
         self.starts = 0
 
     def step_wall_clock(self, offset_s: float) -> None:
@@ -136,67 +135,12 @@ class Replica:
             for child in self.state_dir.iterdir():
                 child.unlink()
         self.starts += 1
-        log = self.log_path.open("ab")
-        try:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cli",
-                    "serve",
-                    "--config",
-                    str(self.config),
-                    "--etcd",
-                    self.etcd,
-                    "--node-id",
-                    self.node,
-                    "--listen",
-                    self.address,
-                    "--advertise",
-                    self.address,
-                    "--metrics-listen",
-                    "",
-                    "--state-dir",
-                    str(self.state_dir),
-                    "--prefix",
-                    self.prefix,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, WALL_OFFSET_ENV: str(self.wall_offset_file)},
-            )
-        finally:
-            log.close()
+        super().start()
 
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
-    def signal(self, sig: signal.Signals) -> None:
-        if self.alive:
-            assert self.proc is not None
-            self.proc.send_signal(sig)
-
-    def wait(self, timeout_s: float) -> int | None:
-        if self.proc is None:
-            return None
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
+async def _lists_pools(channel: aio.Channel) -> bool:
+    await pb_grpc.AllocatorStub(channel).ListPools(pb.ListPoolsRequest(), timeout=0.5)
+    return True
 
 
 async def wait_serving(
@@ -205,24 +149,17 @@ async def wait_serving(
     """Waits until the replica answers ListPools.
 
     Raises:
-        RuntimeError: ``exits`` (the replica's process) ended before it answered.
-        grpc.aio.AioRpcError: no answer within ``timeout_s``.
+        ServerExited: ``exits`` (the replica's process) ended before it answered.
+        TimeoutError: no answer within ``timeout_s``.
     """
-    deadline = time.monotonic() + timeout_s
-    async with open_channel(address) as channel:
-        stub = pb_grpc.AllocatorStub(channel)
-        while True:
-            try:
-                await stub.ListPools(pb.ListPoolsRequest(), timeout=0.5)
-                return
-            except aio.AioRpcError:
-                if exits is not None and exits.proc is not None and not exits.alive:
-                    raise RuntimeError(
-                        f"{exits.node} exited with {exits.proc.returncode} at start"
-                    ) from None
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
+    await serve.wait_serving(
+        address,
+        timeout_s=timeout_s,
+        process=exits,
+        probe=_lists_pools,
+        connect=open_channel,
+        interval_s=0.1,
+    )
 
 
 # -- the ledger ----------------------------------------------------------------------------
@@ -503,7 +440,7 @@ class DrillCluster:
         self.phantom_samples: list[tuple[float, int]] = []
         self.epoch_samples: list[tuple[float, dict[str, int]]] = []
         self.poll_task: asyncio.Task[None] | None = None
-        self.relays: list[PeerProxy] = []
+        self.relays: list[TcpProxy] = []
         self.quiet: set[str] = set()  # pools no gateway worker acquires in, for a check
 
     @property
@@ -524,6 +461,7 @@ class DrillCluster:
             self.replicas.append(replica)
         await asyncio.gather(*(wait_serving(r.address) for r in self.replicas))
         await self.wait_owned()
+        await self.wait_agreed()
         for _ in range(self.gateway_count):
             self.add_gateway()
         self.poll_task = asyncio.create_task(self._poll(), name="drill-poller")
@@ -554,17 +492,17 @@ class DrillCluster:
     def relay_targets(self) -> list[str]:
         """One TCP relay per replica (created once), for gateways a nemesis partitions."""
         if not self.relays:
-            self.relays = [PeerProxy(name=r.node, target_port=r.port) for r in self.replicas]
-        return [f"127.0.0.1:{relay.port}" for relay in self.relays]
+            self.relays = [TcpProxy(r.address, name=f"relay-{r.node}") for r in self.replicas]
+        return [relay.address for relay in self.relays]
 
     def cut_relays(self) -> None:
         """Partitions the relayed gateways from every replica (both directions)."""
         for relay in self.relays:
-            relay.block()
+            relay.cut()
 
     def heal_relays(self) -> None:
         for relay in self.relays:
-            relay.unblock()
+            relay.heal()
 
     def epoch_at(self, t: float) -> dict[str, int]:
         """The highest epoch of each pool the poller saw up to ``t``."""
@@ -632,6 +570,32 @@ class DrillCluster:
                 return time.monotonic() - start
             await asyncio.sleep(0.05)
         raise AssertionError(f"pools without owner after {timeout_s}s: {await self.owners()}")
+
+    async def wait_agreed(self, timeout_s: float = 15.0) -> float:
+        """Waits until every live replica names the same owner and epoch for every pool;
+        returns the time taken.
+
+        ``wait_owned`` asks one replica; the others learn of an owner through their own
+        watch, a moment later. A test that asks every replica for a decision needs them all
+        to know the owner, or a replica still waiting to learn it answers degraded.
+        """
+        start = time.monotonic()
+        views: list[dict[str, tuple[str, int]]] = []
+        while time.monotonic() - start < timeout_s:
+            views = [await self._owners_seen_by(r) for r in self.replicas if r.alive]
+            if views and all(len(v) == len(POOLS) and v == views[0] for v in views):
+                return time.monotonic() - start
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"replicas disagree on owners after {timeout_s}s: {views}")
+
+    async def _owners_seen_by(self, replica: Replica) -> dict[str, tuple[str, int]]:
+        try:
+            async with open_channel(replica.address) as channel:
+                stub = pb_grpc.AllocatorStub(channel)
+                r = await stub.ListPools(pb.ListPoolsRequest(), timeout=0.5)
+        except aio.AioRpcError:
+            return {}
+        return {p.pool: (p.owner, p.epoch) for p in r.pools if p.owner}
 
     async def switchover(self, pool: str, node: str) -> None:
         """Admin Switchover through any live replica."""

@@ -22,8 +22,8 @@ from drill_harness import (
     Replica,
     wait_serving,
 )
-from etcd_process import CLUSTER_ELECTION_MS
 
+from harness.etcd_cluster import CLUSTER_ELECTION_MS
 from server.client import ClientGrant
 
 Nemesis = Callable[[DrillCluster], Awaitable[tuple[float, float]]]

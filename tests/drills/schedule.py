@@ -17,6 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+# Run as a script (beside nemeses.py), outside pytest: the import roots pytest's
+# configuration gives the tests, the repository root (harness) and tests/ (drill_harness).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nemeses

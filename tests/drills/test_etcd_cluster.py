@@ -1,4 +1,4 @@
-"""The three-member etcd helper does what the drills rely on (tests/etcd_process.py)."""
+"""The three-member etcd helper does what the drills rely on (harness/etcd_cluster.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import subprocess
 import time
 
 import pytest
-from etcd_process import EtcdCluster, find_etcdctl
+
+from harness.etcd import find_etcdctl
+from harness.etcd_cluster import EtcdCluster
 
 pytestmark = [pytest.mark.drill, pytest.mark.etcd, pytest.mark.timeout(60)]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import socket
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -13,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client import AllocatorClient, SyncAllocatorClient
 from fairshare import Class
 from ha.api import NoOwner, UnknownPool
+from harness.net import free_port
 from server.app import RunningServer, start_server
 from server.config import Config
 from wire.channels import open_channel
@@ -20,12 +20,6 @@ from wire.channels import open_channel
 from .fakes import FakeAllocator
 
 pytestmark = pytest.mark.timeout(20)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def start_on(config: Config, port: int, fake: FakeAllocator) -> RunningServer:

@@ -21,6 +21,7 @@ from client import AllocatorClient
 from client import adoption as client_module
 from fairshare import Class
 from ha.api import AdoptResult, Decision, Epoch, GrantRef, NodeId, NoOwner, PoolName
+from harness.proxy import TcpProxy
 from server.app import RunningServer, start_server
 from server.config import Config
 from wire.channels import open_channel
@@ -29,7 +30,6 @@ from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 from .fakes import FakeAllocator
-from .tcp_proxy import TcpProxy
 from .test_client import eventually, free_port, start_on
 
 pytestmark = pytest.mark.timeout(30)
@@ -55,11 +55,10 @@ async def embedded(tmp_path: pathlib.Path) -> AsyncIterator[RunningServer]:
 @pytest.fixture
 async def proxy(embedded: RunningServer) -> AsyncIterator[tuple[TcpProxy, str]]:
     through = TcpProxy(embedded.address)
-    address = await through.start()
     try:
-        yield through, address
+        yield through, through.address
     finally:
-        await through.close()
+        through.close()
 
 
 async def team(address: str, name: str, pool: str = "gpu-a") -> pb.TeamStat:

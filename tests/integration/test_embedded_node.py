@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-import socket
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -23,6 +22,7 @@ from ha.api import Epoch, GrantRef, PoolName
 from ha.filestore import FileStore
 from ha.keys import Keys
 from ha.snapshot import PoolSnapshot
+from harness.net import free_port
 from server.app import RunningServer, start_server
 from server.config import Config
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -78,12 +78,6 @@ async def table(stub: pb_grpc.AllocatorStub, pool: str = "gpu-a") -> dict[str, p
 
 def held(r: pb.AcquireResponse, team: str) -> pb.HeldGrant:
     return pb.HeldGrant(grant_id=r.grant_id, team=team, priority=r.priority, borrowing=r.borrowing)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def on_port(config: Config, port: int) -> Config:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from etcd_process import EtcdCluster, EtcdProcess, find_etcd, find_etcdctl, free_port
 
 from fairshare import Class
 from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
@@ -27,6 +26,9 @@ from ha.etcdstore import EtcdStore, connect
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
 from ha.store import EventKind, StoreFull, StoreUnavailable, WatchEvent
+from harness.etcd import EtcdProcess, find_etcd, find_etcdctl
+from harness.etcd_cluster import EtcdCluster
+from harness.net import free_port
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(45)]
 

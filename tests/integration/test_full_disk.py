@@ -15,19 +15,20 @@ import logging
 import os
 import pathlib
 import re
-import subprocess
-import sys
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from etcd_process import free_port
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
 from ha import filestore
+from harness.net import free_port
+from harness.process import ServerProcess
+from harness.serve import serve_args
 from server.app import pool_health_service, start_server
 from wire.channels import open_channel
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -36,8 +37,6 @@ from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from .conftest import POOLS_YAML, make_config
 
 pytestmark = pytest.mark.timeout(60)
-
-ROOT = pathlib.Path(__file__).parents[2]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -165,23 +164,14 @@ async def test_serve_on_a_disk_that_fills_up_and_is_freed(
     config.write_text(f"node_id: full-0\n{POOLS_YAML}", encoding="utf-8")
     port, metrics_port = free_port(), free_port()
     address = f"127.0.0.1:{port}"
-    proc = _spawn(
-        [
-            sys.executable,
-            "-m",
-            "cli",
-            "serve",
-            "--config",
-            str(config),
-            "--listen",
-            address,
-            "--metrics-listen",
-            f"127.0.0.1:{metrics_port}",
-            "--state-dir",
-            str(small_disk / "state"),
-        ],
-        tmp_path / "serve.log",
+    args = serve_args(
+        config,
+        listen=address,
+        metrics_listen=f"127.0.0.1:{metrics_port}",
+        state_dir=small_disk / "state",
     )
+    proc = ServerProcess(args, address=address, log=tmp_path / "serve.log")
+    proc.start()
     filler = small_disk / "filler"
     try:
 
@@ -220,21 +210,10 @@ async def test_serve_on_a_disk_that_fills_up_and_is_freed(
                 return _gauge(_scrape(metrics_port), "fairshare_store_full", "gpu-a") == 0.0
 
             await _until("recovery of gpu-a (health, a grant, the gauge back at 0)", recovered)
-        proc.send_signal(15)
-        assert proc.wait(timeout=20) == 0
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+        proc.kill()
     text = (tmp_path / "serve.log").read_text(encoding="utf-8", errors="replace")
     assert text.count("the store is full and refuses writes") == 1, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
-
-
-def _spawn(args: list[str], log: pathlib.Path) -> subprocess.Popen[bytes]:
-    """Starts ``args`` from the repository root, output to ``log`` (a plain function: the
-    start does not block the loop for long, and the process is waited for on a thread)."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT
-        )

@@ -8,8 +8,6 @@ import json
 import math
 import os
 import pathlib
-import subprocess
-import sys
 from collections import Counter
 
 import grpc
@@ -22,6 +20,7 @@ from hypothesis import strategies as st
 
 from cli import main as cli
 from ha.api import GrantRef
+from harness.serve import SERVE, run_serve
 from server.app import ADMIN_SERVICE, ALLOCATOR_SERVICE, RunningServer, start_server
 from server.config import Config
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -31,7 +30,6 @@ from .conftest import make_config
 from .fakes import FakeAllocator
 
 pytestmark = pytest.mark.timeout(30)
-ROOT = pathlib.Path(__file__).parents[2]
 
 
 class SlowStop(FakeAllocator):
@@ -102,15 +100,7 @@ def test_config_errors_exit_2_naming_the_key(
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FAIRSHARE_")} | env
-    done = subprocess.run(
-        [sys.executable, "-m", "cli", "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        env=environ,
-        cwd=ROOT,
-        check=False,
-    )
+    done = run_serve([*SERVE, "--config", str(path)], timeout_s=20, env=environ)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0], done.stderr

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from grpc import aio
 
+from harness.net import free_port
+from harness.serve import SERVE
 from server.app import RunningServer, start_server
 from server.config import Config, ConfigError, load_config
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -66,12 +66,6 @@ async def channel(server: RunningServer) -> AsyncIterator[aio.Channel]:
 
 def trailing(error: aio.AioRpcError) -> dict[str, str]:
     return {k: v for k, v in (error.trailing_metadata() or ()) if isinstance(v, str)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def teams(stub: pb_grpc.AllocatorStub) -> int:
@@ -159,8 +153,7 @@ async def test_megabyte_request_ids_do_not_grow_memory(tmp_path: pathlib.Path) -
         encoding="utf-8",
     )
     server = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "cli", "serve", "--config", str(config)),
+        *(*SERVE, "--config", str(config)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

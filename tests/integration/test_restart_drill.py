@@ -35,9 +35,7 @@ import os
 import pathlib
 import random
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -51,6 +49,8 @@ from fairshare import Class
 from ha.filestore import FileStore
 from ha.keys import Keys
 from ha.snapshot import PoolSnapshot
+from harness.net import free_port
+from harness.serve import serve_args
 from wire.channels import open_channel
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -89,12 +89,6 @@ pools:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # -- the server process ---------------------------------------------------------------------
 
 
@@ -118,20 +112,7 @@ class ServerProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRSHARE_")}
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cli",
-                    "serve",
-                    "--config",
-                    str(self.config),
-                    "--listen",
-                    self.address,
-                    "--metrics-listen",
-                    "",
-                    "--state-dir",
-                    str(self.state),
-                ],
+                serve_args(self.config, listen=self.address, state_dir=self.state),
                 cwd=ROOT,
                 env=env,
                 stdout=out,

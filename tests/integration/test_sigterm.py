@@ -4,22 +4,21 @@ shutdown bound and with status 0."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pathlib
 import signal
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 
 import pytest
-from etcd_process import free_port
 from grpc import aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ha.settings import Timing
+from harness.net import free_port
+from harness.process import ServerProcess
+from harness.serve import serve_args, wait_serving
 from server.app import GRACE_S
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -33,22 +32,6 @@ BOUND_S = Timing().close_bound_s + GRACE_S + 1.0
 """What ``server.app`` promises: the node closes within its bound, then the grace."""
 
 pytestmark = pytest.mark.timeout(ROUNDS * (BOUND_S + 20))
-
-ROOT = pathlib.Path(__file__).parents[2]
-
-
-async def _wait_serving(address: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
-    async with aio.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            assert proc.poll() is None, "the server exited during start-up"
-            with contextlib.suppress(aio.AioRpcError):
-                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            assert time.monotonic() < deadline, "the server did not start within 20s"
-            await asyncio.sleep(0.05)
 
 
 async def _flood(stub: pb_grpc.AllocatorStub, worker: int) -> None:
@@ -106,36 +89,19 @@ async def _rounds(
     for round_ in range(rounds):
         address = f"127.0.0.1:{free_port()}"
         log = tmp_path / f"serve-{round_}.log"
-        proc = _spawn(
-            [
-                sys.executable,
-                "-m",
-                "cli",
-                "serve",
-                "--config",
-                str(config),
-                "--listen",
-                address,
-                "--advertise",
-                address,
-                "--metrics-listen",
-                "",
-                *flags,
-            ],
-            log,
-        )
+        args = serve_args(config, listen=address, advertise=address, extra=flags)
+        proc = ServerProcess(args, address=address, log=log)
+        proc.start()
         try:
-            await _wait_serving(address, proc)
+            # The server must start within 20 s, and not exit.
+            await wait_serving(address, timeout_s=20, process=proc)
             async with aio.insecure_channel(address) as channel:
                 stub = pb_grpc.AllocatorStub(channel)
                 flood = [asyncio.create_task(_flood(stub, w)) for w in range(WORKERS)]
                 await asyncio.sleep(0.3)
                 started = time.monotonic()
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    status = await asyncio.to_thread(proc.wait, BOUND_S)
-                except subprocess.TimeoutExpired:
-                    status = None
+                proc.signal(signal.SIGTERM)
+                status = await asyncio.to_thread(proc.wait, BOUND_S)  # None: still running
                 took.append(time.monotonic() - started)
                 for task in flood:
                     task.cancel()
@@ -146,9 +112,7 @@ async def _rounds(
             assert "closing the node failed" not in text, text
             assert "BUG" not in text, text
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+            proc.kill()
     return took
 
 
@@ -162,12 +126,3 @@ def _etcdctl(endpoints: list[str], *args: str) -> str:
         check=True,
     )
     return done.stdout.strip()
-
-
-def _spawn(args: list[str], log: pathlib.Path) -> subprocess.Popen[bytes]:
-    """Starts ``args`` from the repository root, output to ``log`` (a plain function: the
-    start does not block the loop for long, and the process is waited for on a thread)."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT
-        )

@@ -6,45 +6,23 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
 
 from ha.filestore import FileStore
+from harness.serve import run_serve, serve_args
 
 from .conftest import POOLS_YAML
 from .test_full_disk import fill
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = pathlib.Path(__file__).parents[2]
-
 
 def _serve(config: pathlib.Path, state: pathlib.Path) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FAIRSHARE_")}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cli",
-            "serve",
-            "--config",
-            str(config),
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "",
-            "--state-dir",
-            str(state),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=environ,
-        cwd=ROOT,
-        check=False,
-    )
+    args = serve_args(config, listen="127.0.0.1:0", state_dir=state)
+    return run_serve(args, timeout_s=30, env=environ)
 
 
 def _state_a_file(tmp: pathlib.Path) -> pathlib.Path:

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 CORE = "The decision core does no I/O"
 HA = "ha does not speak gRPC or read config files"
+HARNESS = "No shipped package imports the test harness"
 
 CASES = [
     pytest.param("fairshare/pool.py", "import os", CORE, id="core-os"),
@@ -35,6 +36,7 @@ CASES = [
     pytest.param("ha/clock.py", "import grpc", HA, id="ha-grpc"),
     pytest.param("ha/settings.py", "import yaml", HA, id="ha-yaml"),
     pytest.param("ha/owner.py", "import prometheus_client", HA, id="ha-prometheus"),
+    pytest.param("server/app.py", "from harness import serve", HARNESS, id="server-harness"),
 ]
 
 
