@@ -147,9 +147,27 @@ class DrillCluster:
         return seen
 
     def transitions(self, start: float, end: float) -> int:
-        """Ownership transitions (epoch increments) between ``start`` and ``end``."""
-        before, after = self.epoch_at(start), self.epoch_at(end)
-        return sum(max(0, after.get(p, 0) - before.get(p, after.get(p, 0))) for p in POOLS)
+        """Ownership transitions between ``start`` and ``end``: the new epochs the poller
+        saw, per pool, above the highest it saw up to ``start``.
+
+        An epoch is an etcd revision, so two epochs' difference counts every write to etcd
+        in between, not owners: each new epoch value counts once. A pool first seen after
+        ``start`` counts from the first epoch seen.
+        """
+        last = self.epoch_at(start)
+        count = 0
+        for at, epochs in self.epoch_samples:
+            if at <= start:
+                continue
+            if at > end:
+                break
+            for pool, epoch in epochs.items():
+                if pool not in last:
+                    last[pool] = epoch
+                elif epoch > last[pool]:
+                    last[pool] = epoch
+                    count += 1
+        return count
 
     def live_gateway(self) -> Gateway:
         return next(g for g in self.gateways if not g.dead)
