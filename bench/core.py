@@ -118,15 +118,21 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+TARGET_SMALL_US = 10.0
+"""Target: the median decision with the fewest teams, in microseconds."""
+TARGET_GROWTH = 3.0
+"""Target: the median decision with the most teams, as a multiple of the fewest's."""
+
+
 def verdict(results: list[Result]) -> str:
     small, large = results[0], results[-1]
     ratio = large.median_us / small.median_us
-    ok_small = small.median_us <= 10.0
-    ok_ratio = ratio <= 3.0
+    ok_small = small.median_us <= TARGET_SMALL_US
+    ok_ratio = ratio <= TARGET_GROWTH
     return (
-        f"Targets: {small.teams} teams {small.median_us:.2f} µs ≤ 10 µs: "
+        f"Targets: {small.teams} teams {small.median_us:.2f} µs ≤ {TARGET_SMALL_US:g} µs: "
         f"{'met' if ok_small else 'MISSED'}; {large.teams:,} teams at {ratio:.2f}× the "
-        f"{small.teams}-team cost ≤ 3×: {'met' if ok_ratio else 'MISSED'}."
+        f"{small.teams}-team cost ≤ {TARGET_GROWTH:g}×: {'met' if ok_ratio else 'MISSED'}."
     )
 
 

@@ -19,12 +19,14 @@ from typing import Any, Final, TextIO
 import grpc
 from grpc import aio
 
-from server.auth import read_token
+from wire.credentials import read_token
 from wire.metadata import bearer
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET: Final = "127.0.0.1:50051"
+_SCIENTIFIC_FROM: Final = 1e5
+"""A table cell shows a number of at least this magnitude in scientific notation."""
 
 _COLUMNS: Final = (
     ("team", "team", "<"),
@@ -42,7 +44,7 @@ _COLUMNS: Final = (
 def _number(value: float) -> str:
     if math.isinf(value):
         return "inf"
-    return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    return f"{value:.4g}" if abs(value) < _SCIENTIFIC_FROM else f"{value:.3e}"
 
 
 def format_table(snapshot: pb.SnapshotResponse) -> str:

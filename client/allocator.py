@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 class AllocatorClient(Adoption, Backlog):
     """Asyncio client of the allocator for one gateway (``holder``)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (its tuning options: keyword-only, with defaults)
         self,
         targets: Sequence[str],
         *,

@@ -36,6 +36,10 @@ the current owner has."""
 
 _UNSIGNED_TAG = "g1"
 _SIGNED_TAG = "g2"
+_UNSIGNED_PARTS = 6
+"""Dot-separated parts of an unsigned id: tag, epoch, seq, pool, team, holder."""
+_SIGNED_PARTS = _UNSIGNED_PARTS + 1
+"""A signed id's parts: those of an unsigned one, then the MAC."""
 MAC_BYTES = 16
 """Length of a grant id's MAC: HMAC-SHA256 truncated to 128 bits (22 base64url chars)."""
 
@@ -99,8 +103,8 @@ class GrantRef:
             InvalidArgument: not a grant id of this service.
         """
         parts = grant_id.split(".")
-        signed = len(parts) == 7 and parts[0] == _SIGNED_TAG
-        if not signed and (len(parts) != 6 or parts[0] != _UNSIGNED_TAG):
+        signed = len(parts) == _SIGNED_PARTS and parts[0] == _SIGNED_TAG
+        if not signed and (len(parts) != _UNSIGNED_PARTS or parts[0] != _UNSIGNED_TAG):
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
         try:
             epoch, seq = int(parts[1], 16), int(parts[2], 16)

@@ -73,7 +73,7 @@ _CANCELLED_WAIT_S = 1.0
 class Node:
     """One allocator replica; implements ``ha.api.Allocator`` (see module)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (a replica's wiring: its settings and collaborators)
         self,
         *,
         node_id: NodeId,

@@ -85,7 +85,7 @@ class NotDeciding(Exception):
 class OwnedPool:
     """A pool this node owns at ``epoch``."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (a pool owner's wiring: its fence, disk, timing, ids)
         self,
         *,
         config: PoolConfig,
@@ -351,18 +351,7 @@ class OwnedPool:
         if not self.can_decide():
             raise NotDeciding(self.name)
         refs = [GrantRef.decode(held.grant_id) for held in grants]
-        proven = False
-        for i, ref in enumerate(refs):
-            field = f"grants[{i}].grant_id"
-            if ref.pool != self.name:
-                raise InvalidArgument(field, f"grant of pool {ref.pool!r}, not {self.name!r}")
-            self._ids.check(ref, field)
-            if not ref.mac and ref.holder != holder:
-                self._ids.refused()
-                raise PermissionDenied(
-                    field, f"an unsigned grant of holder {ref.holder!r} adopted by {holder!r}"
-                )
-            proven = proven or (bool(ref.mac) and ref.holder == holder)
+        proven = self._check_adopted(holder, refs)
         unsigned_live = self._held.unsigned_of(holder)
         adopted = 0
         dropped = 0
@@ -399,21 +388,53 @@ class OwnedPool:
             adopted += 1
             if phantom is not None and self.pool.drop_phantom(phantom.team):
                 dropped += 1
-        if complete and not proven and self._phantoms.holds(holder):
-            logger.warning(
-                "pool %s at epoch %d: a complete re-report for holder %r carries no signed "
-                "grant of it; its phantoms stay until they expire",
-                self.name,
-                self.epoch,
-                holder,
-            )
-        if complete and proven:
-            # The holder does not hold these any more: their releases may still be on the
-            # way, so they stay chargeable, but they no longer count in flight.
-            closed, ended = self._phantoms.close(holder)
-            dropped += ended
-            self._earlier.uncount(closed, self._now())
+        if complete:
+            dropped += self._close_unclaimed(holder, proven)
         return AdoptResult(adopted, dropped, self.node, self.epoch)
+
+    def _check_adopted(self, holder: str, refs: Sequence[GrantRef]) -> bool:
+        """Checks every re-reported grant before any is counted; returns whether one of
+        them is a signed grant of ``holder`` (what lets a complete inventory close its
+        phantoms).
+
+        Raises:
+            InvalidArgument: a grant is of another pool.
+            PermissionDenied: a grant id is not genuine, or is unsigned and names another
+                holder.
+        """
+        proven = False
+        for i, ref in enumerate(refs):
+            field = f"grants[{i}].grant_id"
+            if ref.pool != self.name:
+                raise InvalidArgument(field, f"grant of pool {ref.pool!r}, not {self.name!r}")
+            self._ids.check(ref, field)
+            if not ref.mac and ref.holder != holder:
+                self._ids.refused()
+                raise PermissionDenied(
+                    field, f"an unsigned grant of holder {ref.holder!r} adopted by {holder!r}"
+                )
+            proven = proven or (bool(ref.mac) and ref.holder == holder)
+        return proven
+
+    def _close_unclaimed(self, holder: str, proven: bool) -> int:
+        """After a complete inventory of ``holder``: closes the phantoms of ``holder`` it did
+        not claim if ``proven`` (it carried a signed grant of ``holder``), else leaves them
+        to expire; returns how many phantoms the pool dropped."""
+        if not proven:
+            if self._phantoms.holds(holder):
+                logger.warning(
+                    "pool %s at epoch %d: a complete re-report for holder %r carries no "
+                    "signed grant of it; its phantoms stay until they expire",
+                    self.name,
+                    self.epoch,
+                    holder,
+                )
+            return 0
+        # The holder does not hold these any more: their releases may still be on the way,
+        # so they stay chargeable, but they no longer count in flight.
+        closed, ended = self._phantoms.close(holder)
+        self._earlier.uncount(closed, self._now())
+        return ended
 
     def expire(self) -> int:
         """Ends grants older than ``max_request_s``; returns how many.

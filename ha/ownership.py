@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 
 from ha.api import Epoch, NodeId, PoolName, WrongEpoch
 from ha.backoff import CampaignBackoff
@@ -47,7 +47,7 @@ Spawn = Callable[[str, Coroutine[object, object, None]], None]
 class Ownership:
     """The pools one node owns, and the loop that takes and gives them up (see module)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (what a node shares with its owners and its router)
         self,
         *,
         node_id: NodeId,
@@ -239,73 +239,89 @@ class Ownership:
         ``campaign_delay_s``.
         """
         now = self._clock.monotonic()
-        for name, owned in list(self.owned.items()):
-            if self._handovers.under_way(name):
-                continue  # it stopped deciding on purpose; the handover lets it go
-            if owned.lost or not self._lease.fenced():
-                self._drop(owned, "its fenced write failed" if owned.lost else "self-fenced")
-                self._spawn(f"resign-{name}", self._handovers.resign(owned))
+        self._give_up_unfenced()
         if not self._lease.fenced() or not self.view.ready.is_set():
             return
         members = list(self.view.members) or [self.node_id]
         settling = not self.embedded and now - self._started < self.timing.campaign_delay_s
         settled = self.view.settled(self.timing.rebalance_settle_s)
         for name in self._configs:
-            route = self.view.route(name)
-            pinned = self.view.pinned(name)
             mine = self.owned.get(name)
+            route = self.view.route(name)
             if mine is not None:
                 # Not absent while ours: a pool this node hands over is absent afresh when
                 # its key goes, so this node then waits campaign_delay_s like the others
                 # and the target, which campaigns at once, wins the race.
                 self._absent_since.pop(name, None)
-                if settling or self._handovers.under_way(name) or not mine.can_decide():
-                    continue
-                target = pinned or preferred_owner(name, {*settled, self.node_id})
-                if target is not None and target != self.node_id and target in settled:
-                    self._handovers.begin(name)
-                    self._spawn(
-                        f"rebalance-{name}",
-                        self._handovers.handover(
-                            mine,
-                            target,
-                            why="back to its pinned replica" if pinned else "rebalancing",
-                            mark=Mark.KEEP if pinned else Mark.HINT,
-                            started=True,
-                        ),
-                    )
-                continue
-            if route is not None:
+                if not settling:
+                    self._rebalance(name, mine, settled)
+            elif route is not None:
                 self._absent_since.pop(name, None)
-                if (
-                    route.node == self.node_id
-                    and name not in self._campaigns
-                    and not self._handovers.under_way(name)
-                ):
-                    # Our key, but this process does not decide from it (it self-fenced, a
-                    # write failed, or an earlier process of ours held it): let it go so
-                    # that a fresh epoch restores from the last snapshot.
-                    self._campaigns[name] = asyncio.create_task(
-                        self._let_go(name, route.epoch), name=f"let-go-{name}"
-                    )
-                continue
-            if name in self._campaigns or settling:
-                continue
-            if self._backoff.waiting(name, now):
-                continue
-            since = self._absent_since.setdefault(name, now)
-            target = pinned or preferred_owner(name, members)
-            hint = self.view.handovers.get(name)
-            fresh = (
-                hint is not None and self._clock.time() - hint.wall < 2 * self.timing.lease_ttl_s
+                self._let_go_if_stale(name, route)
+            elif name not in self._campaigns and not settling:
+                self._campaign_when_due(name, members, now)
+
+    def _give_up_unfenced(self) -> None:
+        """Resigns every owned pool whose fenced write failed, or all when self-fenced
+        (except the pools a handover is letting go on purpose)."""
+        for name, owned in list(self.owned.items()):
+            if self._handovers.under_way(name):
+                continue  # it stopped deciding on purpose; the handover lets it go
+            if owned.lost or not self._lease.fenced():
+                self._drop(owned, "its fenced write failed" if owned.lost else "self-fenced")
+                self._spawn(f"resign-{name}", self._handovers.resign(owned))
+
+    def _rebalance(self, name: PoolName, mine: OwnedPool, settled: Sequence[NodeId]) -> None:
+        """Hands an owned pool over to its pin's target or preferred replica, if that is
+        another node that has been a member for ``rebalance_settle_s``."""
+        if self._handovers.under_way(name) or not mine.can_decide():
+            return
+        pinned = self.view.pinned(name)
+        target = pinned or preferred_owner(name, {*settled, self.node_id})
+        if target is not None and target != self.node_id and target in settled:
+            self._handovers.begin(name)
+            self._spawn(
+                f"rebalance-{name}",
+                self._handovers.handover(
+                    mine,
+                    target,
+                    why="back to its pinned replica" if pinned else "rebalancing",
+                    mark=Mark.KEEP if pinned else Mark.HINT,
+                    started=True,
+                ),
             )
-            if pinned is None and hint is not None and fresh and hint.node in self.view.members:
-                target = hint.node
-            delay = 0.0 if target == self.node_id else self.timing.campaign_delay_s
-            if now - since >= delay:
-                self._campaigns[name] = asyncio.create_task(
-                    self._campaign(name), name=f"campaign-{name}"
-                )
+
+    def _let_go_if_stale(self, name: PoolName, route: Route) -> None:
+        """A pool whose key names this node but that this process does not decide for."""
+        if (
+            route.node == self.node_id
+            and name not in self._campaigns
+            and not self._handovers.under_way(name)
+        ):
+            # Our key, but this process does not decide from it (it self-fenced, a write
+            # failed, or an earlier process of ours held it): let it go so that a fresh
+            # epoch restores from the last snapshot.
+            self._campaigns[name] = asyncio.create_task(
+                self._let_go(name, route.epoch), name=f"let-go-{name}"
+            )
+
+    def _campaign_when_due(self, name: PoolName, members: Sequence[NodeId], now: float) -> None:
+        """Campaigns for an ownerless pool at once if this node is its target (the pin's,
+        a fresh hint's, or the preferred replica), after ``campaign_delay_s`` otherwise."""
+        if self._backoff.waiting(name, now):
+            return
+        since = self._absent_since.setdefault(name, now)
+        pinned = self.view.pinned(name)
+        target = pinned or preferred_owner(name, members)
+        hint = self.view.handovers.get(name)
+        fresh = hint is not None and self._clock.time() - hint.wall < 2 * self.timing.lease_ttl_s
+        if pinned is None and hint is not None and fresh and hint.node in self.view.members:
+            target = hint.node
+        delay = 0.0 if target == self.node_id else self.timing.campaign_delay_s
+        if now - since >= delay:
+            self._campaigns[name] = asyncio.create_task(
+                self._campaign(name), name=f"campaign-{name}"
+            )
 
     async def _campaign(self, name: PoolName) -> None:
         """One attempt to own the pool. A failure (the store refused or did not answer)

@@ -44,6 +44,8 @@ def peer_origin(head: bytes) -> str | None:
 
 CLUSTER_HEARTBEAT_MS = 100
 CLUSTER_ELECTION_MS = 1000
+START_ATTEMPTS = 2
+"""How many times ``EtcdCluster.start`` tries, each time on fresh ports (one may be taken)."""
 
 
 class EtcdCluster:
@@ -114,7 +116,7 @@ class EtcdCluster:
     def start(self) -> None:
         """Starts every member (retrying once on fresh ports if a port was taken) and
         waits until all are healthy and agree on one leader."""
-        for attempt in (1, 2):
+        for attempt in range(1, START_ATTEMPTS + 1):
             self._build()
             for m in self.members:
                 m.spawn()
@@ -126,7 +128,7 @@ class EtcdCluster:
                 return
             except RuntimeError:
                 self._teardown()
-                if attempt == 2:
+                if attempt == START_ATTEMPTS:
                     raise
 
     def close(self) -> None:

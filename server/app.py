@@ -45,12 +45,13 @@ from ha.api import Allocator, NodeId, Peers, StoreUnavailable
 from ha.grantkeys import GrantKeys, KeyFileError
 from ha.node import open_node
 from ha.settings import ConfigError, PoolConfig, Timing
-from server.auth import AdminAuth, read_token
+from server.auth import AdminAuth
 from server.config import Config, load_config
 from server.intake import Intake
 from server.metrics import Metrics
 from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
+from wire.credentials import read_token
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -267,6 +268,69 @@ def _advertised(config: Config, port: int) -> str:
     return f"{host}:{port}" if configured == "0" else config.advertise
 
 
+def _admin_token(config: Config) -> str | None:
+    """The admin bearer token from ``admin.token_file``, if one is configured.
+
+    Raises:
+        ConfigError: the file cannot be read or holds no token.
+    """
+    if config.admin.token_file is None:
+        return None
+    try:
+        return read_token(config.admin.token_file)
+    except (OSError, ValueError) as e:
+        raise ConfigError("admin.token_file", str(e)) from e
+
+
+def _bind(server: aio.Server, config: Config) -> int:
+    """Adds the listening port (TLS when configured); returns the port bound.
+
+    Raises:
+        ConfigError: a TLS file cannot be read, or ``listen`` cannot be bound.
+    """
+    check_tls_files(config)
+    try:
+        credentials = server_credentials(config)
+    except OSError as e:
+        raise ConfigError("tls", f"cannot read a TLS file: {e}") from e
+    try:
+        if credentials is not None:
+            port: int = server.add_secure_port(config.listen, credentials)
+        else:
+            port = server.add_insecure_port(config.listen)
+    except RuntimeError as e:
+        raise ConfigError("listen", f"cannot listen on {config.listen}: {e}") from e
+    return port
+
+
+async def _open_node(config: Config, port: int, peers: Peers, factory: NodeFactory) -> Node:
+    """Opens the node with the configured grant keys, advertising the bound ``port``.
+
+    Raises:
+        ConfigError: the grant key file cannot be read or is not a valid key file.
+    """
+    grant_keys = None
+    if config.grants.key_file is not None:
+        try:
+            grant_keys = GrantKeys.from_file(config.grants.key_file)
+        except (OSError, KeyFileError) as e:
+            raise ConfigError("grants.key_file", str(e)) from e
+    try:
+        return await factory(
+            node_id=config.node_id,
+            advertise=_advertised(config, port),
+            pools=config.pools,
+            timing=config.timing,
+            state_dir=config.state_dir,
+            etcd_endpoints=config.etcd.endpoints,
+            prefix=config.etcd.prefix,
+            peers=peers,
+            grant_keys=grant_keys,
+        )
+    except KeyFileError as e:
+        raise ConfigError("grants.key_file", str(e)) from e
+
+
 async def start_server(
     config: Config,
     *,
@@ -289,12 +353,7 @@ async def start_server(
         ConfigError: a configured file cannot be read or the port cannot be bound.
     """
     metrics = Metrics(teams={pool.name: pool.shares.keys() for pool in config.pools})
-    token = None
-    if config.admin.token_file is not None:
-        try:
-            token = read_token(config.admin.token_file)
-        except (OSError, ValueError) as e:
-            raise ConfigError("admin.token_file", str(e)) from e
+    token = _admin_token(config)
     peers = GrpcPeers(
         credentials=peer_credentials(config),
         admin_token=token,
@@ -305,40 +364,10 @@ async def start_server(
         on_refused=lambda method: metrics.count_limited("max_calls_per_client"),
     )
     server = aio.server(interceptors=[intake], options=[("grpc.so_reuseport", 0)])
-    check_tls_files(config)
-    try:
-        credentials = server_credentials(config)
-    except OSError as e:
-        raise ConfigError("tls", f"cannot read a TLS file: {e}") from e
-    try:
-        if credentials is not None:
-            port = server.add_secure_port(config.listen, credentials)
-        else:
-            port = server.add_insecure_port(config.listen)
-    except RuntimeError as e:
-        raise ConfigError("listen", f"cannot listen on {config.listen}: {e}") from e
+    port = _bind(server, config)
     if node is None:
-        grant_keys = None
-        if config.grants.key_file is not None:
-            try:
-                grant_keys = GrantKeys.from_file(config.grants.key_file)
-            except (OSError, KeyFileError) as e:
-                raise ConfigError("grants.key_file", str(e)) from e
         factory = node_factory if node_factory is not None else open_node
-        try:
-            node = await factory(
-                node_id=config.node_id,
-                advertise=_advertised(config, port),
-                pools=config.pools,
-                timing=config.timing,
-                state_dir=config.state_dir,
-                etcd_endpoints=config.etcd.endpoints,
-                prefix=config.etcd.prefix,
-                peers=peers,
-                grant_keys=grant_keys,
-            )
-        except KeyFileError as e:
-            raise ConfigError("grants.key_file", str(e)) from e
+        node = await _open_node(config, port, peers, factory)
     metrics.watch(node.status)
     auth = AdminAuth(
         token=token, identities=config.tls.admin_identities, token_file=config.admin.token_file

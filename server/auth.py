@@ -25,6 +25,7 @@ from typing import Final
 import grpc
 from grpc import aio
 
+from wire.credentials import read_token
 from wire.metadata import AUTHORIZATION
 
 logger = logging.getLogger(__name__)
@@ -32,19 +33,6 @@ logger = logging.getLogger(__name__)
 _BEARER: Final = "bearer "
 # Keys of grpc's auth context that carry the client certificate's identities.
 _IDENTITY_KEYS: Final = ("x509_common_name", "x509_subject_alternative_name")
-
-
-def read_token(path: str | pathlib.Path) -> str:
-    """Reads a token file: its content without surrounding whitespace.
-
-    Raises:
-        ValueError: the file is empty.
-        OSError: it cannot be read.
-    """
-    token = pathlib.Path(path).read_text(encoding="utf-8").strip()
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
 
 
 def peer_identities(context: aio.ServicerContext) -> list[str]:

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 from ha.settings import ConfigError
 
+MAX_PORT = 65535
+"""The highest TCP port number (port 0 asks the system for a free one)."""
+
 
 def read_mapping(path: str, value: object, allowed: Sequence[str]) -> dict[str, object]:
     """A mapping whose keys are all in ``allowed``; None reads as empty."""
@@ -75,6 +78,6 @@ def check_address(path: str, value: object) -> str:
     """
     text = read_string(path, value)
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= MAX_PORT:
         raise ConfigError(path, f"must be host:port, got {text!r}")
     return text

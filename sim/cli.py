@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ha.api import AllocatorError
+from fairshare.errors import AllocatorError
 from sim.allocators import SetupError
 from sim.scenarios import SCENARIOS, ScenarioResult
 

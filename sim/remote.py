@@ -41,12 +41,12 @@ from typing import Any, Final
 import grpc
 
 from client import SyncAllocatorClient, SyncGrant
-from ha.api import AllocatorError
-from server.auth import read_token
+from fairshare.errors import AllocatorError
 from sim.allocators import PoolSpec, SetupError
 from sim.engine import Simulator
 from sim.model import Request
 from sim.scenarios.result import ScenarioResult
+from wire.credentials import read_token
 from wire.metadata import bearer
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 DPI = 90
 _STYLES = ["-", "--", ":"]
+_THREE_DECIMALS_BELOW = 10
+"""A table shows a value under this magnitude with three decimals, a larger one with one."""
 
 
 class PlottingUnavailable(Exception):
@@ -249,7 +251,7 @@ def _fmt(value: float) -> str:
         return f"{int(value)}"
     if math.isnan(value):
         return "—"
-    if abs(value) < 10:
+    if abs(value) < _THREE_DECIMALS_BELOW:
         return f"{value:.3f}"
     return f"{value:.1f}"
 

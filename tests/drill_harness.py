@@ -1,16 +1,9 @@
 """Failover drills: a three-member etcd, three `fairshare serve` processes, gateways under load.
 
-The harness keeps a ledger of every grant the simulated gateways obtain (through the
-project's client library) and checks the invariants of docs/design.md §19 at every poll and at the
-end:
-
-1. one epoch decides at a time: no grant of epoch e is decided after the first grant of a
-   later epoch was received (a grant's request must have been sent after that moment);
-2. within-share grants in flight per team never exceed the team's reservation, counting
-   every live grant of every epoch (the old owner's included);
-3. every grant is released exactly once, and the usage the last owner holds matches the
-   released consumption (decayed) within 1 %;
-4. no replica logs a line containing ``BUG``.
+``DrillCluster`` starts the etcd members, the replicas (drill_replica.py) and the simulated
+gateways (drill_gateway.py), polls the replicas while a nemesis acts, and at the end
+checks the ledger's invariants (drill_ledger.py, docs/design.md §19) and that no replica
+logged a line containing ``BUG``.
 
 It also measures, per drill, the longest gap with no non-degraded decision, the degraded
 decisions, the time until phantoms reach 0 after the nemesis, and the ownership
@@ -25,392 +18,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import math
 import os
-import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import yaml
+from drill_config import (
+    ADMIN_TOKEN,
+    GRANT_KEY,
+    LEASE_TTL_S,
+    MAX_REQUEST_S,
+    POOLS,
+    drill_config,
+)
+from drill_gateway import Gateway
+from drill_ledger import DrillResult, Ledger
+from drill_replica import Replica, wait_serving
 from grpc import aio
 
-from fairshare import Class, apportion
-from harness import serve
 from harness.etcd_cluster import EtcdCluster
 from harness.proxy import TcpProxy
-from harness.serve import Allocator
-from server.client import AllocatorClient, ClientGrant
 from wire.channels import open_channel
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-
-LEASE_TTL_S = 2.0
-HALF_LIFE_S = 30 * 24 * 3600.0
-MAX_REQUEST_S = 6.0
-FENCE_MARGIN_S = 0.5
-RPC_TIMEOUT_S = 0.25
-STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - RPC_TIMEOUT_S
-"""The etcd stall an owner must survive with the same epoch (docs/ha.md)."""
-
-WALL_OFFSET_ENV = "FAIRSHARE_TEST_WALL_OFFSET_FILE"
-"""The replicas' test-only wall-clock hook: a file holding seconds added to wall time."""
-
-POOLS: dict[str, dict[str, float]] = {
-    "gpu-a": {"inst-a": 0.8125, "inst-b": 0.1875},
-    "gpu-b": {"research": 0.5, "product": 0.25, "eval": 0.25},
-}
-CAPACITY = {"gpu-a": 10, "gpu-b": 8}
-RESERVED = {p: apportion(CAPACITY[p], s.keys(), s) for p, s in POOLS.items()}
-
-
-ADMIN_TOKEN = "drill-admin-token"
-GRANT_KEY = "drill-grant-key-shared-by-every-replica"
-
-
-def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
-    """The replicas' YAML config: short timings, as docs/design.md §18 allows for tests."""
-    return {
-        "admin": {"token_file": str(token_file)},
-        "grants": {"key_file": str(key_file)},
-        "timing": {
-            "lease_ttl_s": LEASE_TTL_S,
-            "keepalive_interval_s": 0.5,
-            "rpc_timeout_s": RPC_TIMEOUT_S,
-            "fence_margin_s": FENCE_MARGIN_S,
-            "snapshot_interval_s": 0.5,
-            "commit_window_s": 0.001,
-            "campaign_delay_s": 0.3,
-            "degraded_after_s": 0.2,
-            "forward_deadline_s": 1.0,
-            "release_memory_s": 600.0,
-        },
-        "pools": [
-            {
-                "name": name,
-                "capacity": CAPACITY[name],
-                "shares": shares,
-                "half_life_s": HALF_LIFE_S,
-                "max_request_s": MAX_REQUEST_S,
-                "degraded_mode": "fail_open",
-            }
-            for name, shares in POOLS.items()
-        ],
-    }
-
-
-# -- processes -------------------------------------------------------------------------------
-
-
-class Replica(Allocator):
-    """One ``fairshare serve`` process of the drill cluster, with the test-only wall-clock
-    hook (``step_wall_clock``) and a count of its starts."""
-
-    def __init__(self, *, node: str, workdir: Path, etcd: str, prefix: str, config: Path) -> None:
-        self.wall_offset_file = workdir / f"wall-offset-{node}"
-        super().__init__(
-            workdir,
-            config,
-            node=node,
-            etcd=etcd,
-            prefix=prefix,
-            env={**os.environ, WALL_OFFSET_ENV: str(self.wall_offset_file)},
-        )
-        self.starts = 0
-
-    def step_wall_clock(self, offset_s: float) -> None:
-        """Shifts the replica's wall clock by ``offset_s`` from the real one (the hook
-        re-reads the file within a fraction of a second); the machine's clock is untouched."""
-        tmp = self.wall_offset_file.with_suffix(".tmp")
-        tmp.write_text(f"{offset_s!r}\n", encoding="ascii")
-        tmp.replace(self.wall_offset_file)
-
-    def start(self, *, empty_state: bool = False) -> None:
-        if empty_state and self.state_dir.exists():
-            for child in self.state_dir.iterdir():
-                child.unlink()
-        self.starts += 1
-        super().start()
-
-
-async def _lists_pools(channel: aio.Channel) -> bool:
-    await pb_grpc.AllocatorStub(channel).ListPools(pb.ListPoolsRequest(), timeout=0.5)
-    return True
-
-
-async def wait_serving(
-    address: str, timeout_s: float = 15.0, *, exits: Replica | None = None
-) -> None:
-    """Waits until the replica answers ListPools.
-
-    Raises:
-        ServerExited: ``exits`` (the replica's process) ended before it answered.
-        TimeoutError: no answer within ``timeout_s``.
-    """
-    await serve.wait_serving(
-        address,
-        timeout_s=timeout_s,
-        process=exits,
-        probe=_lists_pools,
-        connect=open_channel,
-        interval_s=0.1,
-    )
-
-
-# -- the ledger ----------------------------------------------------------------------------
-
-
-@dataclass
-class GrantRecord:
-    holder: str
-    pool: str
-    team: str
-    grant_id: str
-    epoch: int
-    priority: int
-    borrowing: bool
-    degraded: bool
-    sent_at: float
-    issued_at: float
-    released_at: float | None = None
-    consumed: float = 0.0
-    released_wall: float = 0.0
-    abandoned: bool = False  # its gateway was killed while holding it
-    release_lost: bool = False  # released, but its gateway died before sending it
-
-
-@dataclass
-class Ledger:
-    grants: list[GrantRecord] = field(default_factory=list)
-    violations: list[str] = field(default_factory=list)
-
-    def live_within(self) -> dict[tuple[str, str], int]:
-        counts: dict[tuple[str, str], int] = {}
-        for g in self.grants:
-            if g.released_at is None and not g.borrowing and not g.degraded and not g.abandoned:
-                key = (g.pool, g.team)
-                counts[key] = counts.get(key, 0) + 1
-        return counts
-
-    def check_reservations(self) -> None:
-        """Invariant 2 at this moment."""
-        for (pool, team), n in self.live_within().items():
-            if n > RESERVED[pool].get(team, 0):
-                self.violations.append(
-                    f"over-admission: {pool}/{team} has {n} within-share grants in flight, "
-                    f"reservation {RESERVED[pool].get(team, 0)}"
-                )
-
-    def check_epochs(self) -> None:
-        """Invariant 1 over the whole ledger."""
-        for pool in POOLS:
-            grants = [g for g in self.grants if g.pool == pool and g.epoch > 0]
-            first: dict[int, float] = {}
-            for g in grants:
-                first[g.epoch] = min(first.get(g.epoch, math.inf), g.issued_at)
-            for g in grants:
-                for epoch, at in first.items():
-                    if epoch > g.epoch and g.sent_at > at:
-                        self.violations.append(
-                            f"two epochs decided: {pool} grant of epoch {g.epoch} requested "
-                            f"{g.sent_at - at:.3f}s after the first grant of epoch {epoch}"
-                        )
-                        break
-
-    def check_released_once(self) -> None:
-        ids = [g.grant_id for g in self.grants]
-        if len(ids) != len(set(ids)):
-            self.violations.append("a grant id was issued twice")
-        for g in self.grants:
-            if g.released_at is None and not g.abandoned:
-                self.violations.append(f"grant {g.grant_id} was never released")
-
-    def expected_usage(self, now_wall: float) -> dict[tuple[str, str], float]:
-        lam = math.log(2) / HALF_LIFE_S
-        usage: dict[tuple[str, str], float] = {}
-        for g in self.grants:
-            if g.released_at is not None and g.consumed > 0 and not g.release_lost:
-                key = (g.pool, g.team)
-                decayed = g.consumed * math.exp(-lam * max(0.0, now_wall - g.released_wall))
-                usage[key] = usage.get(key, 0.0) + decayed
-        return usage
-
-    def unavailability(self, start: float, end: float) -> float:
-        """The longest gap in [start, end] with no non-degraded decision in some pool."""
-        worst = 0.0
-        for pool in POOLS:
-            times = sorted(
-                g.issued_at
-                for g in self.grants
-                if g.pool == pool and not g.degraded and start <= g.issued_at <= end
-            )
-            edges = [start, *times, end]
-            worst = max(worst, *(b - a for a, b in itertools.pairwise(edges)))
-        return worst
-
-
-# -- gateways ---------------------------------------------------------------------------------
-
-
-class Gateway:
-    """A simulated gateway: workers that acquire, hold and release with consumption."""
-
-    def __init__(
-        self,
-        name: str,
-        targets: list[str],
-        ledger: Ledger,
-        *,
-        workers: int,
-        seed: int,
-        holder: str | None = None,
-        route_to_owner: bool = True,
-        quiet: set[str] | None = None,
-    ):
-        self.name = name
-        self.quiet: set[str] = set() if quiet is None else quiet  # pools to leave alone
-        self.holder = holder or name
-        self.client = AllocatorClient(
-            targets,
-            holder=self.holder,
-            deadline_s=1.0,
-            release_retry_s=0.2,
-            route_to_owner=route_to_owner,
-        )
-        self.ledger = ledger
-        self.workers = workers
-        self.random = random.Random(seed)
-        self.stop = asyncio.Event()
-        self.dead = False
-        self.tasks: list[asyncio.Task[None]] = []
-        self.errors: list[str] = []
-
-    def start(self) -> None:
-        self.tasks = [
-            asyncio.create_task(self._work(i), name=f"{self.name}-{i}") for i in range(self.workers)
-        ]
-
-    async def _work(self, index: int) -> None:
-        for _ in range(100_000):  # bounded; the stop event ends it much sooner
-            if self.stop.is_set():
-                return
-            open_pools = [p for p in POOLS if p not in self.quiet]
-            if not open_pools:
-                await asyncio.sleep(0.05)
-                continue
-            pool = self.random.choice(open_pools)
-            team = self.random.choice(list(POOLS[pool]))
-            cls = Class.BATCH if self.random.random() < 0.3 else Class.INTERACTIVE
-            sent = time.monotonic()
-            try:
-                grant = await self.client.acquire(pool, team, cls, est_tokens=100)
-            except Exception as e:
-                self.errors.append(f"acquire: {e!r}")
-                await asyncio.sleep(0.05)
-                continue
-            record = self._record(pool, team, grant, sent)
-            hold = self.random.uniform(0.02, 0.4)
-            try:
-                await asyncio.sleep(hold)
-            except asyncio.CancelledError:
-                record.abandoned = True
-                raise
-            consumed = round(hold * 10, 3)
-            record.released_at = time.monotonic()
-            record.released_wall = time.time()
-            record.consumed = consumed
-            await grant.release(consumed)
-
-    async def hold(self, pool: str, team: str) -> tuple[ClientGrant, GrantRecord]:
-        """Acquires one interactive grant outside the workers and records it, held until
-        ``release_held``."""
-        sent = time.monotonic()
-        grant = await self.client.acquire(pool, team, Class.INTERACTIVE, est_tokens=100)
-        return grant, self._record(pool, team, grant, sent)
-
-    def _record(self, pool: str, team: str, grant: ClientGrant, sent: float) -> GrantRecord:
-        """Enters a grant just answered (``sent``: when its Acquire went out) in the ledger."""
-        record = GrantRecord(
-            self.holder,
-            pool,
-            team,
-            grant.grant_id,
-            grant.epoch,
-            grant.priority,
-            grant.borrowing,
-            grant.degraded,
-            sent,
-            time.monotonic(),
-        )
-        self.ledger.grants.append(record)
-        return record
-
-    @staticmethod
-    async def release_held(grant: ClientGrant, record: GrantRecord, consumed: float) -> None:
-        record.released_at = time.monotonic()
-        record.released_wall = time.time()
-        record.consumed = consumed
-        await grant.release(consumed)
-
-    async def drain(self) -> None:
-        """Stops acquiring, lets held grants finish, and flushes every release."""
-        self.stop.set()
-        await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 10)
-        await self.client.close(flush_timeout_s=10)
-
-    async def kill(self) -> None:
-        """The gateway dies: its held grants are never released."""
-        self.dead = True
-        self.stop.set()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.client._closed = True  # no flush: a dead process sends nothing
-        unsent = set(self.client._pending)
-        for record in self.ledger.grants:
-            if record.holder == self.holder and record.grant_id in unsent:
-                record.release_lost = True
-        for task in [*self.client._tasks, self.client._watcher, self.client._flusher]:
-            if task is not None:
-                task.cancel()
-        for channel in self.client._channels.values():
-            await channel.close()
-
-
-# -- the cluster ------------------------------------------------------------------------------
-
-
-@dataclass
-class DrillResult:
-    name: str
-    unavailability_s: float
-    degraded: int
-    phantoms_zero_s: float | None
-    over_admissions: int
-    usage_error: float
-    grants: int
-    violations: list[str]
-    transitions: int = 0
-
-    def row(self) -> str:
-        phantoms = "n/a" if self.phantoms_zero_s is None else f"{self.phantoms_zero_s:.2f}"
-        return (
-            f"| {self.name} | {self.grants} | {self.unavailability_s:.2f} | {self.degraded} | "
-            f"{phantoms} | {self.transitions} | {self.over_admissions} | "
-            f"{self.usage_error * 100:.2f} % | "
-            f"{'none' if not self.violations else len(self.violations)} |"
-        )
-
-
-REPORT_HEADER = (
-    "| drill | grants | unavailability (s) | degraded | phantoms to 0 (s) | transitions "
-    "| over-admissions | usage error | violations |\n|---|---|---|---|---|---|---|---|---|"
-)
 
 
 class DrillCluster:
@@ -515,9 +147,27 @@ class DrillCluster:
         return seen
 
     def transitions(self, start: float, end: float) -> int:
-        """Ownership transitions (epoch increments) between ``start`` and ``end``."""
-        before, after = self.epoch_at(start), self.epoch_at(end)
-        return sum(max(0, after.get(p, 0) - before.get(p, after.get(p, 0))) for p in POOLS)
+        """Ownership transitions between ``start`` and ``end``: the new epochs the poller
+        saw, per pool, above the highest it saw up to ``start``.
+
+        An epoch is an etcd revision, so two epochs' difference counts every write to etcd
+        in between, not owners: each new epoch value counts once. A pool first seen after
+        ``start`` counts from the first epoch seen.
+        """
+        last = self.epoch_at(start)
+        count = 0
+        for at, epochs in self.epoch_samples:
+            if at <= start:
+                continue
+            if at > end:
+                break
+            for pool, epoch in epochs.items():
+                if pool not in last:
+                    last[pool] = epoch
+                elif epoch > last[pool]:
+                    last[pool] = epoch
+                    count += 1
+        return count
 
     def live_gateway(self) -> Gateway:
         return next(g for g in self.gateways if not g.dead)
@@ -728,30 +378,3 @@ class DrillCluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {r.node}\n{r.log_text()[-3000:]}" for r in self.replicas)
-
-
-def iter_rows(results: list[DrillResult]) -> Iterator[str]:
-    yield REPORT_HEADER
-    for r in results:
-        yield r.row()
-
-
-def write_report(results: list[DrillResult], path: Path) -> str:
-    text = "# Failover drills\n\n" + "\n".join(iter_rows(results)) + "\n"
-    for r in results:
-        for v in r.violations:
-            text += f"\n- {r.name}: {v}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n", encoding="utf-8")
-    return text
-
-
-__all__ = [
-    "DrillCluster",
-    "DrillResult",
-    "Gateway",
-    "GrantRecord",
-    "Replica",
-    "grpc",
-    "write_report",
-]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from drill_harness import DrillResult, write_report
+from drill_ledger import DrillResult, write_report
 
 RESULTS: list[DrillResult] = []
 REPORT = Path(__file__).resolve().parents[2] / "build" / "drills.md"

@@ -12,16 +12,11 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
-from drill_harness import (
-    LEASE_TTL_S,
-    POOLS,
-    STALL_BUDGET_S,
-    DrillCluster,
-    Gateway,
-    GrantRecord,
-    Replica,
-    wait_serving,
-)
+from drill_config import LEASE_TTL_S, POOLS, STALL_BUDGET_S
+from drill_gateway import Gateway
+from drill_harness import DrillCluster
+from drill_ledger import GrantRecord
+from drill_replica import Replica, wait_serving
 
 from harness.etcd_cluster import CLUSTER_ELECTION_MS
 from server.client import ClientGrant

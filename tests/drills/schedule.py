@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 # Run as a script (beside nemeses.py), outside pytest: the import roots pytest's
-# configuration gives the tests, the repository root (harness) and tests/ (drill_harness).
+# configuration gives the tests, the repository root (harness) and tests/ (the drill_* modules).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nemeses
-from drill_harness import DrillCluster, DrillResult, write_report
+from drill_harness import DrillCluster
+from drill_ledger import DrillResult, write_report
 
 
 async def run(minutes: float, seed: int) -> list[DrillResult]:

@@ -1,7 +1,7 @@
 """Failover drills, one nemesis each, named by the sentence they prove.
 
 Real etcd, three `fairshare serve` processes, three gateways under load through the
-client library; invariants checked at every poll and at the end (tests/drill_harness.py).
+client library; invariants checked at every poll and at the end (tests/drill_ledger.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import nemeses
 import pytest
-from drill_harness import LEASE_TTL_S, MAX_REQUEST_S, WALL_OFFSET_ENV, DrillCluster, DrillResult
+from drill_config import LEASE_TTL_S, MAX_REQUEST_S, WALL_OFFSET_ENV
+from drill_harness import DrillCluster
+from drill_ledger import DrillResult
 
 pytestmark = [pytest.mark.drill, pytest.mark.etcd, pytest.mark.timeout(90)]
 

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from drill_harness import LEASE_TTL_S, DrillCluster, wait_serving
+from drill_config import LEASE_TTL_S
+from drill_harness import DrillCluster
+from drill_replica import wait_serving
 from grpc import aio
 
 from ha.etcd import connect

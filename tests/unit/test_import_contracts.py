@@ -26,6 +26,9 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 CORE = "The decision core does no I/O"
 HA = "ha does not speak gRPC or read config files"
 HARNESS = "No shipped package imports the test harness"
+LIGHT = "The client library and the wire protocol stay out of the server"
+ON_TOP = "Nothing below the simulator and the command imports them"
+SERVER_CLIENT = "The server does not use the client library"
 
 CASES = [
     pytest.param("fairshare/pool.py", "import os", CORE, id="core-os"),
@@ -39,6 +42,11 @@ CASES = [
     pytest.param("ha/settings.py", "import yaml", HA, id="ha-yaml"),
     pytest.param("ha/owner.py", "import prometheus_client", HA, id="ha-prometheus"),
     pytest.param("server/app.py", "from harness import serve", HARNESS, id="server-harness"),
+    pytest.param("client/calls.py", "import server.metrics", LIGHT, id="client-server"),
+    pytest.param("client/grants.py", "import prometheus_client", LIGHT, id="client-prometheus"),
+    pytest.param("wire/convert.py", "import yaml", LIGHT, id="wire-yaml"),
+    pytest.param("client/sync.py", "import sim", ON_TOP, id="client-sim"),
+    pytest.param("server/peers.py", "import client", SERVER_CLIENT, id="server-client"),
 ]
 
 

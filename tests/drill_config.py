@@ -1,0 +1,65 @@
+"""What a drill cluster is made of: its timings, its pools and the replicas' config.
+
+The timings are short, as docs/design.md §18 allows for tests; ``STALL_BUDGET_S`` is the
+etcd stall an owner must survive with the same epoch. Every drill module takes these values
+from here, so the nemeses, the ledger's checks and the replicas' config agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fairshare import apportion
+
+LEASE_TTL_S = 2.0
+HALF_LIFE_S = 30 * 24 * 3600.0
+MAX_REQUEST_S = 6.0
+FENCE_MARGIN_S = 0.5
+RPC_TIMEOUT_S = 0.25
+STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - RPC_TIMEOUT_S
+"""The etcd stall an owner must survive with the same epoch (docs/ha.md)."""
+
+WALL_OFFSET_ENV = "FAIRSHARE_TEST_WALL_OFFSET_FILE"
+"""The replicas' test-only wall-clock hook: a file holding seconds added to wall time."""
+
+POOLS: dict[str, dict[str, float]] = {
+    "gpu-a": {"inst-a": 0.8125, "inst-b": 0.1875},
+    "gpu-b": {"research": 0.5, "product": 0.25, "eval": 0.25},
+}
+CAPACITY = {"gpu-a": 10, "gpu-b": 8}
+RESERVED = {p: apportion(CAPACITY[p], s.keys(), s) for p, s in POOLS.items()}
+
+
+ADMIN_TOKEN = "drill-admin-token"
+GRANT_KEY = "drill-grant-key-shared-by-every-replica"
+
+
+def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
+    """The replicas' YAML config: short timings, as docs/design.md §18 allows for tests."""
+    return {
+        "admin": {"token_file": str(token_file)},
+        "grants": {"key_file": str(key_file)},
+        "timing": {
+            "lease_ttl_s": LEASE_TTL_S,
+            "keepalive_interval_s": 0.5,
+            "rpc_timeout_s": RPC_TIMEOUT_S,
+            "fence_margin_s": FENCE_MARGIN_S,
+            "snapshot_interval_s": 0.5,
+            "commit_window_s": 0.001,
+            "campaign_delay_s": 0.3,
+            "degraded_after_s": 0.2,
+            "forward_deadline_s": 1.0,
+            "release_memory_s": 600.0,
+        },
+        "pools": [
+            {
+                "name": name,
+                "capacity": CAPACITY[name],
+                "shares": shares,
+                "half_life_s": HALF_LIFE_S,
+                "max_request_s": MAX_REQUEST_S,
+                "degraded_mode": "fail_open",
+            }
+            for name, shares in POOLS.items()
+        ],
+    }
