@@ -139,8 +139,9 @@ def _config(tmp_path: pathlib.Path, etcd: EtcdProcess, etcd_section: str) -> pat
     return config
 
 
-def _serve_args(tmp_path: pathlib.Path, config: pathlib.Path) -> list[str]:
-    return serve_args(config, listen="127.0.0.1:0", node_id="tls-0", state_dir=tmp_path / "state")
+def _serve_args(tmp_path: pathlib.Path, config: pathlib.Path, *extra: str) -> list[str]:
+    state = tmp_path / "state"
+    return serve_args(config, listen="127.0.0.1:0", node_id="tls-0", state_dir=state, extra=extra)
 
 
 def _environ() -> dict[str, str]:
@@ -150,11 +151,14 @@ def _environ() -> dict[str, str]:
 async def test_a_replica_serves_with_its_etcd_over_tls(
     etcd_tls: EtcdProcess, pki: Pki, tmp_path: pathlib.Path
 ) -> None:
-    section = (
-        f"  ca_file: {pki.ca.cert}\n  cert_file: {pki.client.cert}\n  key_file: {pki.client.key}\n"
-    )
-    config = _config(tmp_path, etcd_tls, section)
-    replica = Allocator(tmp_path, config, node="tls-0", env=_environ())
+    config = _config(tmp_path, etcd_tls, f"  ca_file: {pki.ca.cert}\n")
+    # The client certificate from the environment, as the tls overlay gives it.
+    environ = {
+        **_environ(),
+        "FAIRSHARE_ETCD_CERT_FILE": str(pki.client.cert),
+        "FAIRSHARE_ETCD_KEY_FILE": str(pki.client.key),
+    }
+    replica = Allocator(tmp_path, config, node="tls-0", env=environ)
     replica.start()
     try:
         await wait_serving(replica.address, timeout_s=30, process=replica)
@@ -168,8 +172,9 @@ async def test_a_replica_serves_with_its_etcd_over_tls(
 def test_a_replica_without_its_client_certificate_exits_2_saying_the_handshake_failed(
     etcd_tls: EtcdProcess, pki: Pki, tmp_path: pathlib.Path
 ) -> None:
-    config = _config(tmp_path, etcd_tls, f"  ca_file: {pki.ca.cert}\n")
-    done = run_serve(_serve_args(tmp_path, config), timeout_s=30, env=_environ())
+    config = _config(tmp_path, etcd_tls, "")
+    args = _serve_args(tmp_path, config, "--etcd-ca-file", str(pki.ca.cert))
+    done = run_serve(args, timeout_s=30, env=_environ())
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("fairshare:")]
