@@ -43,7 +43,14 @@ from ha.etcd.client import EtcdAccess, EtcdClient
 from ha.etcd.errors import TRANSLATED, UNKNOWN, details_of, translate
 from ha.store import StoreUnavailable
 
-__all__ = ["DEFAULT_PORT", "Connection", "EndpointClient", "parse_endpoint"]
+__all__ = [
+    "DEFAULT_PORT",
+    "Connection",
+    "EndpointClient",
+    "check_access",
+    "is_tls",
+    "parse_endpoint",
+]
 
 logger = logging.getLogger(__name__)
 
