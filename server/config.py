@@ -26,6 +26,7 @@ from typing import Final
 import yaml
 
 from ha.api import NodeId
+from ha.etcd.connection import is_tls
 from ha.settings import ConfigError, PoolConfig, Timing
 from server.config_pools import parse_pools
 from server.config_values import (
@@ -378,7 +379,7 @@ def _etcd(raw: Mapping[str, object]) -> EtcdConfig:
     if (etcd.username is None) != (etcd.password_file is None):
         missing = "etcd.password_file" if etcd.password_file is None else "etcd.username"
         raise ConfigError(missing, "etcd.username and etcd.password_file go together")
-    secure = {e.strip().lower().startswith("https://") for e in etcd.endpoints}
+    secure = {is_tls(e) for e in etcd.endpoints}
     if len(secure) > 1:
         raise ConfigError("etcd.endpoints", "mixes https:// and plaintext endpoints")
     if secure == {True} and etcd.ca_file is None:
