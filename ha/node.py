@@ -52,7 +52,7 @@ from ha.api import (
 )
 from ha.clock import Clock, SystemClock, system_clock
 from ha.cluster import ClusterView
-from ha.etcd import connect
+from ha.etcd import EtcdAccess, connect
 from ha.filestore import FileStore
 from ha.genuine import IdCounters
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
@@ -369,7 +369,7 @@ class Node:
             )
 
 
-async def open_node(
+async def open_node(  # noqa: PLR0913 (a replica's wiring, as Node's constructor)
     *,
     node_id: NodeId,
     advertise: str,
@@ -379,12 +379,14 @@ async def open_node(
     etcd_endpoints: Sequence[str],
     prefix: str,
     peers: Peers,
+    etcd_access: EtcdAccess | None = None,
     clock: Clock | None = None,
     grant_keys: GrantKeys | None = None,
 ) -> Node:
     """Builds a node: embedded on a local file store when no etcd endpoint is given.
 
-    ``grant_keys`` sign and verify grant ids; None: with etcd endpoints an error (the
+    ``etcd_access``: TLS and auth for etcd (``ha.etcd.EtcdAccess``; None: plaintext, no
+    auth). ``grant_keys`` sign and verify grant ids; None: with etcd endpoints an error (the
     replicas must share keys), embedded the key kept in ``state_dir`` (made on first use).
     Without ``clock`` it runs on ``ha.clock.system_clock()``: the system's clocks, or
     the test-only wall offset hook when ``FAIRSHARE_TEST_WALL_OFFSET_FILE`` is set.
@@ -404,7 +406,9 @@ async def open_node(
     if etcd_endpoints:
         # Seeded by the node id: replicas start on different members, each on the same
         # one every time it starts.
-        store = await connect(etcd_endpoints, rpc_timeout_s=timing.rpc_timeout_s, seed=node_id)
+        store = await connect(
+            etcd_endpoints, rpc_timeout_s=timing.rpc_timeout_s, seed=node_id, access=etcd_access
+        )
         embedded = False
     else:
         # The store first: it names what is wrong with the state dir (not a directory,

@@ -9,6 +9,9 @@ A single member runs with a 50 ms heartbeat and a 500 ms election timeout, which
 etcd's minimum lease TTL to 1 s (with the defaults a 1 s lease is granted 2 s). Three
 members as one cluster are ``harness.etcd_cluster.EtcdCluster``.
 
+With ``tls`` the member serves its clients over TLS only (``https://``), requiring a
+client certificate signed by the CA; ``etcdctl`` then presents ``tls.client_cert``.
+
 Every wait is bounded; ``close`` stops the member and deletes its data, and a member
 still running when the interpreter exits is closed then.
 """
@@ -21,12 +24,14 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -91,6 +96,30 @@ def fast_tmp_root() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS on a member's client port, with client certificates required.
+
+    Attributes:
+        ca_file: the CA that signs the server and client certificates.
+        cert_file: the server certificate (it must name 127.0.0.1).
+        key_file: its key.
+        client_cert: the (certificate, key) files the harness presents (health checks,
+            etcdctl); with etcd auth on, the certificate's CN is the etcd user.
+    """
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    client_cert: tuple[Path, Path]
+
+    def context(self) -> ssl.SSLContext:
+        """An ssl context that verifies the member and presents ``client_cert``."""
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        context.load_cert_chain(*map(str, self.client_cert))
+        return context
+
+
 class EtcdProcess:
     """One etcd member on 127.0.0.1 with its own data dir and free ports.
 
@@ -104,6 +133,9 @@ class EtcdProcess:
         cluster_token: etcd's ``--initial-cluster-token``.
         heartbeat_ms: etcd's ``--heartbeat-interval``.
         election_ms: etcd's ``--election-timeout``.
+        tls: TLS with client certificates on the client port; plaintext by default.
+        auth_token_ttl_s: etcd's ``--auth-token-ttl`` (simple tokens), for tests of
+            token expiry; etcd's default (300 s) when None.
     """
 
     def __init__(
@@ -117,6 +149,8 @@ class EtcdProcess:
         cluster_token: str | None = None,
         heartbeat_ms: int = 50,
         election_ms: int = 500,
+        tls: EtcdTls | None = None,
+        auth_token_ttl_s: int | None = None,
     ) -> None:
         self.binary = find_etcd()
         self.name = name
@@ -139,6 +173,8 @@ class EtcdProcess:
         self._cluster_token = cluster_token
         self._heartbeat_ms = heartbeat_ms
         self._election_ms = election_ms
+        self.tls = tls
+        self._auth_token_ttl_s = auth_token_ttl_s
 
     # -- addresses ----------------------------------------------------------------------
 
@@ -154,7 +190,8 @@ class EtcdProcess:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.endpoint}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://{self.endpoint}"
 
     @property
     def pid(self) -> int | None:
@@ -311,6 +348,7 @@ class EtcdProcess:
             "zap",
             "--log-level",
             "warn",
+            *self._security_args(),
         ]
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
@@ -322,6 +360,40 @@ class EtcdProcess:
         )
         _LIVE.add(self)
 
+    def etcdctl(self, *args: str, timeout_s: float = 10.0) -> str:
+        """Runs ``etcdctl`` against this member (with the client certificate under
+        TLS) and returns its output.
+
+        Raises:
+            RuntimeError: etcdctl failed (its output in the message).
+        """
+        flags = [f"--endpoints={self.client_url}", f"--command-timeout={timeout_s}s"]
+        if self.tls is not None:
+            cert, key = self.tls.client_cert
+            flags += [f"--cacert={self.tls.ca_file}", f"--cert={cert}", f"--key={key}"]
+        done = subprocess.run(
+            [find_etcdctl(), *flags, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s + 5,
+            env={**etcd_env(), "ETCDCTL_API": "3"},
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)} failed: {done.stderr or done.stdout}")
+        return done.stdout
+
+    def _security_args(self) -> list[str]:
+        args: list[str] = []
+        if self.tls is not None:
+            args += ["--client-cert-auth", f"--trusted-ca-file={self.tls.ca_file}"]
+            args += [f"--cert-file={self.tls.cert_file}", f"--key-file={self.tls.key_file}"]
+        if self._auth_token_ttl_s is not None:
+            # The cheapest bcrypt cost etcd accepts: every Authenticate checks a hash.
+            args += ["--auth-token=simple", f"--auth-token-ttl={self._auth_token_ttl_s}"]
+            args += ["--bcrypt-cost=4"]
+        return args
+
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         last = "no answer yet"
@@ -331,7 +403,9 @@ class EtcdProcess:
                 code = None if proc is None else proc.returncode
                 raise RuntimeError(f"etcd exited with {code} at start:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.client_url}/health", timeout=1) as resp:
+                context = None if self.tls is None else self.tls.context()
+                url = f"{self.client_url}/health"
+                with urllib.request.urlopen(url, timeout=1, context=context) as resp:
                     doc = json.loads(resp.read())
                 if doc.get("health") == "true" and listens(proc.pid, self.client_port):
                     return

@@ -42,11 +42,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ha.api import Allocator, NodeId, Peers, StoreUnavailable
+from ha.etcd import EtcdAccess
 from ha.grantkeys import GrantKeys, KeyFileError
 from ha.node import open_node
 from ha.settings import ConfigError, PoolConfig, Timing
 from server.auth import AdminAuth
 from server.config import Config, load_config
+from server.etcd_access import load_etcd_access
 from server.intake import Intake
 from server.metrics import Metrics
 from server.peers import GrpcPeers
@@ -99,6 +101,7 @@ class NodeFactory(Protocol):
         timing: Timing,
         state_dir: pathlib.Path,
         etcd_endpoints: Sequence[str],
+        etcd_access: EtcdAccess | None,
         prefix: str,
         peers: Peers,
         grant_keys: GrantKeys | None,
@@ -307,8 +310,10 @@ async def _open_node(config: Config, port: int, peers: Peers, factory: NodeFacto
     """Opens the node with the configured grant keys, advertising the bound ``port``.
 
     Raises:
-        ConfigError: the grant key file cannot be read or is not a valid key file.
+        ConfigError: the grant key file, or a file of the etcd section, cannot be read
+            or is not valid.
     """
+    etcd_access = load_etcd_access(config.etcd)
     grant_keys = None
     if config.grants.key_file is not None:
         try:
@@ -323,6 +328,7 @@ async def _open_node(config: Config, port: int, peers: Peers, factory: NodeFacto
             timing=config.timing,
             state_dir=config.state_dir,
             etcd_endpoints=config.etcd.endpoints,
+            etcd_access=etcd_access,
             prefix=config.etcd.prefix,
             peers=peers,
             grant_keys=grant_keys,
@@ -456,6 +462,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", help="this replica's id (default: host name)")
     parser.add_argument("--advertise", help="HOST:PORT peers and clients dial")
     parser.add_argument("--prefix", help="etcd key prefix (default /fairshare)")
+    parser.add_argument("--etcd-ca-file", help="CA of etcd's certificate (https:// endpoints)")
+    parser.add_argument("--etcd-cert-file", help="client certificate presented to etcd")
+    parser.add_argument("--etcd-key-file", help="key of --etcd-cert-file")
+    parser.add_argument("--etcd-username", help="etcd user (etcd auth enabled)")
+    parser.add_argument("--etcd-password-file", help="file holding the etcd user's password")
 
 
 def overrides_of(args: argparse.Namespace) -> Mapping[str, object]:
@@ -468,6 +479,11 @@ def overrides_of(args: argparse.Namespace) -> Mapping[str, object]:
         "node_id": args.node_id,
         "advertise": args.advertise,
         "etcd.prefix": args.prefix,
+        "etcd.ca_file": args.etcd_ca_file,
+        "etcd.cert_file": args.etcd_cert_file,
+        "etcd.key_file": args.etcd_key_file,
+        "etcd.username": args.etcd_username,
+        "etcd.password_file": args.etcd_password_file,
     }
 
 

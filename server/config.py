@@ -26,6 +26,7 @@ from typing import Final
 import yaml
 
 from ha.api import NodeId
+from ha.etcd.connection import is_tls
 from ha.settings import ConfigError, PoolConfig, Timing
 from server.config_pools import parse_pools
 from server.config_values import (
@@ -62,11 +63,26 @@ class EtcdConfig:
     Attributes:
         endpoints: etcd endpoints, ``host:port`` or URLs; empty means embedded
             single-node mode (this node owns every pool, state in a local file).
+            ``https://`` endpoints (all or none) are TLS and need ``ca_file``.
         prefix: key prefix of every key this service writes.
+        ca_file: PEM bundle of the CA that signs etcd's server certificate.
+        cert_file: PEM client certificate for etcd's ``--client-cert-auth``.
+        key_file: its PEM private key; required with ``cert_file``.
+        username: etcd user to authenticate as (etcd auth enabled).
+        password_file: file holding that user's password (one line); required with
+            ``username``. The password itself is never in the configuration.
+
+    The files are read once, when the server starts: a rotated certificate or password
+    takes effect at the next start.
     """
 
     endpoints: tuple[str, ...] = ()
     prefix: str = DEFAULT_PREFIX
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    username: str | None = None
+    password_file: str | None = None
 
     @property
     def embedded(self) -> bool:
@@ -192,6 +208,11 @@ _SCALARS: dict[str, _Kind] = {
     "log_level": _Kind.STR,
     "etcd.endpoints": _Kind.LIST,
     "etcd.prefix": _Kind.STR,
+    "etcd.ca_file": _Kind.OPT_STR,
+    "etcd.cert_file": _Kind.OPT_STR,
+    "etcd.key_file": _Kind.OPT_STR,
+    "etcd.username": _Kind.OPT_STR,
+    "etcd.password_file": _Kind.OPT_STR,
     "tls.cert_file": _Kind.OPT_STR,
     "tls.key_file": _Kind.OPT_STR,
     "tls.client_ca_file": _Kind.OPT_STR,
@@ -212,7 +233,15 @@ def _env_name(path: str) -> str:
 
 _ENV: dict[str, str] = {_env_name(path): path for path in _SCALARS}
 _SECTIONS: dict[str, tuple[str, ...]] = {
-    "etcd": ("endpoints", "prefix"),
+    "etcd": (
+        "endpoints",
+        "prefix",
+        "ca_file",
+        "cert_file",
+        "key_file",
+        "username",
+        "password_file",
+    ),
     "timing": tuple(Timing.__slots__),
     "tls": ("cert_file", "key_file", "client_ca_file", "admin_identities", "peer_identities"),
     "admin": ("token_file",),
@@ -331,6 +360,40 @@ def _put(raw: dict[str, object], path: str, value: object) -> None:
     raw[section] = merged
 
 
+def _etcd(raw: Mapping[str, object]) -> EtcdConfig:
+    username = raw.get("username")
+    etcd = EtcdConfig(
+        endpoints=read_strings("etcd.endpoints", raw.get("endpoints")),
+        prefix=read_string("etcd.prefix", raw.get("prefix", DEFAULT_PREFIX)),
+        ca_file=read_opt_file("etcd.ca_file", raw.get("ca_file")),
+        cert_file=read_opt_file("etcd.cert_file", raw.get("cert_file")),
+        key_file=read_opt_file("etcd.key_file", raw.get("key_file")),
+        username=None if username in (None, "") else read_string("etcd.username", username),
+        password_file=read_opt_file("etcd.password_file", raw.get("password_file")),
+    )
+    if not etcd.prefix.startswith("/"):
+        raise ConfigError("etcd.prefix", f"must start with '/', got {etcd.prefix!r}")
+    if (etcd.cert_file is None) != (etcd.key_file is None):
+        missing = "etcd.key_file" if etcd.key_file is None else "etcd.cert_file"
+        raise ConfigError(missing, "etcd.cert_file and etcd.key_file go together")
+    if (etcd.username is None) != (etcd.password_file is None):
+        missing = "etcd.password_file" if etcd.password_file is None else "etcd.username"
+        raise ConfigError(missing, "etcd.username and etcd.password_file go together")
+    secure = {is_tls(e) for e in etcd.endpoints}
+    if len(secure) > 1:
+        raise ConfigError("etcd.endpoints", "mixes https:// and plaintext endpoints")
+    if secure == {True} and etcd.ca_file is None:
+        raise ConfigError(
+            "etcd.ca_file", "is required with https:// endpoints (the CA of etcd's certificate)"
+        )
+    for key, value in (("etcd.ca_file", etcd.ca_file), ("etcd.cert_file", etcd.cert_file)):
+        if value is not None and secure != {True}:
+            raise ConfigError(key, "needs https:// etcd endpoints")
+    if etcd.username is not None and not etcd.endpoints:
+        raise ConfigError("etcd.username", "needs etcd endpoints")
+    return etcd
+
+
 def _build(raw: Mapping[str, object]) -> Config:
     top = read_mapping("", raw, _TOP)
     node_id = read_string("node_id", top.get("node_id", socket.gethostname()))
@@ -346,13 +409,7 @@ def _build(raw: Mapping[str, object]) -> Config:
     if level not in LOG_LEVELS:
         raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
 
-    etcd_raw = read_mapping("etcd", top.get("etcd"), _SECTIONS["etcd"])
-    etcd = EtcdConfig(
-        endpoints=read_strings("etcd.endpoints", etcd_raw.get("endpoints")),
-        prefix=read_string("etcd.prefix", etcd_raw.get("prefix", DEFAULT_PREFIX)),
-    )
-    if not etcd.prefix.startswith("/"):
-        raise ConfigError("etcd.prefix", f"must start with '/', got {etcd.prefix!r}")
+    etcd = _etcd(read_mapping("etcd", top.get("etcd"), _SECTIONS["etcd"]))
 
     tls_raw = read_mapping("tls", top.get("tls"), _SECTIONS["tls"])
     tls = TlsConfig(

@@ -30,17 +30,24 @@ Guarantees (beyond those of ``ha.store``):
 - Lease TTLs are whole seconds in etcd: ``grant_lease`` rounds up, minimum 1 s (etcd
   may raise it to its own minimum, 1.5 election timeouts).
 
-Non-guarantees: no TLS or authentication yet (``http://`` endpoints only); a watch on a
+- ``https://`` endpoints are TLS, with a client certificate if one is given; with a
+  username the store authenticates, and fetches a new token when etcd refuses the old
+  one (simple tokens expire), then sends the refused call again (``ha.etcd.client``).
+
+Non-guarantees: certificates, keys and the password are read once, at start (a rotated
+file needs a restart); a watch on a
 member that is paused but keeps its TCP connection open notices only through gRPC
 keepalive pings (every 10 s, the fastest etcd's default server policy accepts).
 
 Modules: ``store`` (``EtcdStore`` and ``connect``: what each operation sends),
-``connection`` (endpoints, channels, require-leader metadata, deadlines and failover),
+``connection`` (endpoints, deadlines and failover), ``client`` (aetcd's client over a
+channel built here: TLS, require-leader metadata, auth tokens),
 ``watch`` (the watch that resumes on another member), ``errors`` (the translation table),
 ``messages`` (etcd's messages to and from the store's values). Import from here.
 """
 
+from ha.etcd.client import EtcdAccess
 from ha.etcd.connection import parse_endpoint
 from ha.etcd.store import EtcdStore, connect
 
-__all__ = ["EtcdStore", "connect", "parse_endpoint"]
+__all__ = ["EtcdAccess", "EtcdStore", "connect", "parse_endpoint"]

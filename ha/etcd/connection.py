@@ -15,8 +15,14 @@ Guarantees:
   write that may be sent twice (``repeat``) within its budget; every other call raises
   at once, whatever it may have done (``Connection.call``).
 - ``close`` ends every call still open (watch streams included) and wakes every backoff.
+- ``https://`` endpoints get TLS channels with the access's CA (and client certificate),
+  ``http://`` ones plaintext; both kinds at once, or TLS settings with ``http://``
+  endpoints, are refused when the connection is made. With a username, a call that etcd
+  answers "invalid auth token" is sent once more with a new token, whatever the call:
+  etcd checks the token before it applies anything (``ha.etcd.client``).
 
-Non-guarantees: no TLS or authentication (``http://`` endpoints only); a member that is
+Non-guarantees: certificates and password are those given at start (rotation needs a new
+process); a member that is
 paused but keeps its TCP connection open is noticed only by a deadline or by gRPC
 keepalive pings (every 10 s, the fastest etcd's default server policy accepts).
 """
@@ -33,12 +39,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-import aetcd
-
+from ha.etcd.client import EtcdAccess, EtcdClient
 from ha.etcd.errors import TRANSLATED, UNKNOWN, details_of, translate
 from ha.store import StoreUnavailable
 
-__all__ = ["DEFAULT_PORT", "Connection", "EndpointClient", "parse_endpoint"]
+__all__ = [
+    "DEFAULT_PORT",
+    "Connection",
+    "EndpointClient",
+    "check_access",
+    "is_tls",
+    "parse_endpoint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,24 +64,21 @@ _MIN_ATTEMPT_S: Final = 0.05
 _KEEPALIVE_PING_MS: Final = 10_000
 """etcd refuses pings more often than every 5 s (``--grpc-keepalive-min-time``)."""
 _MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
-_REQUIRE_LEADER: Final = (("hasleader", "true"),)
-"""etcd's require-leader metadata (clientv3 ``WithRequireLeader``): a member without a
-leader refuses the call at once, and cancels an open watch with "no leader" once it has
-had none for three election timeouts, instead of keeping it open and silent."""
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
-    """``host:port``, ``http://host:port`` or ``[v6]:port`` → (gRPC host, port).
+    """``host:port``, ``http://host:port``, ``https://host:port`` or ``[v6]:port`` →
+    (gRPC host, port). Whether it is TLS is ``is_tls(text)``.
 
     Raises:
-        ValueError: not an endpoint, or a scheme other than http.
+        ValueError: not an endpoint, or a scheme other than http or https.
     """
     raw = text.strip()
     scheme, sep, rest = raw.partition("://")
     if not sep:
         rest = raw
-    elif scheme.lower() != "http":
-        raise ValueError(f"etcd endpoint {text!r}: only http:// is supported (no TLS yet)")
+    elif scheme.lower() not in ("http", "https"):
+        raise ValueError(f"etcd endpoint {text!r}: the scheme must be http:// or https://")
     parts = urllib.parse.urlsplit("//" + rest.rstrip("/"))
     try:
         port = parts.port or DEFAULT_PORT
@@ -79,6 +88,27 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     if not host or parts.path:
         raise ValueError(f"etcd endpoint {text!r}: expected host:port")
     return (f"[{host}]" if ":" in host else host), port
+
+
+def is_tls(endpoint: str) -> bool:
+    """True for an ``https://`` endpoint (a bare ``host:port`` is plaintext)."""
+    return endpoint.strip().lower().startswith("https://")
+
+
+def check_access(endpoints: Sequence[str], access: EtcdAccess) -> None:
+    """Checks that the endpoints and the access agree on TLS.
+
+    Raises:
+        ValueError: ``https://`` and plaintext endpoints mixed, ``https://`` endpoints
+            without a CA, or a CA with plaintext endpoints.
+    """
+    tls = {is_tls(e) for e in endpoints}
+    if len(tls) > 1:
+        raise ValueError("etcd endpoints mix https:// and plaintext; use one kind")
+    if tls == {True} and not access.tls:
+        raise ValueError("https:// etcd endpoints need the CA that signs etcd's certificate")
+    if tls == {False} and access.tls:
+        raise ValueError("TLS settings for etcd need https:// endpoints")
 
 
 def _channel_options(rpc_timeout_s: float) -> dict[str, int]:
@@ -104,7 +134,7 @@ def _channel_options(rpc_timeout_s: float) -> dict[str, int]:
 class EndpointClient:
     """One endpoint's client; replaced as a whole on failover."""
 
-    client: Any  # aetcd.Client (untyped)
+    client: EtcdClient
     endpoint: str
     index: int
 
@@ -116,11 +146,19 @@ class Connection:
     stream, through ``current`` with the stream registered by ``track``).
     """
 
-    def __init__(self, endpoints: Sequence[str], *, rpc_timeout_s: float) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        rpc_timeout_s: float,
+        access: EtcdAccess | None = None,
+    ) -> None:
         """Checks the endpoints (in the order they will be tried); connects to none yet.
+        ``access``: TLS and auth settings (None: plaintext, no auth).
 
         Raises:
-            ValueError: no endpoints, a malformed one, or a non-positive timeout.
+            ValueError: no endpoints, a malformed one, endpoints that do not agree with
+                ``access`` (``check_access``), or a non-positive timeout.
         """
         if not endpoints:
             raise ValueError("no etcd endpoints given")
@@ -128,6 +166,8 @@ class Connection:
             raise ValueError(f"rpc_timeout_s must be positive, got {rpc_timeout_s}")
         self.endpoints: tuple[str, ...] = tuple(endpoints)
         self._addresses = [parse_endpoint(e) for e in self.endpoints]
+        self._access = access or EtcdAccess()
+        check_access(self.endpoints, self._access)
         self.rpc_timeout_s = rpc_timeout_s
         self._current: EndpointClient | None = None
         self._closed = False
@@ -155,7 +195,8 @@ class Connection:
                 await _close_client(opened)
                 raise
             except TRANSLATED as e:
-                failures.append(f"{opened.endpoint}: {details_of(e)}")
+                reason = (translate(e) or UNKNOWN).reason
+                failures.append(f"{opened.endpoint}: {reason}: {details_of(e)}")
                 await _close_client(opened)
                 continue
             self._current = opened
@@ -205,6 +246,7 @@ class Connection:
         total = self.rpc_timeout_s if budget_s is None else budget_s
         deadline = loop.time() + total
         attempt = 0
+        new_token = False
         while True:
             attempt += 1
             used = self.current()
@@ -212,12 +254,20 @@ class Connection:
             cap = left
             if repeat and len(self.endpoints) > 1:
                 cap = min(left, max(self.rpc_timeout_s, left / 2))
+            sent = None
             try:
                 async with asyncio.timeout(cap):
                     await used.client.connect()
+                    sent = used.client.metadata
                     return await op(used.client, cap)
             except TRANSLATED as e:
                 translation = translate(e)
+                if translation is not None and translation.reauthenticate and not new_token:
+                    # Refused before it was applied: once more, with a new token.
+                    new_token = True
+                    await self.reauthenticate(used, sent, what, deadline - loop.time())
+                    attempt -= 1
+                    continue
                 failover = translation is not None and translation.failover
                 left = deadline - loop.time()
                 if repeat:
@@ -248,6 +298,22 @@ class Connection:
         return translation.error(
             f"{what} at {used.endpoint}: {translation.reason}: {details_of(e)}"
         )
+
+    async def reauthenticate(
+        self, used: EndpointClient, stale: Any, what: str, timeout_s: float
+    ) -> None:
+        """Replaces the auth token etcd refused when it was sent as ``stale`` metadata
+        (once, however many calls saw it refused), within ``timeout_s``.
+
+        Raises:
+            StoreUnavailable: etcd refused the password, or did not answer.
+        """
+        logger.info("etcd at %s refused the auth token; authenticating again", used.endpoint)
+        try:
+            async with asyncio.timeout(max(timeout_s, 0.0)):
+                await used.client.reauthenticate(stale)
+        except TRANSLATED as e:
+            raise self.failed(used, e, f"{what} (authenticating again)") from e
 
     def track(self, stream: Any) -> None:
         """Registers a call that outlives one request (a watch stream) for ``close``."""
@@ -281,15 +347,13 @@ class Connection:
 
     def _open(self, index: int) -> EndpointClient:
         host, port = self._addresses[index]
-        client = aetcd.Client(
+        client = EtcdClient(
             host=host,
             port=port,
             timeout=self.rpc_timeout_s,
             options=_channel_options(self.rpc_timeout_s),
+            access=self._access,
         )
-        # aetcd sends ``client.metadata`` with every call; it sets it only for
-        # authentication, which this store does not use.
-        client.metadata = _REQUIRE_LEADER
         return EndpointClient(client, self.endpoints[index], index)
 
     def _failover(self, failed: EndpointClient) -> None:

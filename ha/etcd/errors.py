@@ -6,8 +6,12 @@ aetcd raises gRPC errors (its own ``ClientError`` wraps the ``grpc.aio.AioRpcErr
 Guarantees: a failure is translated here and nowhere else. Connection refused, no leader,
 deadline exceeded → ``StoreUnavailable`` that moves the store to the next endpoint;
 NOSPACE ("database space exceeded") → ``StoreFull``; lease not found → ``LeaseNotFound``;
-a request etcd calls malformed → ``ValueError`` (a bug in this package). Anything else
-aetcd or gRPC raises → ``StoreUnavailable`` on the same endpoint.
+a request etcd calls malformed → ``ValueError`` (a bug in this package). An auth token etcd
+no longer accepts (expired, or older than an auth change) is marked ``reauthenticate``:
+the connection fetches a new one and sends the call again. A refused password, a denied
+permission or a failed TLS handshake → ``StoreUnavailable`` whose reason names the
+settings to check. Anything else aetcd or gRPC raises → ``StoreUnavailable`` on the same
+endpoint.
 
 Non-guarantees: the words of etcd's message are kept for the log, not parsed, except
 the NOSPACE one that ``ERRORS_BY_MESSAGE`` names.
@@ -33,6 +37,7 @@ __all__ = [
     "Translation",
     "details_of",
     "translate",
+    "translate_reason",
 ]
 
 
@@ -44,11 +49,14 @@ class Translation:
         error: the project exception to raise.
         reason: the words put in front of etcd's message.
         failover: the endpoint itself failed, so the next call goes to the next one.
+        reauthenticate: etcd refused the auth token, not the call: with a new token the
+            call may be sent again (etcd checks the token before it applies anything).
     """
 
     error: type[Exception]
     reason: str
     failover: bool = False
+    reauthenticate: bool = False
 
 
 ERRORS_BY_STATUS: Final[Mapping[grpc.StatusCode, Translation]] = {
@@ -66,13 +74,56 @@ ERRORS_BY_STATUS: Final[Mapping[grpc.StatusCode, Translation]] = {
     grpc.StatusCode.INVALID_ARGUMENT: Translation(
         ValueError, "BUG: etcd refused a malformed request"
     ),
+    grpc.StatusCode.PERMISSION_DENIED: Translation(
+        StoreUnavailable,
+        "etcd denied the call: the etcd user (etcd.username, or the client certificate's "
+        "CN when no username is set) needs a role that grants read and write on the prefix",
+    ),
 }
 """gRPC status → project exception. etcd 3.4 uses NOT_FOUND only for leases."""
+
+_NEW_TOKEN: Final = Translation(
+    StoreUnavailable, "etcd refused the auth token", reauthenticate=True
+)
+_HANDSHAKE: Final = Translation(
+    StoreUnavailable,
+    "the TLS handshake with etcd failed (check etcd.ca_file against etcd's certificate, "
+    "and etcd.cert_file/etcd.key_file if etcd requires client certificates)",
+    failover=True,
+)
 
 ERRORS_BY_MESSAGE: Final[tuple[tuple[str, Translation], ...]] = (
     # etcd answers RESOURCE_EXHAUSTED both for NOSPACE and for "too many requests";
     # only the first is a refusal that lasts until an operator frees space.
     ("database space exceeded", Translation(StoreFull, "etcd is out of space (NOSPACE alarm)")),
+    # etcd's simple tokens expire (--auth-token-ttl, 5 minutes by default, counted from
+    # their last use on each member), and an auth change (user, role) retires every
+    # token; clientv3 fetches a new token on these three answers, so does this store.
+    ("invalid auth token", _NEW_TOKEN),
+    ("revision of auth store is old", _NEW_TOKEN),
+    (
+        "user name is empty",
+        Translation(
+            StoreUnavailable,
+            "etcd has auth enabled: set etcd.username and etcd.password_file, or a client "
+            "certificate whose CN is an etcd user",
+            reauthenticate=True,
+        ),
+    ),
+    (
+        "authentication failed",
+        Translation(StoreUnavailable, "etcd refused etcd.username with etcd.password_file"),
+    ),
+    (
+        "authentication is not enabled",
+        Translation(StoreUnavailable, "etcd.username is set but etcd has auth disabled"),
+    ),
+    # gRPC's words when the TLS handshake fails: etcd wants a client certificate
+    # (etcd.cert_file, etcd.key_file) it was not given or does not trust, or etcd's
+    # certificate does not verify with etcd.ca_file or does not name the endpoint's host.
+    ("Ssl handshake failed", _HANDSHAKE),
+    ("TSI_DATA_CORRUPTED", _HANDSHAKE),
+    ("Handshake read failed", _HANDSHAKE),
 )
 """Failures told apart by etcd's message, checked before the status table."""
 
@@ -104,6 +155,14 @@ def translate(e: BaseException) -> Translation | None:
         return ERRORS_BY_STATUS[status]
     for kind, translation in ERRORS_BY_TYPE:
         if isinstance(e, kind):
+            return translation
+    return None
+
+
+def translate_reason(reason: str) -> Translation | None:
+    """The translation of etcd's words alone (a watch's cancel reason), or None."""
+    for words, translation in ERRORS_BY_MESSAGE:
+        if words in reason:
             return translation
     return None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from aetcd import rpc
 
+from ha.etcd.client import EtcdAccess
 from ha.etcd.connection import Connection
 from ha.etcd.messages import compare_create, compare_exists, key_value, prefix_range, put_op
 from ha.etcd.watch import watch_prefix
@@ -25,25 +26,33 @@ __all__ = ["EtcdStore", "connect"]
 
 
 async def connect(
-    endpoints: Sequence[str], *, rpc_timeout_s: float, seed: int | str | None = None
+    endpoints: Sequence[str],
+    *,
+    rpc_timeout_s: float,
+    seed: int | str | None = None,
+    access: EtcdAccess | None = None,
 ) -> EtcdStore:
     """Connects to the first endpoint that answers a linearizable read.
 
     Args:
-        endpoints: ``host:port`` or ``http://host:port``, tried in an order shuffled
-            by ``seed`` (each replica passes its own, so replicas spread over the
-            members instead of all starting on the first one); ``store.endpoints`` is
-            that order.
+        endpoints: ``host:port``, ``http://host:port`` or ``https://host:port``, tried
+            in an order shuffled by ``seed`` (each replica passes its own, so replicas
+            spread over the members instead of all starting on the first one);
+            ``store.endpoints`` is that order.
         rpc_timeout_s: the deadline of every call, in seconds.
         seed: seeds the shuffle (None: a random order).
+        access: TLS and auth (``https://`` endpoints need its CA); None: plaintext,
+            no auth.
 
     Raises:
-        StoreUnavailable: no endpoint answered (each one's error is in the message).
-        ValueError: no endpoints, a malformed one, or a non-positive timeout.
+        StoreUnavailable: no endpoint answered (each one's error is in the message:
+            refused, TLS handshake failed, password refused...).
+        ValueError: no endpoints, a malformed one, endpoints and ``access`` that do
+            not agree on TLS, or a non-positive timeout.
     """
     order = list(endpoints)
     random.Random(seed).shuffle(order)
-    store = EtcdStore(order, rpc_timeout_s=rpc_timeout_s)
+    store = EtcdStore(order, rpc_timeout_s=rpc_timeout_s, access=access)
     await store._connection.open_first()
     return store
 
@@ -51,9 +60,15 @@ async def connect(
 class EtcdStore:
     """``ha.store.Store`` over etcd. Create it with ``connect``."""
 
-    def __init__(self, endpoints: Sequence[str], *, rpc_timeout_s: float) -> None:
-        """Raises ValueError: no endpoints, a malformed one, or a non-positive timeout."""
-        self._connection = Connection(endpoints, rpc_timeout_s=rpc_timeout_s)
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        rpc_timeout_s: float,
+        access: EtcdAccess | None = None,
+    ) -> None:
+        """Raises ValueError: as ``ha.etcd.connection.Connection``."""
+        self._connection = Connection(endpoints, rpc_timeout_s=rpc_timeout_s, access=access)
         self.endpoints: tuple[str, ...] = self._connection.endpoints
         self.rpc_timeout_s = rpc_timeout_s
 

@@ -16,6 +16,7 @@ iterator with that exception.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import grpc
 from aetcd import rpc
 
 from ha.etcd.connection import Connection, EndpointClient
-from ha.etcd.errors import TRANSLATED, details_of
+from ha.etcd.errors import TRANSLATED, details_of, translate_reason
 from ha.etcd.messages import event_of, prefix_range
 from ha.store import EventKind, KeyValue, StoreUnavailable, WatchEvent
 
@@ -69,10 +70,15 @@ async def watch_prefix(
                 yield reset
             continue
         used = connection.current()
-        await used.client.connect()  # creates the channel; no network round trip
-        call = rpc.WatchStub(used.client.channel).Watch(metadata=used.client.metadata)
-        connection.track(call)
+        call: Any = None
+        sent: Any = None
         try:
+            # Creates the channel (and, with a username, the auth token) on first use.
+            async with asyncio.timeout(connection.rpc_timeout_s):
+                await used.client.connect()
+            sent = used.client.metadata
+            call = rpc.WatchStub(used.client.channel).Watch(metadata=sent)
+            connection.track(call)
             await _create(connection, call, start, end, progress.next_revision)
             progress.failures = 0
             while (raw_events := await _next_events(connection, call, progress)) is not None:
@@ -82,14 +88,20 @@ async def watch_prefix(
                     yield event
             return  # the connection closed the stream
         except _WatchCanceled as e:
+            refused = translate_reason(e.reason)
+            if refused is not None and refused.reauthenticate:
+                # An expired token: etcd creates the watch only to cancel it.
+                with contextlib.suppress(StoreUnavailable):
+                    await connection.reauthenticate(used, sent, "watch", connection.rpc_timeout_s)
             await _canceled(connection, prefix, progress, e)
         except (*TRANSLATED, StoreUnavailable) as e:
             if connection.closed:
                 return
             await _lost(connection, used, prefix, progress, e)
         finally:
-            connection.untrack(call)
-            call.cancel()
+            if call is not None:
+                connection.untrack(call)
+                call.cancel()
 
 
 async def _list_for_reset(

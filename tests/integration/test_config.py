@@ -200,3 +200,73 @@ def test_tls_pairs(tmp_path: pathlib.Path) -> None:
             environ={},
         )
     assert info.value.path == "tls.admin_identities"
+
+
+_PEM = "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize(
+    ("section", "path"),
+    [
+        pytest.param("endpoints: ['https://a:2379']", "etcd.ca_file", id="https-without-ca"),
+        pytest.param(
+            "endpoints: ['https://a:2379', 'http://b:2379'], ca_file: {f}",
+            "etcd.endpoints",
+            id="mixed-schemes",
+        ),
+        pytest.param("endpoints: ['http://a:2379'], ca_file: {f}", "etcd.ca_file", id="ca-http"),
+        pytest.param(
+            "endpoints: ['https://a:2379'], ca_file: {f}, cert_file: {f}",
+            "etcd.key_file",
+            id="cert-without-key",
+        ),
+        pytest.param(
+            "endpoints: ['https://a:2379'], ca_file: {f}, key_file: {f}",
+            "etcd.cert_file",
+            id="key-without-cert",
+        ),
+        pytest.param(
+            "endpoints: ['http://a:2379'], username: app", "etcd.password_file", id="no-password"
+        ),
+        pytest.param(
+            "endpoints: ['http://a:2379'], password_file: {f}", "etcd.username", id="no-user"
+        ),
+        pytest.param(
+            "endpoints: ['https://a:2379'], ca_file: /nonexistent/ca.crt",
+            "etcd.ca_file",
+            id="no-ca-file",
+        ),
+        pytest.param("username: app, password_file: {f}", "etcd.username", id="auth-embedded"),
+    ],
+)
+def test_etcd_tls_and_auth_refusals_name_the_key(
+    tmp_path: pathlib.Path, section: str, path: str
+) -> None:
+    pem = tmp_path / "file.pem"
+    pem.write_text(_PEM, encoding="utf-8")
+    keys = tmp_path / "grant-keys"
+    keys.write_text("ab" * 32 + "\n", encoding="utf-8")
+    text = f"etcd: {{{section.format(f=pem)}}}\ngrants: {{key_file: {keys}}}\n"
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), environ={})
+    assert info.value.path == path, str(info.value)
+
+
+def test_etcd_tls_and_auth_settings_load_from_file_and_environment(
+    tmp_path: pathlib.Path,
+) -> None:
+    pem = tmp_path / "file.pem"
+    pem.write_text(_PEM, encoding="utf-8")
+    keys = tmp_path / "grant-keys"
+    keys.write_text("ab" * 32 + "\n", encoding="utf-8")
+    text = f"etcd: {{endpoints: ['https://a:2379'], ca_file: {pem}}}\n"
+    environ = {
+        "FAIRSHARE_GRANTS_KEY_FILE": str(keys),
+        "FAIRSHARE_ETCD_CERT_FILE": str(pem),
+        "FAIRSHARE_ETCD_KEY_FILE": str(pem),
+        "FAIRSHARE_ETCD_USERNAME": "app",
+        "FAIRSHARE_ETCD_PASSWORD_FILE": str(pem),
+    }
+    etcd = load_config(write(tmp_path, text), environ=environ).etcd
+    assert etcd.ca_file == etcd.cert_file == etcd.key_file == etcd.password_file == str(pem)
+    assert etcd.username == "app"

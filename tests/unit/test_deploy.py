@@ -297,20 +297,28 @@ def _base_config() -> server_config.Config:
     )
 
 
-def _secret_paths(statefulset: Manifest) -> set[str]:
-    """Files the pod's Secret volumes provide, by path in the container."""
+def _secret_files(statefulset: Manifest, container: str = ALLOCATOR) -> dict[str, str]:
+    """Files the pod's Secret volumes provide: path in the container -> ``secret/key``."""
     spec = statefulset["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
-    paths: set[str] = set()
-    for mount in _container(statefulset, ALLOCATOR)["volumeMounts"]:
-        secret = volumes[mount["name"]].get("secret")
+    files: dict[str, str] = {}
+    for mount in _container(statefulset, container)["volumeMounts"]:
+        # A mount without a pod volume is a volumeClaimTemplate's (etcd's data).
+        secret = volumes.get(mount["name"], {}).get("secret")
         if secret is None:
             continue
         items = secret.get("items")
         if items is None:  # a kubernetes.io/tls Secret holds these keys
-            items = [{"path": k} for k in ("tls.crt", "tls.key", "ca.crt")]
-        paths |= {f"{mount['mountPath']}/{item['path']}" for item in items}
-    return paths
+            items = [{"key": k, "path": k} for k in ("tls.crt", "tls.key", "ca.crt")]
+        for item in items:
+            path = f"{mount['mountPath']}/{item['path']}"
+            files[path] = f"{secret['secretName']}/{item['key']}"
+    return files
+
+
+def _secret_paths(statefulset: Manifest) -> set[str]:
+    """Files the pod's Secret volumes provide, by path in the container."""
+    return set(_secret_files(statefulset))
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t or "default" for t in TARGETS])
@@ -503,6 +511,41 @@ def test_etcd_cluster_is_three_pinned_members_with_volumes() -> None:
     assert env["ETCD_DATA_DIR"].startswith(c["volumeMounts"][0]["mountPath"] + "/")
     pdb = _find(objects, "PodDisruptionBudget", "etcd")
     assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_tls_overlay_reaches_etcd_over_tls_with_the_ca_etcd_serves_with(
+    tmp_path: Path,
+) -> None:
+    objects = _render("overlays/tls")
+    sts = _find(objects, "StatefulSet", ALLOCATOR)
+    env = _expand_env(_container(sts, ALLOCATOR)["env"], POD_FIELDS)
+    config_path, local_env, _ = _materialise_files(tmp_path, env)
+    cfg = load_config(config_path, environ=local_env)
+    assert cfg.etcd.endpoints == ("https://etcd-client.fairshare.svc.cluster.local:2379",)
+    assert None not in (cfg.etcd.ca_file, cfg.etcd.cert_file, cfg.etcd.key_file)
+    allocator_files = _secret_files(sts)
+    ca, cert, key = (env[f"FAIRSHARE_ETCD_{name}_FILE"] for name in ("CA", "CERT", "KEY"))
+    assert {ca, cert, key} <= allocator_files.keys(), "etcd client files not from a Secret"
+
+    etcd = _find(objects, "StatefulSet", "etcd")
+    etcd_env = _expand_env(
+        _container(etcd, "etcd")["env"],
+        {"metadata.name": "etcd-0", "metadata.namespace": NAMESPACE},
+    )
+    assert etcd_env["ETCD_LISTEN_CLIENT_URLS"] == "https://0.0.0.0:2379"
+    assert etcd_env["ETCD_ADVERTISE_CLIENT_URLS"] == (
+        f"https://etcd-0.etcd-peer.{NAMESPACE}.svc.cluster.local:2379"
+    )
+    assert etcd_env["ETCD_CLIENT_CERT_AUTH"] == "true", "etcd must require client certs"
+    etcd_files = _secret_files(etcd, "etcd")
+    served = {etcd_env[n] for n in ("ETCD_CERT_FILE", "ETCD_KEY_FILE", "ETCD_TRUSTED_CA_FILE")}
+    assert served <= etcd_files.keys(), "etcd's TLS files are not from a Secret"
+    # The allocator verifies etcd with the very CA file etcd's Secret holds and trusts.
+    assert allocator_files[ca] == etcd_files[etcd_env["ETCD_TRUSTED_CA_FILE"]]
+    assert allocator_files[cert].endswith("/tls.crt") and allocator_files[key].endswith("/tls.key")
+    client_secret = allocator_files[cert].partition("/")[0]
+    server_secret = etcd_files[etcd_env["ETCD_CERT_FILE"]].partition("/")[0]
+    assert client_secret != server_secret, "the allocator presents its own client certificate"
 
 
 # -- the allocator's pod -------------------------------------------------------------------
