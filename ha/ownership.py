@@ -148,12 +148,14 @@ class Ownership:
         return list(self._campaigns.values())
 
     def tick(self) -> None:
-        """The snapshot loop's turn: expires stale grants and writes every owned pool;
-        publishes a capacity the cluster view does not show yet."""
+        """The snapshot loop's turn: expires stale grants and writes every owned pool whose
+        state changed since its last write (``OwnedPool.changed``: an idle pool writes
+        nothing); publishes a capacity the cluster view does not show yet."""
         for owned in list(self.owned.values()):
             if owned.can_decide():
                 owned.expire()
-                self._spawn(f"snapshot-{owned.name}", self.sync(owned))
+                if owned.changed:
+                    self._spawn(f"snapshot-{owned.name}", self.sync(owned))
                 published = self.view.capacity(owned.name)
                 if published is None:
                     published = self._configs[owned.name].capacity
