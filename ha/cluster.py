@@ -48,7 +48,8 @@ def preferred_owner(pool: str, members: Iterable[str]) -> NodeId | None:
     only its own pools move. Answers are remembered (the reconcile loop asks for every
     owned pool twenty times a second; membership rarely changes).
     """
-    return _preferred(pool, tuple(sorted(set(members))))
+    key = members if isinstance(members, tuple) else tuple(sorted(set(members)))
+    return _preferred(pool, key)
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -264,6 +264,8 @@ class Ownership:
         members = list(self.view.members) or [self.node_id]
         settling = not self.embedded and now - self._started < self.timing.campaign_delay_s
         settled = self.view.settled(self.timing.rebalance_settle_s)
+        # Once per turn, not per pool: this loop runs twenty times a second over every pool.
+        candidates = tuple(sorted({*settled, self.node_id}))
         for name in self._configs:
             mine = self.owned.get(name)
             route = self.view.route(name)
@@ -273,7 +275,7 @@ class Ownership:
                 # and the target, which campaigns at once, wins the race.
                 self._absent_since.pop(name, None)
                 if not settling:
-                    self._rebalance(name, mine, settled)
+                    self._rebalance(name, mine, settled, candidates)
             elif route is not None:
                 self._absent_since.pop(name, None)
                 self._let_go_if_stale(name, route)
@@ -283,23 +285,34 @@ class Ownership:
     def _give_up_unfenced(self) -> None:
         """Resigns every owned pool whose fenced write failed, or all when self-fenced
         (except the pools a handover is letting go on purpose)."""
+        fenced = self._lease.fenced()  # once for all: no time passes in this loop
         for name, owned in list(self.owned.items()):
             if self._handovers.under_way(name):
                 continue  # it stopped deciding on purpose; the handover lets it go
-            if owned.lost or not self._lease.fenced():
+            if owned.lost or not fenced:
                 self._drop(owned, "its fenced write failed" if owned.lost else "self-fenced")
                 self._spawn(f"resign-{name}", self._handovers.resign(owned))
 
-    def _rebalance(self, name: PoolName, mine: OwnedPool, settled: Sequence[NodeId]) -> None:
+    def _rebalance(
+        self,
+        name: PoolName,
+        mine: OwnedPool,
+        settled: Sequence[NodeId],
+        candidates: tuple[NodeId, ...],
+    ) -> None:
         """Hands an owned pool over to its pin's target or preferred replica, if that is
         another node that has been a member for ``rebalance_settle_s``."""
-        if self._handovers.under_way(name) or not mine.can_decide():
-            return
-        if self._handovers.count >= IN_FLIGHT:
-            return  # the next reconcile after one ends looks again
+        if self._handovers.under_way(name) or self._handovers.count >= IN_FLIGHT:
+            return  # (at the cap: the next reconcile after one ends looks again)
         pinned = self.view.pinned(name)
-        target = pinned or preferred_owner(name, {*settled, self.node_id})
-        if target is not None and target != self.node_id and target in settled:
+        target = pinned or preferred_owner(name, candidates)
+        # The owner check last: it reads the clock, and most pools are where they belong.
+        if (
+            target is not None
+            and target != self.node_id
+            and target in settled
+            and mine.can_decide()
+        ):
             self._handovers.begin(name)
             self._spawn(
                 f"rebalance-{name}",
