@@ -30,6 +30,7 @@ from pathlib import Path
 from grpc import aio
 
 from bench._common import machine, machine_lines, met, pool_yaml, workdir, write_section
+from ha.cluster import preferred_owner
 from harness.etcd import EtcdProcess
 from harness.serve import Allocator, wait_serving
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -41,9 +42,9 @@ POOLS = 1000
 OWNED_LIMIT_S = 30.0
 WRITES_LIMIT = 10.0
 GIVE_UP_S = 180.0
-SETTLE_S = 10.0
-"""Waited after every pool is owned before measuring: rebalancing handovers and first
-snapshots end (``rebalance_settle_s`` is 5 s by default)."""
+SETTLE_S = 5.0
+"""Waited after every pool is on its preferred replica before measuring: the last
+handovers' writes end."""
 CPU_WINDOW_S = 10.0
 GRANT_KEY = "idle-pools-benchmark-grant-key-shared-by-every-replica"
 
@@ -73,25 +74,30 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def owners(address: str) -> int:
-    """How many pools the replica at ``address`` lists with an owner (-1: no answer)."""
+async def owners(address: str, nodes: list[str]) -> tuple[int, int]:
+    """How many pools the replica at ``address`` lists with an owner, and how many of
+    them with their preferred owner among ``nodes`` ((-1, -1): no answer)."""
     try:
         async with aio.insecure_channel(address) as channel:
             r = await pb_grpc.AllocatorStub(channel).ListPools(pb.ListPoolsRequest(), timeout=5.0)
     except aio.AioRpcError:
-        return -1
-    return sum(1 for info in r.pools if info.owner)
+        return -1, -1
+    owned = [info for info in r.pools if info.owner]
+    placed = sum(1 for info in owned if info.owner == preferred_owner(info.pool, nodes))
+    return len(owned), placed
 
 
 @dataclass
 class Result:
     pools: int
     owned_after_s: float  # inf: not all owned within GIVE_UP_S
+    placed_after_s: float  # every pool on its preferred replica; inf: not within GIVE_UP_S
     owned_at_limit: int  # owned OWNED_LIMIT_S after start
     window_s: float
     puts_per_s: float
     revisions_per_s: float
     cpu: list[float]  # per replica, fraction of one core
+    load: float  # the machine's 1-minute load average when the replicas started
 
 
 async def run(n: int, window_s: float, work: Path) -> Result:
@@ -107,20 +113,24 @@ async def run(n: int, window_s: float, work: Path) -> Result:
     ]
     try:
         etcd.start()
+        load = os.getloadavg()[0]
         start = time.monotonic()
         for p in replicas:
             p.start()
         await asyncio.gather(*(wait_serving(p.address, process=p, timeout_s=60) for p in replicas))
-        owned_after = float("inf")
+        owned_after = placed_after = float("inf")
         at_limit = -1
+        nodes = [p.node for p in replicas]
         while time.monotonic() - start < GIVE_UP_S:
-            count = await owners(replicas[0].address)
+            count, placed = await owners(replicas[0].address, nodes)
             elapsed = time.monotonic() - start
             if elapsed <= OWNED_LIMIT_S:
                 at_limit = count
-            print(f"{elapsed:6.1f}s: {count} of {n} owned", file=sys.stderr)
+            print(f"{elapsed:6.1f}s: {count} of {n} owned, {placed} placed", file=sys.stderr)
             if count == n:
-                owned_after = elapsed
+                owned_after = min(owned_after, elapsed)
+            if placed == n:
+                placed_after = elapsed
                 break
             await asyncio.sleep(0.5)
         await asyncio.sleep(SETTLE_S)
@@ -136,11 +146,13 @@ async def run(n: int, window_s: float, work: Path) -> Result:
         return Result(
             pools=n,
             owned_after_s=owned_after,
+            placed_after_s=placed_after,
             owned_at_limit=at_limit,
             window_s=spent,
             puts_per_s=(after.get(put, 0.0) - before.get(put, 0.0)) / spent,
             revisions_per_s=(after.get(rev, 0.0) - before.get(rev, 0.0)) / spent,
             cpu=[(b - a) / spent for a, b in zip(cpu0, cpu1, strict=True)],
+            load=load,
         )
     finally:
         for p in replicas:
@@ -152,6 +164,7 @@ def section(r: Result, command: str) -> str:
     owned_ok = r.owned_after_s <= OWNED_LIMIT_S
     writes_ok = r.revisions_per_s <= WRITES_LIMIT and r.puts_per_s <= WRITES_LIMIT
     owned = "not all" if r.owned_after_s == float("inf") else f"{r.owned_after_s:.1f} s"
+    placed = "not all" if r.placed_after_s == float("inf") else f"{r.placed_after_s:.1f} s"
     cpu = ", ".join(f"{c * 100:.1f} %" for c in r.cpu)
     at_limit = f"{r.owned_at_limit} of {r.pools} at {OWNED_LIMIT_S:.0f} s"
     puts_ok = met(r.puts_per_s <= WRITES_LIMIT)
@@ -160,20 +173,25 @@ def section(r: Result, command: str) -> str:
 Command: `{command}`. Workload: one etcd 3.4 member and {REPLICAS} `fairshare serve`
 replicas on loopback, started together with a generated config of {r.pools} pools
 (capacity 10, two teams each) and the default timings; no traffic at all. Owned: a
-replica's ListPools names an owner for every pool. Writes: etcd's own metrics
+replica's ListPools names an owner for every pool; placed: every pool's owner is its
+preferred replica (no rebalancing handover left: a pool taken while its preferred replica
+was not yet a member moves there once that replica has been one for `rebalance_settle_s`,
+30 s by default). Writes: etcd's own metrics
 (`etcd_mvcc_put_total`, and `etcd_debugging_mvcc_current_revision`, which every write
 transaction moves by one) over {r.window_s:.0f} s, starting {SETTLE_S:.0f} s after every
-pool was owned. CPU: utime + stime of each replica over the same window, as a share of
+pool was placed. CPU: utime + stime of each replica over the same window, as a share of
 one core.
 
 | measure | value | target |
 |---|---|---|
 | every pool owned after | {owned} ({at_limit}) | ≤ {OWNED_LIMIT_S:.0f} s: {met(owned_ok)} |
+| every pool placed after | {placed} | — |
 | etcd puts/s once owned | {r.puts_per_s:.1f} | ≤ {WRITES_LIMIT:.0f}: {puts_ok} |
 | etcd revisions/s once owned | {r.revisions_per_s:.1f} | ≤ {WRITES_LIMIT:.0f}: {met(writes_ok)} |
 | idle replica CPU | {cpu} | low |
 
-Machine:
+Machine (1-minute load average {r.load:.1f} when the replicas started: other work shared
+it):
 
 {machine_lines(machine())}
 """
