@@ -23,7 +23,7 @@ from typing import Final, TextIO
 
 from grpc import aio
 
-import sim.cli
+import sim.command
 from cli.client_commands import COMMANDS, add_client_arguments
 
 EXIT_FAILED: Final = 1
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["simulate"]:
         # The simulator parses its own arguments (``python -m sim`` takes the same).
-        return sim.cli.main(argv[1:])
+        return sim.command.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         from server.app import run

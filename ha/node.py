@@ -52,7 +52,7 @@ from ha.api import (
 )
 from ha.clock import Clock, SystemClock, system_clock
 from ha.cluster import ClusterView
-from ha.etcdstore import connect
+from ha.etcd import connect
 from ha.filestore import FileStore
 from ha.genuine import IdCounters
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys

@@ -1,6 +1,6 @@
 """The store contract: leases, conditional writes and watches, as etcd offers them.
 
-Three implementations honour it: ``ha.etcdstore.EtcdStore`` (replicated mode),
+Three implementations honour it: ``ha.etcd.EtcdStore`` (replicated mode),
 ``ha.filestore.FileStore`` (embedded single-node mode) and ``ha.memorystore.MemoryStore``
 (fast tests under a fake clock).
 

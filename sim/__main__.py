@@ -1,7 +1,7 @@
-"""``python -m sim``: see ``sim.cli``."""
+"""``python -m sim``: see ``sim.command``."""
 
 import sys
 
-from sim.cli import main
+from sim.command import main
 
 sys.exit(main())

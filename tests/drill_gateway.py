@@ -14,8 +14,8 @@ import time
 from drill_config import POOLS
 from drill_ledger import GrantRecord, Ledger
 
+from client import AllocatorClient, ClientGrant
 from fairshare import Class
-from server.client import AllocatorClient, ClientGrant
 
 
 class Gateway:

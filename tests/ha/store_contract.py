@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ha.clock import FakeClock, SystemClock
-from ha.etcdstore import EtcdStore, connect
+from ha.etcd import EtcdStore, connect
 from ha.filestore import FileStore
 from ha.memorystore import MemoryStore
 from ha.store import LeaseId, Store, WatchEvent

@@ -22,7 +22,7 @@ import pytest
 
 from fairshare import Class
 from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
-from ha.etcdstore import EtcdStore, connect
+from ha.etcd import EtcdStore, connect
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
 from ha.store import EventKind, StoreFull, StoreUnavailable, WatchEvent
@@ -383,7 +383,7 @@ async def test_a_watch_on_a_member_cut_off_from_its_peers_moves_to_a_member_with
             assert (event.kind, event.key, event.revision) == (EventKind.PUT, PREFIX + "b", written)
         took = time.monotonic() - cut_at
         assert "no leader" in caplog.text, caplog.text[-2000:]
-        assert store.endpoints.index(store._current().endpoint) != 0
+        assert store.endpoints.index(store._connection.current().endpoint) != 0
         assert took < 8, f"the watch moved {took:.1f}s after the partition"
     finally:
         waiting.cancel()

@@ -14,7 +14,7 @@ from drill_harness import DrillCluster
 from drill_replica import wait_serving
 from grpc import aio
 
-from ha.etcdstore import connect
+from ha.etcd import connect
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 

@@ -18,7 +18,7 @@ from grpc import aio
 
 from server.app import RunningServer, start_server
 from server.config import load_config
-from sim import cli
+from sim import command
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -65,7 +65,7 @@ async def server(tmp_path: pathlib.Path, token_file: pathlib.Path) -> AsyncItera
 
 async def simulate(*argv: str) -> int:
     """``fairshare simulate ARGV`` in a worker thread; its exit status."""
-    return await asyncio.to_thread(cli.main, list(argv))
+    return await asyncio.to_thread(command.main, list(argv))
 
 
 async def snapshot(server: RunningServer, pool: str) -> pb.SnapshotResponse:
@@ -136,7 +136,7 @@ async def test_scenarios_a_running_allocator_cannot_serve_are_refused(
 
     async def refused(*argv: str) -> str:
         status = await simulate("--out", out, "--scale", "0.05", *argv)
-        assert status == cli.EXIT_USAGE
+        assert status == command.EXIT_USAGE
         return capsys.readouterr().err
 
     at = ("--allocator", server.address)

@@ -49,3 +49,13 @@ def test_the_client_loads_no_server_module(code: str) -> None:
 def test_the_check_sees_a_server_import() -> None:
     """The check itself: importing the server's re-export does load the server."""
     assert "server" in forbidden(loaded_modules("import server.client"))
+
+
+def test_the_old_address_still_gives_the_same_library() -> None:
+    """``from server.client import ...`` keeps working for code written before the move."""
+    import client
+    import server.client as old
+
+    assert set(old.__all__) <= set(client.__all__)
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(client, name), name

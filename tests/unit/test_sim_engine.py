@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fairshare import Class
-from sim import cli, scenarios
+from sim import command, scenarios
 from sim.engine import Simulator
 from sim.model import Hardware, Policy, Request
 
@@ -186,7 +186,7 @@ def test_failover_with_fail_open_requests_re_sent_matches_no_failover() -> None:
 
 def test_cli_writes_the_report_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "simulation"
-    status = cli.main(["--scenario", "two-institutions", "--out", str(out), "--scale", "0.1"])
+    status = command.main(["--scenario", "two-institutions", "--out", str(out), "--scale", "0.1"])
     assert status == 0
     text = (tmp_path / "simulation.md").read_text(encoding="utf-8")
     assert "](simulation/two-institutions-served.png)" in text

@@ -1,0 +1,125 @@
+"""What an etcd or gRPC failure means to the store's caller: the one translation table.
+
+aetcd raises gRPC errors (its own ``ClientError`` wraps the ``grpc.aio.AioRpcError`` as
+``__cause__``), which is why this package, and nothing else in ``ha``, imports grpc.
+
+Guarantees: a failure is translated here and nowhere else. Connection refused, no leader,
+deadline exceeded → ``StoreUnavailable`` that moves the store to the next endpoint;
+NOSPACE ("database space exceeded") → ``StoreFull``; lease not found → ``LeaseNotFound``;
+a request etcd calls malformed → ``ValueError`` (a bug in this package). Anything else
+aetcd or gRPC raises → ``StoreUnavailable`` on the same endpoint.
+
+Non-guarantees: the words of etcd's message are kept for the log, not parsed, except
+the NOSPACE one that ``ERRORS_BY_MESSAGE`` names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import aetcd
+import grpc
+
+from ha.store import LeaseNotFound, StoreFull, StoreUnavailable
+
+__all__ = [
+    "ERRORS_BY_MESSAGE",
+    "ERRORS_BY_STATUS",
+    "ERRORS_BY_TYPE",
+    "TRANSLATED",
+    "UNKNOWN",
+    "Translation",
+    "details_of",
+    "translate",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """What an etcd or gRPC failure means to the caller.
+
+    Attributes:
+        error: the project exception to raise.
+        reason: the words put in front of etcd's message.
+        failover: the endpoint itself failed, so the next call goes to the next one.
+    """
+
+    error: type[Exception]
+    reason: str
+    failover: bool = False
+
+
+ERRORS_BY_STATUS: Final[Mapping[grpc.StatusCode, Translation]] = {
+    grpc.StatusCode.UNAVAILABLE: Translation(
+        StoreUnavailable, "etcd is unreachable or has no leader", failover=True
+    ),
+    grpc.StatusCode.DEADLINE_EXCEEDED: Translation(
+        StoreUnavailable, "etcd did not answer within the deadline", failover=True
+    ),
+    grpc.StatusCode.NOT_FOUND: Translation(LeaseNotFound, "lease not found"),
+    grpc.StatusCode.CANCELLED: Translation(StoreUnavailable, "the etcd call was cancelled"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Translation(
+        StoreUnavailable, "etcd is out of space or overloaded"
+    ),
+    grpc.StatusCode.INVALID_ARGUMENT: Translation(
+        ValueError, "BUG: etcd refused a malformed request"
+    ),
+}
+"""gRPC status → project exception. etcd 3.4 uses NOT_FOUND only for leases."""
+
+ERRORS_BY_MESSAGE: Final[tuple[tuple[str, Translation], ...]] = (
+    # etcd answers RESOURCE_EXHAUSTED both for NOSPACE and for "too many requests";
+    # only the first is a refusal that lasts until an operator frees space.
+    ("database space exceeded", Translation(StoreFull, "etcd is out of space (NOSPACE alarm)")),
+)
+"""Failures told apart by etcd's message, checked before the status table."""
+
+ERRORS_BY_TYPE: Final[tuple[tuple[type[BaseException], Translation], ...]] = (
+    (TimeoutError, Translation(StoreUnavailable, "no answer within the deadline", True)),
+    (aetcd.WatchTimeoutError, Translation(StoreUnavailable, "watch not created in time", True)),
+    (aetcd.InvalidArgumentError, ERRORS_BY_STATUS[grpc.StatusCode.INVALID_ARGUMENT]),
+    (aetcd.ClientError, Translation(StoreUnavailable, "etcd failed the call")),
+    (grpc.RpcError, Translation(StoreUnavailable, "etcd failed the call")),
+)
+"""Failures that carry no gRPC status, first match wins."""
+
+UNKNOWN: Final = Translation(StoreUnavailable, "etcd failed the call")
+"""The translation of a failure none of the tables names."""
+
+TRANSLATED: Final = (TimeoutError, aetcd.ClientError, grpc.RpcError)
+"""The exceptions an etcd call may raise that ``translate`` knows; catch these, no more."""
+
+
+def translate(e: BaseException) -> Translation | None:
+    """The translation of a failure, or None when it is not an etcd failure."""
+    status = _status_of(e)
+    if status is not None:
+        details = details_of(e)
+        for words, translation in ERRORS_BY_MESSAGE:
+            if words in details:
+                return translation
+    if status is not None and status in ERRORS_BY_STATUS:
+        return ERRORS_BY_STATUS[status]
+    for kind, translation in ERRORS_BY_TYPE:
+        if isinstance(e, kind):
+            return translation
+    return None
+
+
+def details_of(e: BaseException) -> str:
+    """etcd's own words for a failure (the gRPC details), else the exception's."""
+    for candidate in (e, e.__cause__):
+        if isinstance(candidate, grpc.aio.AioRpcError):
+            return str(candidate.details())
+    return str(e) or type(e).__name__
+
+
+def _status_of(e: BaseException) -> grpc.StatusCode | None:
+    # aetcd wraps the grpc.aio.AioRpcError (``raise ClientError(...) from error``).
+    for candidate in (e, e.__cause__):
+        if isinstance(candidate, grpc.aio.AioRpcError):
+            code: grpc.StatusCode = candidate.code()
+            return code
+    return None
