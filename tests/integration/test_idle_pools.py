@@ -15,7 +15,7 @@ import pytest
 
 from ha.api import NodeId, PoolName
 from ha.cluster import preferred_owner
-from ha.etcdstore import connect
+from ha.etcd import connect
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
 
