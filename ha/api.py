@@ -54,7 +54,10 @@ class PoolStatus:
             change is counted once, by the new owner; summed over replicas it is the
             number of ownership changes).
         fence_left_s: seconds before this replica self-fences (0 when it does not own).
-        snapshot_age_s: seconds since the last snapshot written (owner only; -1 if none).
+        snapshot_age_s: how long the stored state has lagged the owner's: 0 while the
+            last write covers every change (an idle pool writes nothing and stays at 0),
+            else seconds since the first change not yet written (owner only; -1 before
+            the epoch's first write).
         teams: the owner's team table; empty when this replica does not own the pool.
         degraded_decisions: decisions made without an owner by this replica.
         store_full: the store refused this replica's last write for the pool for lack

@@ -15,6 +15,7 @@ it for safety (the epoch carried by every forwarded call and the fenced writes d
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 from collections.abc import Callable, Iterable
@@ -44,8 +45,15 @@ def preferred_owner(pool: str, members: Iterable[str]) -> NodeId | None:
     """The rendezvous-hash winner for ``pool`` among ``members`` (None if no member).
 
     Every node computes the same answer from the same members, and when a member goes
-    only its own pools move.
+    only its own pools move. Answers are remembered (the reconcile loop asks for every
+    owned pool twenty times a second; membership rarely changes).
     """
+    key = members if isinstance(members, tuple) else tuple(sorted(set(members)))
+    return _preferred(pool, key)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _preferred(pool: str, members: tuple[str, ...]) -> NodeId | None:
     best: tuple[bytes, str] | None = None
     for node in members:
         score = hashlib.sha256(f"{node}\x00{pool}".encode()).digest()

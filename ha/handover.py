@@ -74,6 +74,11 @@ class Handovers:
         """True while a handover of ``name`` is under way (or about to start)."""
         return name in self._handing_over
 
+    @property
+    def count(self) -> int:
+        """Handovers under way (or about to start)."""
+        return len(self._handing_over)
+
     def begin(self, name: PoolName) -> None:
         """Marks ``name`` as being handed over before the handover task starts; the task
         is then started with ``started=True``."""

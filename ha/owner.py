@@ -154,6 +154,11 @@ class OwnedPool:
         )
         self._write = write
         self._last_write_mono = -1.0
+        # What the snapshot holds changes only through the calls below (see ``changed``);
+        # each bumps the version, and a write records the version it encodes.
+        self._version = 0
+        self._written = -1  # the version the latest write started encodes; -1: none yet
+        self._behind_since: float | None = None  # monotonic: first change not yet durable
         self._forgot_at = -math.inf
         self._committer = GroupCommitter(
             self._persist,
@@ -215,6 +220,19 @@ class OwnedPool:
         the last one."""
         self._deciding = False
 
+    @property
+    def changed(self) -> bool:
+        """True when the state differs from what the latest write started encodes (or
+        nothing was written yet in this epoch).
+
+        Time alone changes nothing that must be written: usage is stored with the wall
+        time it is decayed to, so a successor decays it on exactly as this owner does;
+        phantoms, held grants and accounting entries past their horizon are dropped by
+        a successor's restore as they are here. Only decisions, releases, adoptions,
+        expiries of held grants and capacity changes make the state differ.
+        """
+        return self._version != self._written
+
     async def flush(self) -> None:
         """Writes the state now and waits for it. A failure is not raised: it marks the
         pool ``lost`` (the caller looks there)."""
@@ -237,10 +255,15 @@ class OwnedPool:
         return self.pool.capacity
 
     def snapshot_age_s(self) -> float:
-        """Seconds since the last successful write of this epoch; -1 before the first."""
+        """How long the stored state has lagged behind this owner's: 0 while the last
+        successful write covers every change, else the seconds since the first change it
+        does not cover; -1 before the first write of this epoch. An idle pool writes
+        nothing and stays at 0."""
         if self._last_write_mono < 0:
             return -1.0
-        return self._clock.monotonic() - self._last_write_mono
+        if self._behind_since is None:
+            return 0.0
+        return max(0.0, self._clock.monotonic() - self._behind_since)
 
     # -- decisions ------------------------------------------------------------------
 
@@ -269,6 +292,7 @@ class OwnedPool:
                 await self.durable()  # the first answer may still be in its commit
                 return Decision(*answered, False, self.node, self.epoch)
         self._admit(team)
+        self._touch()  # a team may be admitted even when nothing is granted
         try:
             grant = (
                 self.pool.try_acquire(team, cls, est_tokens)
@@ -303,6 +327,7 @@ class OwnedPool:
         if ref.epoch > self.epoch:
             raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
         consumed = self._ids.bounded(ref, consumed)
+        self._touch()
         if ref.epoch == self.epoch:
             held = self._held.take_own(ref.seq)
             if held is not None:
@@ -352,6 +377,7 @@ class OwnedPool:
             raise NotDeciding(self.name)
         refs = [GrantRef.decode(held.grant_id) for held in grants]
         proven = self._check_adopted(holder, refs)
+        self._touch()
         unsigned_live = self._held.unsigned_of(holder)
         adopted = 0
         dropped = 0
@@ -448,6 +474,7 @@ class OwnedPool:
         horizon = now - self.config.max_request_s
         expired = self._held.expire(horizon)
         if expired:
+            self._touch()
             logger.warning(
                 "pool %s at epoch %d: %d grants outlived max_request_s (%gs) unreleased; "
                 "their holders are presumed dead",
@@ -460,6 +487,7 @@ class OwnedPool:
         return expired
 
     def set_capacity(self, capacity: int) -> int:
+        self._touch()
         try:
             return self.pool.set_capacity(capacity)
         except ValueError as e:
@@ -511,8 +539,16 @@ class OwnedPool:
         # write costs a join over the requests in flight, not an encoding of each.
         state = self._state()  # first: it may drop expired phantoms
         rows = chain(self._held.rows(), self._phantoms.rows())
+        self._written = version = self._version  # nothing changes it before the encoding
+        started = self._clock.monotonic()
         await self._write(state.encode(live_rows=rows))
         self._last_write_mono = self._clock.monotonic()
+        if version == self._version:
+            self._behind_since = None
+        elif self._behind_since is not None:
+            # Changes made during the write are not in it: they lag since it started at
+            # the latest.
+            self._behind_since = max(self._behind_since, started)
 
     async def durable(self, *, lazy: bool = False) -> None:
         """Returns once a fenced write covers the state as of the call.
@@ -531,6 +567,12 @@ class OwnedPool:
             raise NotDeciding(f"{self.name}: durable write failed: {e}") from e
 
     # -- internals --------------------------------------------------------------------
+
+    def _touch(self) -> None:
+        """Records a change of the state a snapshot holds (see ``changed``)."""
+        self._version += 1
+        if self._behind_since is None:
+            self._behind_since = self._clock.monotonic()
 
     def _admit(self, team: str) -> None:
         admit(self.pool, self.config, team)

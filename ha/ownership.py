@@ -12,6 +12,11 @@ Guarantees:
   handover (``ha.handover``) is one transition, counted by the new owner, and is not
   logged as a loss.
 - Failed campaigns for a pool back off and are logged sparingly (``ha.backoff``).
+- A node has at most ``IN_FLIGHT`` campaigns (a campaign ends once its first snapshot is
+  written) and at most ``IN_FLIGHT`` rebalancing handovers under way at a time: a node
+  starting with a thousand ownerless pools takes them a few at a time, each within its
+  RPC timeout, rather than sending them all at once and losing most to timeouts (and its
+  lease, whose renewals queue behind them).
 
 Non-guarantees: ownership while the store is unreachable for longer than the fencing
 deadline.
@@ -21,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from typing import Final
 
 from ha.api import Epoch, NodeId, PoolName, WrongEpoch
 from ha.backoff import CampaignBackoff
@@ -39,6 +46,11 @@ from ha.store import LeaseNotFound, StoreFull, StoreUnavailable, bounded
 from ha.writes import WatchedStore
 
 logger = logging.getLogger(__name__)
+
+IN_FLIGHT: Final = 16
+"""Campaigns (lettings-go of stale keys included) and rebalancing handovers one node has
+under way at a time, each. Each is a few store calls; the next starts when one ends (its
+end wakes the reconcile loop), so a node takes its pools as fast as the store answers."""
 
 Spawn = Callable[[str, Coroutine[object, object, None]], None]
 """Starts a background task of the node under a name (the node logs its failure)."""
@@ -92,6 +104,9 @@ class Ownership:
         self._campaigns: dict[PoolName, asyncio.Task[None]] = {}
         self._backoff = CampaignBackoff(clock)
         self._absent_since: dict[PoolName, float] = {}
+        # When the latest owner key appeared (monotonic): while pools keep being taken,
+        # their targets are at work and a node that is not a pool's target waits for it.
+        self._taken_at = -math.inf
         self._started = 0.0
 
     # -- what the node asks --------------------------------------------------------------
@@ -148,12 +163,14 @@ class Ownership:
         return list(self._campaigns.values())
 
     def tick(self) -> None:
-        """The snapshot loop's turn: expires stale grants and writes every owned pool;
-        publishes a capacity the cluster view does not show yet."""
+        """The snapshot loop's turn: expires stale grants and writes every owned pool whose
+        state changed since its last write (``OwnedPool.changed``: an idle pool writes
+        nothing); publishes a capacity the cluster view does not show yet."""
         for owned in list(self.owned.values()):
             if owned.can_decide():
                 owned.expire()
-                self._spawn(f"snapshot-{owned.name}", self.sync(owned))
+                if owned.changed:
+                    self._spawn(f"snapshot-{owned.name}", self.sync(owned))
                 published = self.view.capacity(owned.name)
                 if published is None:
                     published = self._configs[owned.name].capacity
@@ -194,6 +211,8 @@ class Ownership:
 
     def owner_changed(self, pool: PoolName, route: Route | None) -> None:
         """The pool's owner key changed: drops the pool if it is no longer ours."""
+        if route is not None:
+            self._taken_at = self._clock.monotonic()
         if route is not None and route.node != self.node_id:
             self._store.clear(pool)  # another node wrote its owner key: not our disk's
         owned = self.owned.get(pool)
@@ -236,7 +255,7 @@ class Ownership:
         for ``rebalance_settle_s`` (hysteresis: a flapping replica does not drag pools
         back and forth); an ownerless pool is campaigned for by the pin's target, a fresh
         hint's target, or the preferred replica at once, by the others after
-        ``campaign_delay_s``.
+        ``campaign_delay_s`` in which no pool was taken.
         """
         now = self._clock.monotonic()
         self._give_up_unfenced()
@@ -245,6 +264,8 @@ class Ownership:
         members = list(self.view.members) or [self.node_id]
         settling = not self.embedded and now - self._started < self.timing.campaign_delay_s
         settled = self.view.settled(self.timing.rebalance_settle_s)
+        # Once per turn, not per pool: this loop runs twenty times a second over every pool.
+        candidates = tuple(sorted({*settled, self.node_id}))
         for name in self._configs:
             mine = self.owned.get(name)
             route = self.view.route(name)
@@ -254,31 +275,44 @@ class Ownership:
                 # and the target, which campaigns at once, wins the race.
                 self._absent_since.pop(name, None)
                 if not settling:
-                    self._rebalance(name, mine, settled)
+                    self._rebalance(name, mine, settled, candidates)
             elif route is not None:
                 self._absent_since.pop(name, None)
                 self._let_go_if_stale(name, route)
-            elif name not in self._campaigns and not settling:
+            elif name not in self._campaigns and not settling and self._room():
                 self._campaign_when_due(name, members, now)
 
     def _give_up_unfenced(self) -> None:
         """Resigns every owned pool whose fenced write failed, or all when self-fenced
         (except the pools a handover is letting go on purpose)."""
+        fenced = self._lease.fenced()  # once for all: no time passes in this loop
         for name, owned in list(self.owned.items()):
             if self._handovers.under_way(name):
                 continue  # it stopped deciding on purpose; the handover lets it go
-            if owned.lost or not self._lease.fenced():
+            if owned.lost or not fenced:
                 self._drop(owned, "its fenced write failed" if owned.lost else "self-fenced")
                 self._spawn(f"resign-{name}", self._handovers.resign(owned))
 
-    def _rebalance(self, name: PoolName, mine: OwnedPool, settled: Sequence[NodeId]) -> None:
+    def _rebalance(
+        self,
+        name: PoolName,
+        mine: OwnedPool,
+        settled: Sequence[NodeId],
+        candidates: tuple[NodeId, ...],
+    ) -> None:
         """Hands an owned pool over to its pin's target or preferred replica, if that is
         another node that has been a member for ``rebalance_settle_s``."""
-        if self._handovers.under_way(name) or not mine.can_decide():
-            return
+        if self._handovers.under_way(name) or self._handovers.count >= IN_FLIGHT:
+            return  # (at the cap: the next reconcile after one ends looks again)
         pinned = self.view.pinned(name)
-        target = pinned or preferred_owner(name, {*settled, self.node_id})
-        if target is not None and target != self.node_id and target in settled:
+        target = pinned or preferred_owner(name, candidates)
+        # The owner check last: it reads the clock, and most pools are where they belong.
+        if (
+            target is not None
+            and target != self.node_id
+            and target in settled
+            and mine.can_decide()
+        ):
             self._handovers.begin(name)
             self._spawn(
                 f"rebalance-{name}",
@@ -295,6 +329,7 @@ class Ownership:
         """A pool whose key names this node but that this process does not decide for."""
         if (
             route.node == self.node_id
+            and self._room()
             and name not in self._campaigns
             and not self._handovers.under_way(name)
         ):
@@ -305,9 +340,14 @@ class Ownership:
                 self._let_go(name, route.epoch), name=f"let-go-{name}"
             )
 
+    def _room(self) -> bool:
+        """True while fewer than ``IN_FLIGHT`` campaigns of this node are under way."""
+        return len(self._campaigns) < IN_FLIGHT
+
     def _campaign_when_due(self, name: PoolName, members: Sequence[NodeId], now: float) -> None:
         """Campaigns for an ownerless pool at once if this node is its target (the pin's,
-        a fresh hint's, or the preferred replica), after ``campaign_delay_s`` otherwise."""
+        a fresh hint's, or the preferred replica), otherwise once it has been ownerless
+        for ``campaign_delay_s`` and no pool has been taken for as long."""
         if self._backoff.waiting(name, now):
             return
         since = self._absent_since.setdefault(name, now)
@@ -318,7 +358,10 @@ class Ownership:
         if pinned is None and hint is not None and fresh and hint.node in self.view.members:
             target = hint.node
         delay = 0.0 if target == self.node_id else self.timing.campaign_delay_s
-        if now - since >= delay:
+        # Not before campaign_delay_s has passed without any pool being taken: a target
+        # that campaigns for hundreds of pools (``IN_FLIGHT`` at a time) gets them all,
+        # rather than losing most to the others and taking them back by handovers.
+        if now - max(since, self._taken_at) >= delay:
             self._campaigns[name] = asyncio.create_task(
                 self._campaign(name), name=f"campaign-{name}"
             )
@@ -418,7 +461,8 @@ class Ownership:
             teams,
             phantoms,
         )
-        self._spawn(f"first-snapshot-{name}", self.sync(owned))
+        # Within the campaign: ``IN_FLIGHT`` bounds these writes too.
+        await self.sync(owned)
 
     async def _write_state(self, name: PoolName, epoch: Epoch, data: bytes) -> None:
         # A write whose answer is late has an unknown outcome and costs the pool, so it
