@@ -214,11 +214,19 @@ async def paced_loop(
 # The processes themselves (allocators, etcd, waits) come from the ``harness`` package.
 
 
-def pool_yaml(pools: list[dict[str, object]], timing: dict[str, float] | None = None) -> str:
-    """A ``fairshare serve`` config file: the pools, the timings, quiet logs."""
+def pool_yaml(
+    pools: list[dict[str, object]],
+    timing: dict[str, float] | None = None,
+    *,
+    grant_keys: Path | None = None,
+) -> str:
+    """A ``fairshare serve`` config file: the pools, the timings, quiet logs, and the grant
+    key file every replica shares (required with etcd endpoints)."""
     doc: dict[str, object] = {"log_level": "WARNING", "pools": pools}
     if timing:
         doc["timing"] = timing
+    if grant_keys is not None:
+        doc["grants"] = {"key_file": str(grant_keys)}
     return yaml.safe_dump(doc, sort_keys=False)
 
 
