@@ -154,7 +154,7 @@ def paced_rate(args: argparse.Namespace, echo_ceiling: float) -> float:
     the echo ceiling (calls/s at 32 in flight) in calls, i.e. half that in pairs."""
     if args.rate is not None:
         return float(args.rate)
-    return args.fraction * echo_ceiling / 2
+    return float(args.fraction) * echo_ceiling / 2
 
 
 # -- main --------------------------------------------------------------------------------------
