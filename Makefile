@@ -9,7 +9,7 @@ CONFIG ?= examples/pools.yaml
 LOCK := requirements.lock
 LOCK_VENV := build/lock-venv
 
-.PHONY: help venv lock etcd run test check lint typecheck imports unit pytest bench proto simulate drill clean
+.PHONY: help venv lock etcd run test check lint typecheck imports unit pytest bench proto simulate drill soak clean
 
 help:
 	@echo "make run       set up and start a single-node allocator on $(CONFIG)"
@@ -19,6 +19,7 @@ help:
 	@echo "make proto     regenerate the gRPC stubs from proto/"
 	@echo "make lock      rewrite $(LOCK) after a change of dependencies (UPGRADE=1: newest)"
 	@echo "make drill     randomized failover drill on a three-member etcd (MINUTES=5 SEED=1)"
+	@echo "make soak      three replicas at half their maximum rate, etcd's db size (MINUTES=10)"
 
 # A virtualenv at $(1) with a current pip. Debian's own python3 needs python3-venv for
 # `-m venv`; it is installed when missing.
@@ -88,6 +89,12 @@ MINUTES ?= 5
 SEED ?= 1
 drill: venv etcd
 	$(PY) tests/drills/schedule.py --minutes $(MINUTES) --seed $(SEED)
+
+# Three replicas on one etcd at half their measured maximum rate for MINUTES (10 unless
+# given): etcd's db size and revisions over time; fails if the db grows 10 % or more over
+# the last half. Writes its section of docs/benchmarks.md. Not in CI, not in `make test`.
+soak: venv etcd
+	$(PY) -m bench.soak --minutes $(if $(filter command line,$(origin MINUTES)),$(MINUTES),10)
 
 proto: venv
 	$(PY) -m wire.genproto

@@ -34,7 +34,8 @@ written by its own benchmark; rerun the command to refresh it.
 
 
 def machine() -> dict[str, str]:
-    """CPU model, CPUs this process may use, Python and OS."""
+    """CPU model, CPUs this process may use, Python, OS, and the load average when the
+    benchmark started (other work on the machine moves every absolute figure)."""
     model = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -49,6 +50,7 @@ def machine() -> dict[str, str]:
         "nproc": str(cpus),
         "Python": f"{platform.python_implementation()} {platform.python_version()}",
         "OS": f"{platform.system()} {platform.release()}",
+        "load average at start (1, 5, 15 min)": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
 
 
@@ -212,11 +214,19 @@ async def paced_loop(
 # The processes themselves (allocators, etcd, waits) come from the ``harness`` package.
 
 
-def pool_yaml(pools: list[dict[str, object]], timing: dict[str, float] | None = None) -> str:
-    """A ``fairshare serve`` config file: the pools, the timings, quiet logs."""
+def pool_yaml(
+    pools: list[dict[str, object]],
+    timing: dict[str, float] | None = None,
+    *,
+    grant_keys: Path | None = None,
+) -> str:
+    """A ``fairshare serve`` config file: the pools, the timings, quiet logs, and the grant
+    key file every replica shares (required with etcd endpoints)."""
     doc: dict[str, object] = {"log_level": "WARNING", "pools": pools}
     if timing:
         doc["timing"] = timing
+    if grant_keys is not None:
+        doc["grants"] = {"key_file": str(grant_keys)}
     return yaml.safe_dump(doc, sort_keys=False)
 
 

@@ -62,9 +62,31 @@ class Results:
     pair_latency: dict[int, tuple[float, float, float, float]]  # in flight -> rel p50/p99, pair
     paced: list[LoadResult]  # one per paced round
     paced_echo: list[LoadResult]
-    rate: float
+    rate: float  # paced pairs/s
     rounds: int
     duration_s: float
+    echo_ceiling: float = 0.0  # echo calls/s at 32 in flight, median over the rounds
+    fraction: float | None = None  # rate derived as this share of the ceiling; None: fixed
+
+
+DEFAULT_FRACTION = 0.40
+"""The paced call rate as a fraction of the echo ceiling measured in the same run."""
+
+
+def rate_origin(res: Results) -> str:
+    """How the paced rate was set, in words, for the report."""
+    calls = 2 * res.rate
+    if res.fraction is None:
+        return (
+            f"{res.rate:,.0f} pairs/s ({calls:,.0f} calls/s), set by `--rate`: "
+            f"{calls / res.echo_ceiling:.0%} of this run's echo ceiling of "
+            f"{res.echo_ceiling:,.0f} calls/s"
+        )
+    return (
+        f"{res.rate:,.0f} pairs/s ({calls:,.0f} calls/s): {res.fraction:.0%} of this run's "
+        f"echo ceiling (the empty echo's median calls/s at 32 in flight, "
+        f"{res.echo_ceiling:,.0f}), in calls, a pair being two calls"
+    )
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -130,8 +152,9 @@ def paced_table(res: Results) -> str:
 
 TARGET_ECHO_FRACTION = 0.70
 """Target: Acquire calls/s at 32 in flight, as a fraction of the empty echo's."""
-TARGET_WITHIN_P99_S = 0.005
-"""Target: the p99 of a within-share Acquire at the paced rate, in seconds."""
+TARGET_WITHIN_P99_ECHO_RATIO = 3.0
+"""Target: the p99 of a within-share Acquire at the paced rate, as a multiple of the echo
+call's p99 paced at the same call rate in the same run."""
 
 
 def verdicts(res: Results) -> tuple[str, bool, bool]:
@@ -140,10 +163,12 @@ def verdicts(res: Results) -> tuple[str, bool, bool]:
     pairs = by[("Acquire + Release pairs", 32)].calls_per_s / echo
     acquire = by[("Acquire only", 32)].calls_per_s / echo
     within_p99 = paced_stat(res.paced, "within", 99)
+    echo_p99 = paced_stat(res.paced_echo, "call", 99)
+    p99_ratio = within_p99 / echo_p99 if echo_p99 > 0 else float("inf")
     borrow_p99 = paced_stat(res.paced, "borrow", 99)
     cost50 = paced_stat(res.paced, "within", 50) - paced_stat(res.paced, "borrow", 50)
     ok_rate = acquire >= TARGET_ECHO_FRACTION
-    ok_p99 = within_p99 <= TARGET_WITHIN_P99_S
+    ok_p99 = p99_ratio <= TARGET_WITHIN_P99_ECHO_RATIO
     timing = Timing()
     text = (
         f"Targets: at 32 in flight, Acquire calls run at {acquire:.1%} of the echo calls/s "
@@ -154,7 +179,9 @@ def verdicts(res: Results) -> tuple[str, bool, bool]:
         f"({met(pairs >= TARGET_ECHO_FRACTION)} against the same "
         f"{TARGET_ECHO_FRACTION * 100:g} %). Within-share Acquire p99 at "
         f"{res.rate:,.0f} pairs/s (median of {len(res.paced)} paced rounds): "
-        f"{ms(within_p99)} ms ≤ {TARGET_WITHIN_P99_S * 1e3:g} ms: {met(ok_p99)}.\n\n"
+        f"{ms(within_p99)} ms, {p99_ratio:.1f}× the echo call's p99 of {ms(echo_p99)} ms "
+        f"at the same call rate, target ≤ {TARGET_WITHIN_P99_ECHO_RATIO:g}×: "
+        f"{met(ok_p99)}.\n\n"
         f"Cost of the durable write at {res.rate:,.0f} pairs/s: a within-share Acquire takes "
         f"{ms(cost50)} ms more than a borrowing one at the median, "
         f"{ms(within_p99 - borrow_p99)} ms more at p99. It waits for the write in progress, "
@@ -178,7 +205,9 @@ def section(res: Results, info: dict[str, str], args: argparse.Namespace) -> str
 
 The service's cost per call against a gRPC service that does nothing, both measured in the
 same run on the same machine, so the ratios are what to read: the absolute figures move
-with the machine's other load.
+with the machine's other load. For the same reason the paced rate is not a fixed number
+but a share of the echo ceiling measured in the run, and both targets are ratios against
+the echo baseline.
 
 Command: `make bench` (runs `python -m bench.grpc_service`).
 
@@ -199,9 +228,9 @@ holds its grants until the window ends (released afterwards, untimed), so once t
 free teams' reservations are taken every Acquire borrows. Closed loops of 1 or 32 calls
 in flight, {res.duration_s:g} s each after a {args.warmup:g} s warm-up; {res.rounds}
 rounds alternate echo and fairshare; each figure is the median over the rounds.
-Paced: {res.rate:,.0f} pairs/s ({2 * res.rate:,.0f} calls/s) for {args.paced_s:g} s, open
-loop, latency from the call's start (first 0.5 s not recorded; {skipped} starts skipped
-for more than 256 in flight); the echo baseline is paced at the same call rate, just
+Paced: {rate_origin(res)}; for {args.paced_s:g} s, open loop, latency from
+the call's start (first 0.5 s not recorded; {skipped} starts skipped for more than 256 in
+flight); the echo baseline is paced at the same call rate, just
 before; {len(res.paced)} such rounds, each percentile the median over the rounds (the
 machine is shared: one round's p99 can be several times another's).
 
@@ -238,7 +267,8 @@ its row encoded) and the append itself, 0.12 to 0.3 ms with fdatasync on this di
 (replacing the whole file with two fsyncs, as an early version did, cost 0.53 and 1.8 ms).
 Made on a thread instead, the same append took 0.8 ms at the median under this load:
 the thread waits for the interpreter to start and again to report. What took the
-within-share p99 from 25–31 ms to the figure above, each measured with this benchmark:
+within-share p99 from 25–31 ms to 3.75 ms (then paced at a fixed 1,000 pairs/s on a
+quieter machine), each measured with this benchmark:
 bounding the store's watch history and freezing start-up objects out of the garbage
 collector (full collections had paused the server for up to 30 ms about twice a
 second), encoding each request's snapshot row once instead of at every write, letting

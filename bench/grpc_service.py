@@ -22,8 +22,15 @@ requests borrow; a request picks one of the two free teams with probability 0.2 
 share) or a full team otherwise (borrowing); random class; ``est_tokens`` 500; each pair
 releases at once with a random consumption.
 
-Targets (issue 3): Acquire throughput at 32 in flight >= 70 % of the echo baseline; p99 of a
-within-share Acquire (with its durable write) <= 5 ms at 1,000 pairs/s.
+Paced rate: after the closed loops, the pairs are paced at a fraction (``--fraction``, 40 %)
+of the echo ceiling measured in this run (the median echo calls/s at 32 in flight), counted in
+calls (a pair is two calls), and the echo baseline is paced at the same call rate; ``--rate``
+sets an absolute pair rate instead. So the load is the same share of what the machine can serve
+on a fast machine and on a slow or busy one.
+
+Targets (issue 13), each a ratio against this run's echo baseline: Acquire throughput at 32 in
+flight >= 70 % of echo; p99 of a within-share Acquire (with its durable write) <= 3x the echo
+call's p99 at the same paced call rate.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from bench._common import (
 )
 from bench.echo import echo_server
 from bench.grpc_report import (
+    DEFAULT_FRACTION,
     SECTION,
     Results,
     paced_table,
@@ -108,22 +116,45 @@ async def measure(args: argparse.Namespace, echo_address: str, fs_address: str) 
                 statistics.median(percentile(r.samples.get("pair"), 50) for r in rs),
                 statistics.median(percentile(r.samples.get("pair"), 99) for r in rs),
             )
-        count = int(args.rate * args.paced_s)
-        warm = int(args.rate * 0.5)
+        ceiling = statistics.median(r.rate for r in runs[("echo", 32)])
+        rate = paced_rate(args, ceiling)
+        print(
+            f"  paced rate: {rate:,.0f} pairs/s (echo ceiling {ceiling:,.0f} calls/s)", flush=True
+        )
+        count = int(rate * args.paced_s)
+        warm = int(rate * 0.5)
         paced: list[LoadResult] = []
         paced_echo: list[LoadResult] = []
         for round_no in range(args.paced_rounds):
             paced_echo.append(
-                await paced_loop(gw.echo_call, rate=2 * args.rate, count=2 * count, warmup=2 * warm)
+                await paced_loop(gw.echo_call, rate=2 * rate, count=2 * count, warmup=2 * warm)
             )
-            paced.append(await paced_loop(gw.pair, rate=args.rate, count=count, warmup=warm))
+            paced.append(await paced_loop(gw.pair, rate=rate, count=count, warmup=warm))
             print(
                 f"  paced round {round_no + 1}: echo p99 "
                 f"{ms(percentile(paced_echo[-1].samples.get('call'), 99))} ms, within-share "
                 f"Acquire p99 {ms(percentile(paced[-1].samples.get('within'), 99))} ms",
                 flush=True,
             )
-        return Results(rows, pair_latency, paced, paced_echo, args.rate, args.rounds, args.duration)
+        return Results(
+            rows,
+            pair_latency,
+            paced,
+            paced_echo,
+            rate,
+            args.rounds,
+            args.duration,
+            echo_ceiling=ceiling,
+            fraction=None if args.rate is not None else args.fraction,
+        )
+
+
+def paced_rate(args: argparse.Namespace, echo_ceiling: float) -> float:
+    """Pairs per second for the paced rounds: ``--rate`` if given, else ``--fraction`` of
+    the echo ceiling (calls/s at 32 in flight) in calls, i.e. half that in pairs."""
+    if args.rate is not None:
+        return float(args.rate)
+    return float(args.fraction) * echo_ceiling / 2
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -156,7 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every closed loop")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per closed loop")
     parser.add_argument("--warmup", type=float, default=0.3, help="warm-up seconds per loop")
-    parser.add_argument("--rate", type=float, default=1000.0, help="paced pairs per second")
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=DEFAULT_FRACTION,
+        help="paced calls/s as a fraction of the echo ceiling measured in the run",
+    )
+    parser.add_argument(
+        "--rate", type=float, help="paced pairs per second (absolute; overrides --fraction)"
+    )
     parser.add_argument("--paced-s", type=float, default=6.0, help="seconds per paced round")
     parser.add_argument("--paced-rounds", type=int, default=3, help="paced rounds")
     parser.add_argument("--no-write", action="store_true", help="do not touch docs/")

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import statistics
@@ -95,7 +96,12 @@ class Cluster:
         self.etcd = EtcdProcess(name="bench-etcd", base_dir=work / "etcd")
         self.prefix = f"/bench-{os.getpid()}"
         self.config = work / "pools.yaml"
-        self.config.write_text(pool_yaml([bench_pool(), failover_pool()], TIMING), "utf-8")
+        # Every replica signs and verifies grant ids with the same key.
+        keys = work / "grant-keys"
+        keys.write_text(secrets.token_hex(32) + "\n", encoding="utf-8")
+        self.config.write_text(
+            pool_yaml([bench_pool(), failover_pool()], TIMING, grant_keys=keys), "utf-8"
+        )
         self.replicas: dict[str, Allocator] = {}
 
     def spawn(self, node: str) -> Allocator:

@@ -8,6 +8,7 @@ lives through the disruption: nothing is recreated by the test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from typing import TypeVar
 import pytest
 
 from fairshare import Class
+from fairshare.errors import AllocatorError
 from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
 from ha.etcd import EtcdStore, connect
 from ha.node import Node
@@ -536,8 +538,10 @@ async def test_an_etcd_out_of_space_marks_the_pool_full_and_it_recovers_without_
         else:
             raise AssertionError("etcd never raised its NOSPACE alarm")
 
-        # The periodic snapshot write, or the durable write of a within-share grant, is
-        # refused: the pool is lost and cannot be campaigned for again.
+        # An idle pool writes nothing, so a decision must write: the durable write of a
+        # within-share grant is refused, the pool is lost and cannot be campaigned for again.
+        with contextlib.suppress(AllocatorError):
+            await node.acquire(pool=POOL, team="a", cls=Class.INTERACTIVE, est_tokens=0)
         await until(lambda: _pool_status(node).store_full, "never marked full")
         assert "the store is full and refuses writes" in caplog.text
 

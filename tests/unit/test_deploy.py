@@ -548,6 +548,37 @@ def test_tls_overlay_reaches_etcd_over_tls_with_the_ca_etcd_serves_with(
     assert client_secret != server_secret, "the allocator presents its own client certificate"
 
 
+def _duration_s(text: str) -> float:
+    """etcd's periodic retention: a Go duration of one unit (``5m``, ``1h``), or bare hours."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(s|m|h)?", text)
+    assert m, f"not a retention etcd's periodic mode reads as intended: {text!r}"
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 3600}[m.group(2)]
+
+
+def _bytes(quantity: str) -> int:
+    m = re.fullmatch(r"(\d+)(Gi|Mi)?", quantity)
+    assert m, quantity
+    return int(m.group(1)) * {"Gi": 2**30, "Mi": 2**20, None: 1}[m.group(2)]
+
+
+def test_etcd_members_compact_their_history_within_the_quota() -> None:
+    """Every member runs with periodic auto-compaction (the history stays bounded, sized in
+    docs/deploy.md), a backend quota that fits its volume, and a snapshot count that keeps
+    its in-memory raft log small."""
+    etcd = _find(_objects(), "StatefulSet", "etcd")
+    c = _container(etcd, "etcd")
+    env = _expand_env(c["env"], {"metadata.name": "etcd-0", "metadata.namespace": NAMESPACE})
+    assert env.get("ETCD_AUTO_COMPACTION_MODE") == "periodic"
+    retention = _duration_s(env.get("ETCD_AUTO_COMPACTION_RETENTION", "0"))
+    assert 60 <= retention <= 3600, "compacted at least hourly, yet not so often it churns"
+    quota = int(env["ETCD_QUOTA_BACKEND_BYTES"])
+    volume = _bytes(
+        etcd["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
+    )
+    assert 0 < quota <= volume // 2, "the db (and a defrag's copy of it) must fit the volume"
+    assert 0 < int(env["ETCD_SNAPSHOT_COUNT"]) <= 100_000
+
+
 # -- the allocator's pod -------------------------------------------------------------------
 
 
