@@ -28,7 +28,7 @@ calls (a pair is two calls), and the echo baseline is paced at the same call rat
 sets an absolute pair rate instead. So the load is the same share of what the machine can serve
 on a fast machine and on a slow or busy one.
 
-Targets (issue 13), each a ratio against this run's echo baseline: Acquire throughput at 32 in
+Targets, each a ratio against this run's echo baseline: Acquire throughput at 32 in
 flight >= 70 % of echo; p99 of a within-share Acquire (with its durable write) <= 3x the echo
 call's p99 at the same paced call rate.
 """

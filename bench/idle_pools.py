@@ -10,7 +10,7 @@ config of N pools (default 1,000; ``--pools``) and the default timings, then rep
   revision by one);
 - each replica's CPU over the same window (utime + stime from /proc/<pid>/stat).
 
-Targets (issue 13): all owned within 30 s; at most 10 etcd writes/s in all once owned.
+Targets: all owned within 30 s; at most 10 etcd writes/s in all once owned.
 Run: ``python -m bench.idle_pools [--pools N] [--window S] [--no-write]``; it writes its
 own section of docs/benchmarks.md. Not part of ``make bench`` nor of the test suite.
 """

@@ -107,10 +107,6 @@ class EtcdCluster:
             return self.members[name_or_index]
         return next(m for m in self.members if m.name == name_or_index)
 
-    def member_id(self, name: str) -> str:
-        """The member's raft id (hex, as etcd prints it)."""
-        return self._ids[name]
-
     # -- life cycle -----------------------------------------------------------------------
 
     def start(self) -> None:

@@ -75,11 +75,6 @@ class TcpProxy:
     def url(self) -> str:
         return f"http://{self.address}"
 
-    @property
-    def is_cut(self) -> bool:
-        """Whether every connection is cut (not only some origins')."""
-        return self._cut_all
-
     def cut(self, *, origins: Iterable[str] | None = None) -> None:
         """Closes the connections from ``origins`` (as ``origin_of`` names them, compared
         without case), or every connection when None, and refuses theirs until ``heal``."""

@@ -19,7 +19,6 @@ RPC_TIMEOUT_S = 0.25
 STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - RPC_TIMEOUT_S
 """The etcd stall an owner must survive with the same epoch (docs/ha.md)."""
 
-WALL_OFFSET_ENV = "FAIRSHARE_TEST_WALL_OFFSET_FILE"
 """The replicas' test-only wall-clock hook: a file holding seconds added to wall time."""
 
 POOLS: dict[str, dict[str, float]] = {

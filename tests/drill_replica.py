@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from drill_config import WALL_OFFSET_ENV
 from grpc import aio
 
+from ha.clock import WALL_OFFSET_ENV
 from harness import serve
 from harness.serve import Allocator
 from wire.channels import open_channel

@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import nemeses
 import pytest
-from drill_config import LEASE_TTL_S, MAX_REQUEST_S, WALL_OFFSET_ENV
+from drill_config import LEASE_TTL_S, MAX_REQUEST_S
 from drill_harness import DrillCluster
 from drill_ledger import DrillResult
+
+from ha.clock import WALL_OFFSET_ENV
 
 pytestmark = [pytest.mark.drill, pytest.mark.etcd, pytest.mark.timeout(90)]
 
