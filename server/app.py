@@ -53,6 +53,7 @@ from server.intake import Intake
 from server.metrics import Metrics
 from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
+from server.tls_files import check_ca_bundle, check_cert_chain
 from wire.credentials import read_token
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -125,21 +126,9 @@ def check_tls_files(config: Config) -> None:
     """
     tls = config.tls
     if tls.cert_file is not None and tls.key_file is not None:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(tls.cert_file, tls.key_file)
-        except (OSError, ssl.SSLError) as e:
-            raise ConfigError(
-                "tls.cert_file",
-                f"{tls.cert_file} with {tls.key_file}: not a readable PEM certificate chain "
-                f"and matching key ({e})",
-            ) from e
+        check_cert_chain("tls.cert_file", tls.cert_file, tls.key_file, ssl.PROTOCOL_TLS_SERVER)
     if tls.client_ca_file is not None:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(tls.client_ca_file)
-        except (OSError, ssl.SSLError) as e:
-            raise ConfigError(
-                "tls.client_ca_file", f"{tls.client_ca_file}: not a readable PEM bundle ({e})"
-            ) from e
+        check_ca_bundle("tls.client_ca_file", tls.client_ca_file)
 
 
 def server_credentials(config: Config) -> grpc.ServerCredentials | None:

@@ -16,6 +16,7 @@ import ssl
 from ha.etcd import EtcdAccess
 from ha.settings import ConfigError
 from server.config import EtcdConfig
+from server.tls_files import check_ca_bundle, check_cert_chain
 
 __all__ = ["load_etcd_access"]
 
@@ -31,24 +32,12 @@ def load_etcd_access(etcd: EtcdConfig) -> EtcdAccess | None:
         return None
     cert_pem = key_pem = None
     if etcd.cert_file is not None and etcd.key_file is not None:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(etcd.cert_file, etcd.key_file)
-        except (OSError, ssl.SSLError) as e:
-            raise ConfigError(
-                "etcd.cert_file",
-                f"{etcd.cert_file} with {etcd.key_file}: not a readable PEM certificate chain "
-                f"and matching key ({e})",
-            ) from e
+        check_cert_chain("etcd.cert_file", etcd.cert_file, etcd.key_file, ssl.PROTOCOL_TLS_CLIENT)
         cert_pem = _read("etcd.cert_file", etcd.cert_file)
         key_pem = _read("etcd.key_file", etcd.key_file)
     ca_pem = None
     if etcd.ca_file is not None:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(etcd.ca_file)
-        except (OSError, ssl.SSLError) as e:
-            raise ConfigError(
-                "etcd.ca_file", f"{etcd.ca_file}: not a readable PEM bundle ({e})"
-            ) from e
+        check_ca_bundle("etcd.ca_file", etcd.ca_file)
         ca_pem = _read("etcd.ca_file", etcd.ca_file)
     password = None
     if etcd.password_file is not None:
