@@ -137,15 +137,11 @@ class FileStore(MemoryStore):
                 continue  # already in the compacted file
             self._revision = revision
             replayed += 1
-            if "k" not in record:
-                continue  # a write to a key on a lease: only its revision is kept
-            key = str(record["k"])
-            if record["v"] is None:
-                self._keys.pop(key, None)
-            else:
-                self._keys[key] = KeyValue(
-                    key, base64.b64decode(record["v"]), int(record["c"]), revision
-                )
+            for key, value, created in _writes_of(record):
+                if value is None:
+                    self._keys.pop(key, None)
+                else:
+                    self._keys[key] = KeyValue(key, base64.b64decode(value), created, revision)
         # Keys on leases died with the process that held the leases; their deletes take
         # revisions like any delete, so a new owner's epoch is above every old one.
         self._revision += 1
@@ -204,24 +200,21 @@ class FileStore(MemoryStore):
             offset += len(line) + 1
         return records
 
-    async def _persist(
-        self, revision: int, key: str, kv: KeyValue | None, *, durable: bool
-    ) -> None:
+    async def _persist(self, revision: int, changes: list[tuple[str, KeyValue | None]]) -> None:
         if self._read_only:
             raise StoreUnavailable(f"{self._dir} is open read-only")
-        record: dict[str, object]
-        if not durable:
-            # A key on a lease is not kept, but its revision is: an owner key's
-            # create_revision is an epoch, and a restarted process must never hand the
-            # same epoch out again.
-            record = {"r": revision}
-        else:
-            record = {
-                "r": revision,
-                "k": key,
-                "v": None if kv is None else base64.b64encode(kv.value).decode("ascii"),
-                "c": 0 if kv is None else kv.create_revision,
-            }
+        # One record a revision, whatever it changes: a transaction is appended (and torn
+        # by a crash) as a whole. A write that changes no durable key (a key put on a
+        # lease) keeps only its revision: an owner key's create_revision is an epoch, and
+        # a restarted process must never hand the same epoch out again.
+        record: dict[str, object] = {"r": revision}
+        if changes:
+            record["w"] = [
+                [key, None, 0]
+                if kv is None
+                else [key, base64.b64encode(kv.value).decode("ascii"), kv.create_revision]
+                for key, kv in changes
+            ]
         line = _encode_record(record)
         try:
             await self._append(line)
@@ -378,6 +371,17 @@ def _decode_record(line: bytes) -> dict[str, Any] | None:
     except (ValueError, KeyError, TypeError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def _writes_of(record: dict[str, Any]) -> list[tuple[str, str | None, int]]:
+    """(key, base64 value or None for a delete, create_revision) of each key a record
+    changes: none for a write to a key on a lease (only its revision is kept)."""
+    if "w" in record:
+        return [(str(k), None if v is None else str(v), int(c)) for k, v, c in record["w"]]
+    if "k" in record:  # one key a record, as written before transactions
+        value = record["v"]
+        return [(str(record["k"]), None if value is None else str(value), int(record["c"]))]
+    return []
 
 
 def _store_error(path: Path, error: OSError) -> StoreUnavailable:

@@ -15,17 +15,19 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from ha.clock import Clock, SystemClock
 from ha.store import (
     NO_LEASE,
+    DeleteRange,
     EventKind,
     KeyValue,
     LeaseId,
     LeaseNotFound,
     StoreUnavailable,
     WatchEvent,
+    Write,
     within,
 )
 
@@ -122,6 +124,21 @@ class MemoryStore:
             await self._write(key, value, NO_LEASE)
             return True
 
+    async def commit_fenced(
+        self,
+        writes: Sequence[Write],
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
+    ) -> bool:
+        async with within(timeout_s), self._op():
+            fence = self._keys.get(fence_key)
+            if fence is None or fence.create_revision != fence_revision:
+                return False
+            await self._commit(writes)
+            return True
+
     async def delete_fenced(
         self, key: str, *, create_revision: int, timeout_s: float | None = None
     ) -> bool:
@@ -197,32 +214,68 @@ class MemoryStore:
             raise LeaseNotFound(f"lease {lease:x} not found")
 
     async def _write(self, key: str, value: bytes, lease: LeaseId) -> KeyValue:
-        # Persist first, change memory after: a write that fails to persist changes
-        # nothing, neither the keys nor the revision, and publishes no event.
         revision = self._revision + 1
         old = self._keys.get(key)
         created = old.create_revision if old is not None else revision
         kv = KeyValue(key, bytes(value), created, revision, lease)
-        durable = kv.lease == 0 or (old is not None and old.lease == 0)
-        await self._persist(revision, key, kv if kv.lease == 0 else None, durable=durable)
-        self._revision = revision
-        self._keys[key] = kv
-        self._applied()
-        self._publish(WatchEvent(EventKind.PUT, key, kv, revision))
+        await self._apply(revision, {key: kv})
         return kv
 
     async def _delete(self, key: str) -> None:
-        old = self._keys[key]
+        await self._apply(self._revision + 1, {key: None})
+
+    async def _commit(self, writes: Sequence[Write]) -> None:
+        """Applies a transaction's writes at one revision.
+
+        Raises:
+            ValueError: two writes touch the same key (etcd refuses such a transaction).
+        """
         revision = self._revision + 1
-        if old.lease == 0:
-            # A key on a lease was never on disk, and the revision of its delete is never
-            # an epoch: nothing to log (a restart skips a revision for these deletes). So
-            # a lease's expiry and a resignation cannot fail for lack of disk space.
-            await self._persist(revision, key, None, durable=True)
+        changes: dict[str, KeyValue | None] = {}
+        for write in writes:
+            if isinstance(write, DeleteRange):
+                doomed = [k for k in self._keys if write.start <= k < write.end]
+                if any(k in changes for k in doomed):
+                    raise ValueError(f"a transaction deletes {write} and writes a key in it")
+                changes.update(dict.fromkeys(doomed))
+                continue
+            if write.key in changes:
+                raise ValueError(f"a transaction writes {write.key!r} twice")
+            old = self._keys.get(write.key)
+            created = old.create_revision if old is not None else revision
+            changes[write.key] = KeyValue(write.key, bytes(write.value), created, revision)
+        if not changes:
+            return  # etcd applies an empty transaction without a new revision
+        await self._apply(revision, changes)
+
+    async def _apply(self, revision: int, changes: dict[str, KeyValue | None]) -> None:
+        """Makes ``changes`` (key -> new value, None to delete) durable, then applies them
+        at ``revision``. A write that fails to persist changes nothing, neither the keys
+        nor the revision, and publishes no event."""
+        persisted: list[tuple[str, KeyValue | None]] = []
+        logged = False
+        for key, kv in changes.items():
+            old = self._keys.get(key)
+            if kv is None and old is None:
+                continue
+            # A key on a lease is never on disk: its write keeps only the revision, and
+            # its delete nothing (a restart skips a revision for these deletes), so a
+            # lease's expiry and a resignation cannot fail for lack of disk space.
+            if (kv is not None and kv.lease == 0) or (old is not None and old.lease == 0):
+                persisted.append((key, kv if kv is None or kv.lease == 0 else None))
+            elif kv is not None:
+                logged = True
+        if persisted or logged:
+            await self._persist(revision, persisted)
         self._revision = revision
-        del self._keys[key]
+        for key, kv in changes.items():
+            if kv is None:
+                if self._keys.pop(key, None) is not None:
+                    self._publish(WatchEvent(EventKind.DELETE, key, None, revision))
+            else:
+                self._keys[key] = kv
+                self._publish(WatchEvent(EventKind.PUT, key, kv, revision))
         self._applied()
-        self._publish(WatchEvent(EventKind.DELETE, key, None, revision))
 
     def _publish(self, event: WatchEvent) -> None:
         self._history.append(event)
@@ -249,16 +302,14 @@ class MemoryStore:
             async with self._lock:
                 await self._expire()
 
-    async def _persist(
-        self, revision: int, key: str, kv: KeyValue | None, *, durable: bool
-    ) -> None:
+    async def _persist(self, revision: int, changes: list[tuple[str, KeyValue | None]]) -> None:
         """Hook for FileStore: makes a write durable before memory changes.
 
         Args:
             revision: the revision the write will get.
-            key: the key written.
-            kv: its new value, or None when it is deleted (or put on a lease).
-            durable: the key's value must be kept; otherwise only the revision is.
+            changes: the keys whose value must be kept, with the new value (None: the
+                key is deleted, or now lives on a lease); empty when only the revision
+                must be kept (a key put on a lease).
 
         Raises:
             StoreUnavailable: the write is not durable; the caller changes nothing.

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final, NewType, Protocol, TypeVar
@@ -47,14 +47,17 @@ NO_LEASE: Final = LeaseId(0)
 
 __all__ = [
     "NO_LEASE",
+    "DeleteRange",
     "EventKind",
     "KeyValue",
     "LeaseId",
     "LeaseNotFound",
+    "Put",
     "Store",
     "StoreFull",
     "StoreUnavailable",
     "WatchEvent",
+    "Write",
     "bounded",
     "within",
 ]
@@ -106,6 +109,26 @@ class KeyValue:
     create_revision: int
     mod_revision: int
     lease: LeaseId = NO_LEASE
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """A write of a fenced commit: ``value`` at ``key``, on no lease."""
+
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRange:
+    """A write of a fenced commit: deletes every key ``k`` with ``start <= k < end`` (one
+    operation however many keys it deletes)."""
+
+    start: str
+    end: str
+
+
+Write = Put | DeleteRange
 
 
 class EventKind(Enum):
@@ -221,6 +244,32 @@ class Store(Protocol):
         Raises:
             StoreUnavailable: no answer within ``timeout_s``; the write may or may not
                 have been applied.
+        """
+        ...
+
+    async def commit_fenced(
+        self,
+        writes: Sequence[Write],
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
+    ) -> bool:
+        """Applies ``writes`` in order, all or none, only if ``fence_key`` exists with
+        create_revision ``fence_revision``: one transaction, one revision.
+
+        ``put_fenced`` is the commit of one ``Put``. What a commit may hold is bounded by
+        the store (etcd: 128 operations, 1.5 MiB by default); ``ha.poolstate`` keeps every
+        commit far below both.
+
+        Returns:
+            False when the fence did not hold (nothing was written by this attempt).
+
+        Raises:
+            StoreUnavailable: no answer within ``timeout_s``; the writes may or may not
+                have been applied (all or none). Within the budget the store may send the
+                same commit again: puts of the same values and deletes of the same ranges
+                under the same fence leave the same state.
         """
         ...
 

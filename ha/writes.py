@@ -24,12 +24,12 @@ owner key for the pool appears).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import Final, TypeVar
 
 from ha.api import PoolName
 from ha.keys import Keys
-from ha.store import NO_LEASE, KeyValue, LeaseId, Store, StoreFull, WatchEvent
+from ha.store import NO_LEASE, KeyValue, LeaseId, Store, StoreFull, WatchEvent, Write
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,22 @@ class WatchedStore:
                 fence_key=fence_key,
                 fence_revision=fence_revision,
                 timeout_s=timeout_s,
+            ),
+        )
+
+    async def commit_fenced(
+        self,
+        writes: Sequence[Write],
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
+    ) -> bool:
+        # Every fenced commit is of the fence's pool (its state, under its owner key).
+        return await self._observe(
+            fence_key,
+            self._store.commit_fenced(
+                writes, fence_key=fence_key, fence_revision=fence_revision, timeout_s=timeout_s
             ),
         )
 

@@ -16,6 +16,7 @@ from ha.store import EventKind, KeyValue, LeaseId, WatchEvent
 __all__ = [
     "compare_create",
     "compare_exists",
+    "delete_range_op",
     "event_of",
     "key_value",
     "prefix_range",
@@ -70,3 +71,8 @@ def compare_exists(key: bytes) -> Any:
 def put_op(key: bytes, value: bytes, lease: LeaseId) -> Any:
     """A transaction operation that puts ``value`` at ``key`` under ``lease``."""
     return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=int(lease)))
+
+
+def delete_range_op(start: bytes, end: bytes) -> Any:
+    """A transaction operation that deletes every key in ``[start, end)``."""
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=start, range_end=end))

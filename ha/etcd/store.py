@@ -18,9 +18,25 @@ from aetcd import rpc
 
 from ha.etcd.client import EtcdAccess
 from ha.etcd.connection import Connection
-from ha.etcd.messages import compare_create, compare_exists, key_value, prefix_range, put_op
+from ha.etcd.messages import (
+    compare_create,
+    compare_exists,
+    delete_range_op,
+    key_value,
+    prefix_range,
+    put_op,
+)
 from ha.etcd.watch import watch_prefix
-from ha.store import NO_LEASE, KeyValue, LeaseId, LeaseNotFound, StoreUnavailable, WatchEvent
+from ha.store import (
+    NO_LEASE,
+    DeleteRange,
+    KeyValue,
+    LeaseId,
+    LeaseNotFound,
+    StoreUnavailable,
+    WatchEvent,
+    Write,
+)
 
 __all__ = ["EtcdStore", "connect"]
 
@@ -151,6 +167,29 @@ class EtcdStore:
             success=[put_op(key.encode(), value, NO_LEASE)],
             budget_s=timeout_s,
             repeat=True,
+        )
+        return succeeded
+
+    async def commit_fenced(
+        self,
+        writes: Sequence[Write],
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
+    ) -> bool:
+        fence = fence_key.encode()
+        succeeded, _ = await self._txn(
+            "commit under a fence",
+            compare=[compare_create(fence, fence_revision), compare_exists(fence)],
+            success=[
+                delete_range_op(w.start.encode(), w.end.encode())
+                if isinstance(w, DeleteRange)
+                else put_op(w.key.encode(), w.value, NO_LEASE)
+                for w in writes
+            ],
+            budget_s=timeout_s,
+            repeat=True,  # the same puts and deletes under the same fence: same state
         )
         return succeeded
 

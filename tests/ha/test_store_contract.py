@@ -23,7 +23,15 @@ from store_contract import (
     next_event,
 )
 
-from ha.store import EventKind, LeaseId, LeaseNotFound, StoreUnavailable, WatchEvent
+from ha.store import (
+    DeleteRange,
+    EventKind,
+    LeaseId,
+    LeaseNotFound,
+    Put,
+    StoreUnavailable,
+    WatchEvent,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -125,6 +133,56 @@ async def test_put_fenced_writes_only_under_the_right_fence(h: StoreHarness) -> 
         )
     kv = await h.store.get(state)
     assert kv is not None and kv.value == b"v1" and kv.lease == 0
+
+
+async def test_commit_fenced_applies_puts_and_range_deletes_at_one_revision(
+    h: StoreHarness,
+) -> None:
+    lease = await h.grant(30)
+    owner = await h.store.create(h.key("owner"), b"node-a", lease=lease)
+    assert owner is not None
+    for i in range(4):
+        assert await h.store.commit_fenced(
+            [Put(h.key(f"log/{i:02d}"), b"r%d" % i)],
+            fence_key=owner.key,
+            fence_revision=owner.create_revision,
+        )
+    _, before = await h.store.get_prefix(h.prefix)
+    assert await h.store.commit_fenced(
+        [Put(h.key("head"), b"h"), DeleteRange(h.key("log/"), h.key("log/03"))],
+        fence_key=owner.key,
+        fence_revision=owner.create_revision,
+    )
+    kvs, after = await h.store.get_prefix(h.prefix)
+    assert after == before + 1  # one transaction, one revision
+    assert [(kv.key, kv.value) for kv in kvs] == [
+        (h.key("head"), b"h"),
+        (h.key("log/03"), b"r3"),
+        (h.key("owner"), b"node-a"),
+    ]
+    assert next(kv for kv in kvs if kv.key == h.key("head")).mod_revision == after
+
+
+async def test_commit_fenced_writes_nothing_under_another_fence(h: StoreHarness) -> None:
+    lease = await h.grant(30)
+    owner = await h.store.create(h.key("owner"), b"node-a", lease=lease)
+    assert owner is not None
+    assert await h.store.commit_fenced(
+        [Put(h.key("log/1"), b"r")], fence_key=owner.key, fence_revision=owner.create_revision
+    )
+    for fence_key, revision in (
+        (owner.key, owner.create_revision + 1),
+        (h.key("nobody"), owner.create_revision),
+        (h.key("nobody"), 0),
+    ):
+        assert not await h.store.commit_fenced(
+            [Put(h.key("head"), b"h"), DeleteRange(h.key("log/"), h.key("log0"))],
+            fence_key=fence_key,
+            fence_revision=revision,
+        )
+    kvs, _ = await h.store.get_prefix(h.key("log/"))
+    assert [kv.value for kv in kvs] == [b"r"]
+    assert await h.store.get(h.key("head")) is None
 
 
 async def test_delete_fenced_deletes_only_the_named_generation(h: StoreHarness) -> None:
