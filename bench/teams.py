@@ -23,12 +23,9 @@ import time
 from fairshare import Class
 from ha.api import AllocatorError, Epoch, GrantRef, NodeId
 from ha.clock import FakeClock
+from ha.journal import MemoryLog
 from ha.owner import OwnedPool
 from ha.settings import PoolConfig
-
-
-async def _nothing(data: bytes) -> None:
-    del data
 
 
 async def measure(flood: int, max_teams: int | None) -> str:
@@ -40,7 +37,7 @@ async def measure(flood: int, max_teams: int | None) -> str:
         node=NodeId("bench-0"),
         clock=FakeClock(),
         fenced=lambda: True,
-        write=_nothing,
+        log=MemoryLog(),
         commit_window_s=0.0,
         release_commit_s=0.0,
         release_memory_s=600.0,

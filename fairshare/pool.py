@@ -296,6 +296,14 @@ class Pool:
             in_flight = {name: t.in_flight + len(t.phantoms) for name, t in self._teams.items()}
             return usage, in_flight
 
+    def usage_of(self, team: str) -> float:
+        """The team's usage decayed to now; 0 for a team the pool does not know. O(1)."""
+        with self._lock:
+            state = self._teams.get(team)
+            if state is None:
+                return 0.0
+            return state.stored * self._decay_factor(self._clock())
+
     def set_capacity(self, c: int) -> int:
         """Changes C and recomputes the reservations; returns the previous C.
 

@@ -24,7 +24,7 @@ class Held:
     """One grant counted in flight."""
 
     grant: Grant
-    holder: str
+    key: GrantKey
     team: str
     wall: float  # when it was issued or adopted (the epoch's clock)
     row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
@@ -40,14 +40,17 @@ class HeldGrants:
         self._own: dict[int, Held] = {}  # this epoch's grants by sequence number
         self._adopted: dict[GrantKey, Held] = {}  # earlier grants counted again
 
-    def issue(self, seq: int, grant: Grant, holder: str, team: str, wall: float) -> None:
-        """Keeps a grant of this epoch, issued at ``wall``."""
-        self._own[seq] = self._held(grant, GrantKey(self._epoch, seq, holder), team, wall)
+    def issue(self, seq: int, grant: Grant, holder: str, team: str, wall: float) -> Held:
+        """Keeps a grant of this epoch, issued at ``wall``; returns it as kept."""
+        held = self._own[seq] = self._held(grant, GrantKey(self._epoch, seq, holder), team, wall)
+        return held
 
-    def adopt(self, key: GrantKey, grant: Grant, wall: float, *, unsigned: bool) -> None:
-        """Keeps an earlier grant counted again, as if issued at ``wall``."""
-        self._adopted[key] = self._held(grant, key, grant.team, wall)
-        self._adopted[key].unsigned = unsigned
+    def adopt(self, key: GrantKey, grant: Grant, wall: float, *, unsigned: bool) -> Held:
+        """Keeps an earlier grant counted again, as if issued at ``wall``; returns it as
+        kept."""
+        held = self._adopted[key] = self._held(grant, key, grant.team, wall)
+        held.unsigned = unsigned
+        return held
 
     def take_own(self, seq: int) -> Held | None:
         """Forgets this epoch's grant ``seq`` (released) and returns it, if kept."""
@@ -62,24 +65,20 @@ class HeldGrants:
 
     def unsigned_of(self, holder: str) -> int:
         """How many unsigned (client-made degraded) grants of ``holder`` are kept."""
-        return sum(1 for h in self._adopted.values() if h.unsigned and h.holder == holder)
+        return sum(1 for h in self._adopted.values() if h.unsigned and h.key.holder == holder)
 
-    def expire(self, horizon: float) -> int:
-        """Releases (charging nothing) the grants issued before ``horizon``; returns how
-        many."""
+    def expire(self, horizon: float) -> list[GrantKey]:
+        """Releases (charging nothing) the grants issued before ``horizon``; returns
+        their keys."""
         return _expire(self._own, horizon) + _expire(self._adopted, horizon)
 
     def live(self) -> list[LiveGrant]:
         """The grants as a snapshot's live list."""
         limit = self._limit
-        live = [
-            LiveGrant(GrantKey(self._epoch, seq, held.holder), held.team, held.wall + limit)
-            for seq, held in self._own.items()
+        return [
+            LiveGrant(held.key, held.team, held.wall + limit)
+            for held in chain(self._own.values(), self._adopted.values())
         ]
-        live += [
-            LiveGrant(key, held.team, held.wall + limit) for key, held in self._adopted.items()
-        ]
-        return live
 
     def rows(self) -> Iterator[str]:
         """The grants' encoded live rows (what ``live`` encodes to)."""
@@ -90,18 +89,18 @@ class HeldGrants:
 
     def _held(self, grant: Grant, key: GrantKey, team: str, wall: float) -> Held:
         until = wall + self._limit
-        return Held(grant, key.holder, team, wall, live_row(LiveGrant(key, team, until)))
+        return Held(grant, key, team, wall, live_row(LiveGrant(key, team, until)))
 
 
-def _expire(table: dict[_K, Held], horizon: float) -> int:
+def _expire(table: dict[_K, Held], horizon: float) -> list[GrantKey]:
     """Releases the grants of ``table`` issued before ``horizon``; the table is in issue
     order, so the scan stops at the first live one."""
-    expired = 0
+    expired = []
     for key in list(table):
         held = table[key]
         if held.wall > horizon:
             break
         del table[key]
         held.grant.release(0.0)
-        expired += 1
+        expired.append(held.key)
     return expired

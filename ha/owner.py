@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 
 from fairshare import Class, Pool, TeamStat
@@ -62,6 +62,7 @@ from ha.commit import CommitFailed, GroupCommitter
 from ha.genuine import IdCounters, IdGuard
 from ha.grantkeys import GrantKeys, ephemeral_keys
 from ha.held import HeldGrants
+from ha.journal import Changes, Journal, StateWriter, encode_checkpoint, encode_record
 from ha.phantoms import Phantoms
 from ha.settings import PoolConfig
 from ha.settled import Settled
@@ -93,7 +94,7 @@ class OwnedPool:
         node: NodeId,
         clock: Clock,
         fenced: Callable[[], bool],
-        write: Callable[[bytes], Awaitable[None]],
+        log: StateWriter,
         commit_window_s: float,
         release_commit_s: float,
         release_memory_s: float,
@@ -107,8 +108,9 @@ class OwnedPool:
         clock: read once for wall time (the epoch's start), then for monotonic time:
             the pool's decay, grant ages and phantoms run on ``ha.clock.EpochTime``.
         fenced: True while the node's lease is within its self-fencing deadline.
-        write: coroutine function writing a snapshot, fenced on the epoch; raises
-            on failure (the pool is then lost).
+        log: where the state is written (``ha.journal``: records of changes and
+            checkpoints), fenced on the epoch; a failed write raises (the pool is then
+            lost).
         commit_window_s: group commit window.
         release_commit_s: group commit window of releases (see ha.commit).
         release_memory_s: how long released ids of earlier epochs are remembered.
@@ -152,7 +154,8 @@ class OwnedPool:
             max_charge=config.max_charge(),
             clock=clock,
         )
-        self._write = write
+        self._log = log
+        self._journal = Journal()
         self._last_write_mono = -1.0
         # What the snapshot holds changes only through the calls below (see ``changed``);
         # each bumps the version, and a write records the version it encodes.
@@ -307,7 +310,8 @@ class OwnedPool:
         else:
             self._seq += 1
             ref = GrantRef(self.name, self.epoch, self._seq, team, holder)
-            self._held.issue(self._seq, grant, holder, team, self._now())
+            held = self._held.issue(self._seq, grant, holder, team, self._now())
+            self._changes.counted(held.key, held.row)
             answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
         decision = Decision(*answer, False, self.node, self.epoch)
         if request_id:
@@ -328,15 +332,20 @@ class OwnedPool:
             raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
         consumed = self._ids.bounded(ref, consumed)
         self._touch()
+        changes = self._changes
         if ref.epoch == self.epoch:
             held = self._held.take_own(ref.seq)
             if held is not None:
                 held.grant.release(consumed)
+                changes.dropped(held.key)
+                changes.team(held.team)
             return
         key = GrantKey(ref.epoch, ref.seq, ref.holder)
         adopted = self._held.take_adopted(key)
         if adopted is not None:
             adopted.grant.release(consumed)
+            changes.dropped(key)
+            changes.team(adopted.team)
             self._settle(key)
             return
         phantom = self._phantoms.take(key)
@@ -345,12 +354,15 @@ class OwnedPool:
             team = phantom.team
             self.pool.charge(team, consumed)
             self.pool.drop_phantom(team)
+            changes.dropped(key)
+            changes.team(team)
             self._settle(key)
         elif self._earlier.chargeable(key) and not self._earlier.is_settled(key):
             # No owner ever counted it (made after a crashed owner's last write, or
             # degraded): charge it, once.
             self._admit(ref.team or "unknown")
             self.pool.charge(ref.team or "unknown", consumed)
+            changes.team(ref.team or "unknown")
             self._settle(key)
         # Otherwise it was settled before the snapshot this owner restored: its
         # consumption is already in the usage.
@@ -410,7 +422,8 @@ class OwnedPool:
             phantom = self._phantoms.take(key)
             # It keeps the deadline its phantom had: re-counting does not extend a request.
             issued = self._now() if phantom is None else phantom.until - self.config.max_request_s
-            self._held.adopt(key, grant, issued, unsigned=not ref.mac)
+            kept = self._held.adopt(key, grant, issued, unsigned=not ref.mac)
+            self._changes.counted(key, kept.row)
             adopted += 1
             if phantom is not None and self.pool.drop_phantom(phantom.team):
                 dropped += 1
@@ -459,7 +472,12 @@ class OwnedPool:
         # The holder does not hold these any more: their releases may still be on the way,
         # so they stay chargeable, but they no longer count in flight.
         closed, ended = self._phantoms.close(holder)
-        self._earlier.uncount(closed, self._now())
+        now = self._now()
+        self._earlier.uncount(closed, now)
+        for key in closed:
+            self._changes.dropped(key)
+            if key in self._earlier.uncounted:  # not dropped at once by the table's cap
+                self._changes.uncounted[key] = now
         return ended
 
     def expire(self) -> int:
@@ -472,8 +490,10 @@ class OwnedPool:
         now = self._now()
         self._forget(now)  # phantoms end here too: the pool's never expire by themselves
         horizon = now - self.config.max_request_s
-        expired = self._held.expire(horizon)
+        expired = len(keys := self._held.expire(horizon))
         if expired:
+            for key in keys:
+                self._changes.dropped(key)
             self._touch()
             logger.warning(
                 "pool %s at epoch %d: %d grants outlived max_request_s (%gs) unreleased; "
@@ -535,13 +555,25 @@ class OwnedPool:
         )
 
     async def _persist(self) -> None:
-        # What ``snapshot().encode()`` gives, from the rows each request keeps encoded: a
-        # write costs a join over the requests in flight, not an encoding of each.
-        state = self._state()  # first: it may drop expired phantoms
-        rows = chain(self._held.rows(), self._phantoms.rows())
+        # A record of what changed since the previous write when the journal allows it
+        # (``ha.journal``): its cost follows the changes, not the requests in flight. A
+        # checkpoint otherwise, from the rows each request keeps encoded.
+        now = self._now()
+        if now >= self._forgot_at + _FORGET_EVERY_S:
+            self._forget(now)
+        changes = self._journal.take()
         self._written = version = self._version  # nothing changes it before the encoding
+        record = None if self._journal.due else self._record(changes, now)
         started = self._clock.monotonic()
-        await self._write(state.encode(live_rows=rows))
+        if record is not None:
+            self._journal.recorded(len(record))
+            await self._log.append(record)
+        else:
+            checkpoint = encode_checkpoint(
+                self._state(), chain(self._held.rows(), self._phantoms.rows())
+            )
+            self._journal.checkpointed(checkpoint.size)
+            await self._log.checkpoint(checkpoint)
         self._last_write_mono = self._clock.monotonic()
         if version == self._version:
             self._behind_since = None
@@ -549,6 +581,17 @@ class OwnedPool:
             # Changes made during the write are not in it: they lag since it started at
             # the latest.
             self._behind_since = max(self._behind_since, started)
+
+    def _record(self, changes: Changes, now: float) -> bytes | None:
+        """The record of ``changes`` as of ``now``; None when too large for one."""
+        return encode_record(
+            epoch=self.epoch,
+            wall=now,
+            capacity=self.pool.capacity,
+            issued=self._seq,
+            usage={team: self.pool.usage_of(team) for team in changes.teams},
+            changes=changes,
+        )
 
     async def durable(self, *, lazy: bool = False) -> None:
         """Returns once a fenced write covers the state as of the call.
@@ -574,11 +617,19 @@ class OwnedPool:
         if self._behind_since is None:
             self._behind_since = self._clock.monotonic()
 
+    @property
+    def _changes(self) -> Changes:
+        return self._journal.changes
+
     def _admit(self, team: str) -> None:
-        admit(self.pool, self.config, team)
+        if team and not self.pool.knows(team):
+            admit(self.pool, self.config, team)
+            self._changes.team(team)
 
     def _settle(self, key: GrantKey) -> None:
-        self._earlier.settle(key, self._now())
+        now = self._now()
+        if self._earlier.settle(key, now):
+            self._changes.settled[key] = now
 
     def _forget(self, now: float) -> None:
         """Drops what no request can outlive: phantoms, windows and settled entries older

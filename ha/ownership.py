@@ -40,8 +40,8 @@ from ha.handover import TICK_S, Handovers, Mark
 from ha.keys import Keys, Route, encode_capacity, encode_owner
 from ha.lease import NodeLease
 from ha.owner import OwnedPool
+from ha.poolstate import PoolLog, load
 from ha.settings import PoolConfig, Timing
-from ha.snapshot import PoolSnapshot
 from ha.store import LeaseNotFound, StoreFull, StoreUnavailable, bounded
 from ha.writes import WatchedStore
 
@@ -414,6 +414,18 @@ class Ownership:
         if kv is None:
             return  # another node won; the watch will route to it
         epoch = Epoch(kv.create_revision)
+        log = PoolLog(
+            self._store,
+            self._keys,
+            name,
+            epoch,
+            # A write whose answer is late has an unknown outcome and costs the pool, so
+            # it may take as long as this node may still decide, not just one RPC
+            # timeout: a store that stalls for less than that (an fsync spike, a leader
+            # election) costs latency, not the pool. The store may send the same write
+            # again meanwhile.
+            budget_s=lambda: max(self.timing.rpc_timeout_s, self._lease.seconds_left()),
+        )
         owned = OwnedPool(
             config=config,
             epoch=epoch,
@@ -422,27 +434,29 @@ class Ownership:
             # Decide only on the lease the owner key was created on: a node that lost
             # that lease and joined again must not decide from this epoch.
             fenced=lambda: self._lease.lease == lease and self._lease.fenced(),
-            write=lambda data: self._write_state(name, epoch, data),
+            log=log,
             commit_window_s=self.timing.commit_window_s,
             release_commit_s=self.timing.release_commit_s,
             release_memory_s=self.timing.release_memory_s,
             keys=self._grant_keys,
             counters=self._id_counters[name],
         )
-        state = await bounded(self._store.get(self._keys.state(name)), rpc)
-        snapshot = PoolSnapshot.decode(state.value) if state is not None else None
-        if state is not None and snapshot is None:
+        loaded = await load(
+            self._store, self._keys, name, decay_rate=owned.pool.decay_rate, timeout_s=rpc
+        )
+        log.resume(loaded.position)
+        if loaded.unreadable:
             phantoms = owned.restore_unreadable()
             teams = 0
             logger.error(
-                "pool %s at epoch %d: the previous owner's snapshot is unreadable; usage "
+                "pool %s at epoch %d: the previous owner's state is unreadable; usage "
                 "starts from zero and every reservation counts as taken for %gs",
                 name,
                 epoch,
                 config.max_request_s,
             )
         else:
-            teams, phantoms = owned.restore(snapshot)
+            teams, phantoms = owned.restore(loaded.snapshot)
         route = self.view.route(name)
         if (
             self.closing
@@ -463,25 +477,6 @@ class Ownership:
         )
         # Within the campaign: ``IN_FLIGHT`` bounds these writes too.
         await self.sync(owned)
-
-    async def _write_state(self, name: PoolName, epoch: Epoch, data: bytes) -> None:
-        # A write whose answer is late has an unknown outcome and costs the pool, so it
-        # may take as long as this node may still decide, not just one RPC timeout: a
-        # store that stalls for less than that (an fsync spike, a leader election) costs
-        # latency, not the pool. The store may send the same write again meanwhile.
-        budget = max(self.timing.rpc_timeout_s, self._lease.seconds_left())
-        ok = await bounded(
-            self._store.put_fenced(
-                self._keys.state(name),
-                data,
-                fence_key=self._keys.owner(name),
-                fence_revision=epoch,
-                timeout_s=budget,
-            ),
-            budget,
-        )
-        if not ok:
-            raise WrongEpoch(name, NodeId(""), "", epoch)
 
     async def _let_go(self, name: PoolName, epoch: Epoch) -> None:
         """Lets go of our stale owner key (``Handovers.let_go``); the pool may be

@@ -68,11 +68,14 @@ class Settled:
     def is_settled(self, key: GrantKey) -> bool:
         return key in self.settled
 
-    def settle(self, key: GrantKey, now: float) -> None:
-        """Remembers that ``key`` was released, if it is chargeable."""
-        if self.chargeable(key):
-            self.settled[key] = now
-            _cap(self.settled, self._pool, "settled releases")
+    def settle(self, key: GrantKey, now: float) -> bool:
+        """Remembers that ``key`` was released, if it is chargeable; returns whether it
+        did."""
+        if not self.chargeable(key):
+            return False
+        self.settled[key] = now
+        _cap(self.settled, self._pool, "settled releases")
+        return True
 
     def uncount(self, keys: list[GrantKey], now: float) -> None:
         """Marks grants as no longer counted in flight but still to be charged (phantoms

@@ -6,7 +6,7 @@ The Cluster helper comes from test_node.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from test_node import POOLS, TIMING, Cluster, FlakyStore, acquire
@@ -16,12 +16,14 @@ from ha.api import GrantRef, HeldGrant, NodeId
 from ha.clock import FakeClock, settle
 from ha.cluster import preferred_owner
 from ha.node import Node
+from ha.store import Write
 
 pytestmark = pytest.mark.timeout(30)
 
 
 class GatedStore(FlakyStore):
-    """Blocks every fenced state write of the first epoch above ``block_above``."""
+    """Blocks every state write (a commit fenced on ``block_key``, the pool's owner key) of
+    the first epoch above ``block_above``."""
 
     def __init__(self, clock: FakeClock) -> None:
         super().__init__(clock)
@@ -30,10 +32,9 @@ class GatedStore(FlakyStore):
         self.blocked_epoch: int | None = None
         self.gate = asyncio.Event()
 
-    async def put_fenced(
+    async def commit_fenced(
         self,
-        key: str,
-        value: bytes,
+        writes: Sequence[Write],
         *,
         fence_key: str,
         fence_revision: int,
@@ -41,15 +42,15 @@ class GatedStore(FlakyStore):
     ) -> bool:
         if (
             self.block_above is not None
-            and key == self.block_key
+            and fence_key == self.block_key
             and fence_revision > self.block_above
         ):
             if self.blocked_epoch is None:
                 self.blocked_epoch = fence_revision
             if fence_revision == self.blocked_epoch:
                 await self.gate.wait()
-        return await super().put_fenced(
-            key, value, fence_key=fence_key, fence_revision=fence_revision, timeout_s=timeout_s
+        return await super().commit_fenced(
+            writes, fence_key=fence_key, fence_revision=fence_revision, timeout_s=timeout_s
         )
 
 
@@ -120,7 +121,7 @@ async def test_release_of_a_grant_from_an_epoch_that_never_wrote_is_charged() ->
         assert first is not None
         e1 = _epoch(first, pool)
         await c.clock.advance(TIMING.snapshot_interval_s * 2)  # e1 has written
-        store.block_key = "/test/state/" + pool
+        store.block_key = "/test/owners/" + pool
         store.block_above = e1
         c.crash(first)
         await c.clock.advance(TIMING.lease_ttl_s + 0.5)

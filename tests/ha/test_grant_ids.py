@@ -15,9 +15,9 @@ from fairshare import Class
 from ha.api import Decision, Epoch, GrantRef, HeldGrant, NodeId, PermissionDenied, PoolName
 from ha.clock import FakeClock
 from ha.grantkeys import GrantKeys, KeyFileError, parse_keys
+from ha.journal import MemoryLog
 from ha.owner import OwnedPool
 from ha.settings import PoolConfig
-from ha.snapshot import PoolSnapshot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -26,16 +26,8 @@ KEY_B = "b" * 40
 CONFIG = PoolConfig("p", 10, {"a": 0.5, "b": 0.5}, max_request_s=600.0, max_charge_per_s=2.0)
 
 
-class Disk:
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    async def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-
 def owner(
-    epoch: int, keys: GrantKeys, *, clock: FakeClock | None = None, disk: Disk | None = None
+    epoch: int, keys: GrantKeys, *, clock: FakeClock | None = None, disk: MemoryLog | None = None
 ) -> OwnedPool:
     return OwnedPool(
         config=CONFIG,
@@ -43,7 +35,7 @@ def owner(
         node=NodeId("n"),
         clock=clock or FakeClock(),
         fenced=lambda: True,
-        write=(disk or Disk()).write,
+        log=disk or MemoryLog(),
         commit_window_s=0.0,
         release_commit_s=0.0,
         release_memory_s=600.0,
@@ -199,12 +191,12 @@ async def test_old_epoch_and_degraded_ids_charge_once_and_within_the_bound() -> 
 
 async def test_a_new_owner_verifies_ids_of_the_old_one_only_under_the_same_keys() -> None:
     clock = FakeClock()
-    disk = Disk()
+    disk = MemoryLog()
     shared = GrantKeys([KEY_A.encode()])
     old = owner(3, shared, clock=clock, disk=disk)
     ids = [GrantRef.decode((await grant(old)).grant_id) for _ in range(2)]
     await old.durable()
-    snapshot = PoolSnapshot.decode(disk.written[-1])
+    snapshot = disk.snapshot()
     new = owner(5, GrantKeys([KEY_A.encode()]), clock=clock)
     new.restore(snapshot)
     new.release(ids[0], 2.0)
@@ -252,13 +244,13 @@ async def test_unsigned_degraded_grants_are_counted_at_most_capacity_per_holder(
 
 async def test_a_complete_adopt_speaks_only_for_a_holder_it_proves_to_be() -> None:
     clock = FakeClock()
-    disk = Disk()
+    disk = MemoryLog()
     keys = GrantKeys([KEY_A.encode()])
     old = owner(3, keys, clock=clock, disk=disk)
     victim = [await grant(old, holder="victim") for _ in range(3)]
     await old.durable()
     new = owner(5, keys, clock=clock)
-    new.restore(PoolSnapshot.decode(disk.written[-1]))
+    new.restore(disk.snapshot())
     assert in_flight(new, "a") == (0, 3)
     # Another caller names the victim's holder with an empty, or unsigned, inventory.
     fake = HeldGrant(GrantRef(PoolName("p"), Epoch(0), 5, "a", "victim").encode(), "a", 1, True)

@@ -1,21 +1,23 @@
 """An idle pool writes nothing: decay is a function of time, not a reason to write.
 
-Counted at the store (every call that writes: create, put, fenced put and delete, lease
+Counted at the store (every call that writes: create, put, fenced put, commit and delete, lease
 grants and revocations) under a fake clock, so "nothing" means nothing.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from test_node import TIMING, Cluster, acquire
 
 from fairshare import Class
+from ha.keys import Keys
 from ha.owner import OwnedPool
+from ha.poolstate import load
 from ha.snapshot import PoolSnapshot
-from ha.store import NO_LEASE, KeyValue, LeaseId
+from ha.store import NO_LEASE, KeyValue, LeaseId, Write
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -30,6 +32,7 @@ class CountingCluster(Cluster):
         self.writes: list[str] = []
         store = self.store
         put, create, put_fenced = store.put, store.create, store.put_fenced
+        commit_fenced = store.commit_fenced
         delete_fenced, grant_lease = store.delete_fenced, store.grant_lease
 
         async def counted_put(key: str, value: bytes, *, lease: LeaseId = NO_LEASE) -> int:
@@ -53,6 +56,18 @@ class CountingCluster(Cluster):
                 key, value, fence_key=fence_key, fence_revision=fence_revision, timeout_s=timeout_s
             )
 
+        async def counted_commit_fenced(
+            writes: Sequence[Write],
+            *,
+            fence_key: str,
+            fence_revision: int,
+            timeout_s: float | None = None,
+        ) -> bool:
+            self.writes.append(f"<commit fenced on {fence_key}>")
+            return await commit_fenced(
+                writes, fence_key=fence_key, fence_revision=fence_revision, timeout_s=timeout_s
+            )
+
         async def counted_delete_fenced(
             key: str, *, create_revision: int, timeout_s: float | None = None
         ) -> bool:
@@ -66,6 +81,7 @@ class CountingCluster(Cluster):
         store.put = counted_put  # type: ignore[method-assign]
         store.create = counted_create  # type: ignore[method-assign]
         store.put_fenced = counted_put_fenced  # type: ignore[method-assign]
+        store.commit_fenced = counted_commit_fenced  # type: ignore[method-assign]
         store.delete_fenced = counted_delete_fenced  # type: ignore[method-assign]
         store.grant_lease = counted_grant_lease  # type: ignore[method-assign]
 
@@ -75,11 +91,15 @@ class CountingCluster(Cluster):
         return owner.ownership.owned[pool]  # type: ignore[index]
 
     async def stored(self, pool: str) -> PoolSnapshot:
-        kv = await self.store.get(f"/test/state/{pool}")
-        assert kv is not None
-        snapshot = PoolSnapshot.decode(kv.value)
-        assert snapshot is not None
-        return snapshot
+        loaded = await load(
+            self.store,
+            Keys("/test"),
+            pool,
+            decay_rate=self.owned(pool).pool.decay_rate,
+            timeout_s=1.0,
+        )
+        assert loaded.snapshot is not None
+        return loaded.snapshot
 
 
 @pytest.fixture
@@ -102,7 +122,7 @@ async def test_owned_idle_pools_write_nothing(cluster: CountingCluster) -> None:
 async def test_one_change_makes_one_write_then_none(cluster: CountingCluster) -> None:
     owner = cluster.owner("pool-1")
     assert owner is not None
-    state_key = "/test/state/pool-1"
+    state_key = "<commit fenced on /test/owners/pool-1>"
     cluster.writes.clear()
     within = await acquire(owner, "pool-1", "a")
     assert within.granted and not within.borrowing

@@ -10,16 +10,12 @@ import ha.answers
 from fairshare import Class
 from ha.api import Epoch, GrantRef, LimitExceeded, NodeId
 from ha.clock import FakeClock
+from ha.journal import MemoryLog
 from ha.owner import OwnedPool
 from ha.settings import PoolConfig, Timing
 from ha.snapshot import PoolSnapshot
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Sink:
-    async def write(self, data: bytes) -> None:
-        pass
 
 
 def owner(config: PoolConfig, clock: FakeClock) -> OwnedPool:
@@ -29,7 +25,7 @@ def owner(config: PoolConfig, clock: FakeClock) -> OwnedPool:
         node=NodeId("n"),
         clock=clock,
         fenced=lambda: True,
-        write=Sink().write,
+        log=MemoryLog(),
         commit_window_s=0.0,
         release_commit_s=0.0,
         release_memory_s=600.0,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from fairshare import Class
 from ha.api import Epoch, GrantRef, HeldGrant, NodeId
 from ha.clock import FakeClock
+from ha.journal import MemoryLog
 from ha.owner import OwnedPool
 from ha.settings import PoolConfig
 from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
@@ -53,17 +54,9 @@ def test_encode_round_trips_and_kept_rows_encode_the_same(
     assert snapshot.encode(live_rows=[live_row(g) for g in grants]) == data
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    async def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-
 async def test_what_an_owner_writes_is_its_snapshot() -> None:
     clock = FakeClock()
-    disk = Recorder()
+    disk = MemoryLog()
     config = PoolConfig("p", 10, {"a": 0.5, "b": 0.5}, max_request_s=600.0)
 
     def owner(epoch: int) -> OwnedPool:
@@ -73,7 +66,7 @@ async def test_what_an_owner_writes_is_its_snapshot() -> None:
             node=NodeId("n"),
             clock=clock,
             fenced=lambda: True,
-            write=disk.write,
+            log=disk,
             commit_window_s=0.0,
             release_commit_s=0.0,
             release_memory_s=600.0,
@@ -94,7 +87,7 @@ async def test_what_an_owner_writes_is_its_snapshot() -> None:
     old.release(GrantRef.decode(held[0].grant_id), 2.0)
     await old.durable()
     new = owner(5)
-    new.restore(PoolSnapshot.decode(disk.written[-1]))
+    new.restore(disk.snapshot())
     kept = held[1]
     new.adopt(
         holder='gw "1"',
@@ -105,14 +98,14 @@ async def test_what_an_owner_writes_is_its_snapshot() -> None:
         team="b", cls=Class.BATCH, est_tokens=1, holder="gw2", request_id="", try_only=False
     )
     await new.durable()
-    written = PoolSnapshot.decode(disk.written[-1])
+    written = disk.snapshot()
     assert written == new.snapshot()
     assert written is not None and len(written.live) == 4  # 1 new, 1 adopted, 2 phantoms
 
 
 async def test_a_write_that_sweeps_expired_phantoms_succeeds_and_drops_them() -> None:
     clock = FakeClock()
-    disk = Recorder()
+    disk = MemoryLog()
     config = PoolConfig("p", 10, {"a": 1.0}, max_request_s=600.0)
     owned = OwnedPool(
         config=config,
@@ -120,7 +113,7 @@ async def test_a_write_that_sweeps_expired_phantoms_succeeds_and_drops_them() ->
         node=NodeId("n"),
         clock=clock,
         fenced=lambda: True,
-        write=disk.write,
+        log=disk,
         commit_window_s=0.0,
         release_commit_s=0.0,
         release_memory_s=600.0,
@@ -132,5 +125,5 @@ async def test_a_write_that_sweeps_expired_phantoms_succeeds_and_drops_them() ->
     await clock.advance(2.5, step=0.5)
     await owned.durable()  # this write's state sweeps the phantom that ended
     assert not owned.lost
-    written = PoolSnapshot.decode(disk.written[-1])
+    written = disk.snapshot()
     assert written is not None and [g.key for g in written.live] == [lasting.key]

@@ -21,7 +21,7 @@ from fairshare import BORROW_BASE, RANK_STEP, WITHIN_SHARE_BASE
 from ha.api import Epoch, GrantRef, PoolName
 from ha.filestore import FileStore
 from ha.keys import Keys
-from ha.snapshot import PoolSnapshot
+from ha.poolstate import load
 from harness.net import free_port
 from server.app import RunningServer, start_server
 from server.config import Config
@@ -243,11 +243,10 @@ async def persisted_usage(config: Config) -> dict[str, float]:
     """The usage in the pool snapshot on disk: what a restart after a crash restores."""
     store = FileStore(config.state_dir, read_only=True)
     try:
-        kv = await store.get(Keys(config.etcd.prefix).state("gpu-a"))
+        loaded = await load(store, Keys(config.etcd.prefix), "gpu-a", decay_rate=0.0, timeout_s=5.0)
     finally:
         await store.close()
-    snapshot = PoolSnapshot.decode(kv.value) if kv is not None else None
-    return dict(snapshot.usage) if snapshot is not None else {}
+    return dict(loaded.snapshot.usage) if loaded.snapshot is not None else {}
 
 
 async def test_an_acknowledged_release_is_on_disk(tmp_path: pathlib.Path) -> None:

@@ -48,6 +48,7 @@ from client import AllocatorClient, ClientGrant
 from fairshare import Class
 from ha.filestore import FileStore
 from ha.keys import Keys
+from ha.poolstate import load
 from ha.snapshot import PoolSnapshot
 from harness.net import free_port
 from harness.serve import serve_args
@@ -332,13 +333,11 @@ async def persisted(state_dir: pathlib.Path) -> PoolSnapshot:
     """The pool's snapshot in the embedded store's file, as a successor reads it."""
     store = FileStore(state_dir, read_only=True)
     try:
-        kv = await store.get(Keys("/fairshare").state(POOL))
+        loaded = await load(store, Keys("/fairshare"), POOL, decay_rate=0.0, timeout_s=5.0)
     finally:
         await store.close()
-    assert kv is not None, f"no snapshot of {POOL} in {state_dir}"
-    snapshot = PoolSnapshot.decode(kv.value)
-    assert snapshot is not None
-    return snapshot
+    assert loaded.snapshot is not None, f"no readable state of {POOL} in {state_dir}"
+    return loaded.snapshot
 
 
 def usage_of(snap: pb.SnapshotResponse) -> dict[str, float]:

@@ -1,0 +1,313 @@
+"""The persisted form (``ha.journal``, ``ha.poolstate``): a crash between any two writes
+restores a state an owner really had, and every release is charged exactly once.
+
+The owner under test is itself a successor (it restores phantoms from a snapshot of the
+earlier layout, adopts some, closes others), so its writes cover every kind of change:
+grants counted and dropped, usage, capacity, settled and uncounted entries. Parts and
+the record size are made tiny, so checkpoints come in many parts and some commits are too
+large for a record and become checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ha.journal
+from fairshare import Class
+from ha.api import Decision, Epoch, GrantRef, HeldGrant, NodeId, PoolName
+from ha.clock import FakeClock
+from ha.journal import MemoryLog, encode_checkpoint, replay
+from ha.keys import Keys
+from ha.memorystore import MemoryStore
+from ha.owner import OwnedPool
+from ha.poolstate import PoolLog, load
+from ha.settings import PoolConfig
+from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
+from ha.store import KeyValue, Write
+
+pytestmark = pytest.mark.timeout(60)
+
+POOL = PoolName("p")
+KEYS = Keys("/t")
+# No decay: usage is then a plain sum, and "charged exactly once" an equality.
+CONFIG = PoolConfig(POOL, 8, {"a": 0.5, "b": 0.5}, max_request_s=600.0, half_life_s=0.0)
+
+
+class CrashStore(MemoryStore):
+    """Keeps, after every commit, a copy of what a crash right then would leave."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.copies: list[dict[str, KeyValue]] = []
+
+    async def commit_fenced(
+        self,
+        writes: Sequence[Write],
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
+    ) -> bool:
+        done = await super().commit_fenced(
+            writes, fence_key=fence_key, fence_revision=fence_revision, timeout_s=timeout_s
+        )
+        assert done
+        self.copies.append(dict(self._keys))
+        return done
+
+    def as_of(self, copy: int, clock: FakeClock) -> MemoryStore:
+        restored = MemoryStore(clock)
+        restored._keys.update(self.copies[copy])
+        return restored
+
+
+class WatchedLog(PoolLog):
+    """A ``PoolLog`` that notes, for every write, the owner's state it encodes and the
+    commit after which it is whole in the store."""
+
+    def __init__(self, store: CrashStore, epoch: Epoch) -> None:
+        super().__init__(store, KEYS, POOL, epoch, budget_s=lambda: 5.0)
+        self.crash_store = store
+        self.owner: OwnedPool | None = None
+        self.whole: list[tuple[int, PoolSnapshot]] = []  # (copy index, state)
+
+    async def append(self, record: bytes) -> None:
+        assert self.owner is not None
+        state = self.owner.snapshot()  # the owner encoded this, with no pause since
+        await super().append(record)
+        self.whole.append((len(self.crash_store.copies) - 1, state))
+
+    async def checkpoint(self, checkpoint: ha.journal.Checkpoint) -> None:
+        assert self.owner is not None
+        state = self.owner.snapshot()
+        await super().checkpoint(checkpoint)
+        self.whole.append((len(self.crash_store.copies) - 1, state))
+
+
+def owner(epoch: int, clock: FakeClock, log: ha.journal.StateWriter) -> OwnedPool:
+    return OwnedPool(
+        config=CONFIG,
+        epoch=Epoch(epoch),
+        node=NodeId(f"n{epoch}"),
+        clock=clock,
+        fenced=lambda: True,
+        log=log,
+        commit_window_s=0.0,
+        release_commit_s=0.0,
+        release_memory_s=600.0,
+    )
+
+
+async def grant(
+    pool: OwnedPool, team: str, holder: str, cls: Class = Class.INTERACTIVE
+) -> Decision:
+    decision = await pool.acquire(
+        team=team, cls=cls, est_tokens=1, holder=holder, request_id="", try_only=False
+    )
+    assert decision.granted
+    return decision
+
+
+def normal(state: PoolSnapshot) -> dict[str, Any]:
+    """What a restore reads of a state: the requests still running, the rest as is."""
+    return {
+        "epoch": state.epoch,
+        "wall": state.wall,
+        "capacity": state.capacity,
+        "issued": state.issued,
+        "usage": {t: pytest.approx(u, abs=1e-9) for t, u in state.usage.items()},
+        "live": sorted((g.key, g.team, g.until) for g in state.live if g.until > state.wall),
+        "unknown_after": dict(state.unknown_after),
+        "unknown_between": sorted(state.unknown_between),
+        "uncounted": dict(state.uncounted),
+        "settled": dict(state.settled),
+    }
+
+
+async def run_owner(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> tuple[CrashStore, WatchedLog, list[tuple[str, float, str]]]:
+    """The owner under test, from a predecessor's state to its last write; returns its
+    store, its log and every release of the story as (grant id, consumed, team)."""
+    monkeypatch.setattr(ha.journal, "PART_BYTES", 400)
+    monkeypatch.setattr(ha.journal, "LOG_FLOOR_BYTES", 1500)
+    releases: list[tuple[str, float, str]] = []
+
+    # The predecessor (epoch 3): grants to two gateways, one released.
+    before = MemoryLog()
+    old = owner(3, clock, before)
+    gw1 = [await grant(old, "a", "gw1") for _ in range(3)]
+    gw2 = [await grant(old, "b", "gw2") for _ in range(3)]
+    await grant(old, "c", "gw2", Class.BATCH)  # a borrower
+    old.release(GrantRef.decode(gw1[0].grant_id), 5.0)
+    releases.append((gw1[0].grant_id, 5.0, "a"))
+    await old.durable()
+    earlier = before.snapshot()
+    assert earlier is not None
+
+    store = CrashStore(clock)
+    for _ in range(5):  # revisions above the predecessor's epoch
+        await store.put("/elsewhere", b"")
+    lease = await store.grant_lease(600.0)
+    key = await store.create(KEYS.owner(POOL), b"n", lease=lease)
+    assert key is not None
+    # What the predecessor left, as the earlier layout kept it: one whole snapshot.
+    await store.put(KEYS.state(POOL), earlier.encode())
+    store.copies.append(dict(store._keys))
+    log = WatchedLog(store, Epoch(key.create_revision))
+    pool = owner(key.create_revision, clock, log)
+    log.owner = pool
+    loaded = await load(store, KEYS, POOL, decay_rate=0.0, timeout_s=1.0)
+    log.resume(loaded.position)
+    pool.restore(loaded.snapshot)
+
+    mine = [await grant(pool, "a", "gw1") for _ in range(2)]  # the first write: a checkpoint
+    borrowed = [await grant(pool, "c", "gw3", Class.BATCH) for _ in range(3)]
+    clock_step = 1.0
+    await clock.advance(clock_step)
+    pool.release(GrantRef.decode(gw1[1].grant_id), 2.0)  # a phantom of the predecessor
+    releases.append((gw1[1].grant_id, 2.0, "a"))
+    pool.release(GrantRef.decode(borrowed[0].grant_id), 1.5)
+    releases.append((borrowed[0].grant_id, 1.5, "c"))
+    await pool.durable(lazy=True)
+    # gw2 re-reports one grant, completely: its other phantoms close (uncounted).
+    kept = gw2[0]
+    pool.adopt(
+        holder="gw2",
+        grants=[HeldGrant(kept.grant_id, "b", kept.priority, kept.borrowing, 1)],
+        complete=True,
+    )
+    await pool.durable()
+    pool.release(GrantRef.decode(gw2[1].grant_id), 4.0)  # closed: uncounted, charged
+    releases.append((gw2[1].grant_id, 4.0, "b"))
+    pool.release(GrantRef.decode(kept.grant_id), 3.0)  # adopted
+    releases.append((kept.grant_id, 3.0, "b"))
+    pool.set_capacity(10)
+    await pool.durable()
+    # Many grants in one commit: their record is too large, so it is a checkpoint.
+    many = [await grant(pool, f"t{i}", "gw4", Class.BATCH) for i in range(12)]
+    await clock.advance(clock_step)
+    for d in many[:6]:
+        pool.release(GrantRef.decode(d.grant_id), 0.5)
+        releases.append((d.grant_id, 0.5, GrantRef.decode(d.grant_id).team))
+        await pool.durable(lazy=True)
+    pool.release(GrantRef.decode(mine[0].grant_id), 7.0)
+    releases.append((mine[0].grant_id, 7.0, "a"))
+    for d in borrowed[1:]:
+        pool.release(GrantRef.decode(d.grant_id), 1.0)
+        releases.append((d.grant_id, 1.0, "c"))
+    await grant(pool, "b", "gw1")  # its commit covers the releases before it
+    # Records until they outweigh the last checkpoint: the next write is a checkpoint.
+    for _ in range(14):
+        d = await grant(pool, "a", "gw5")
+        pool.release(GrantRef.decode(d.grant_id), 0.25)
+        releases.append((d.grant_id, 0.25, "a"))
+        await pool.durable(lazy=True)
+    await pool.close()
+    return store, log, releases
+
+
+async def test_a_crash_between_any_two_writes_restores_a_state_the_owner_had(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    store, log, _ = await run_owner(clock, monkeypatch)
+    commits = [at for at, _ in log.whole]
+    steps = [b - a for a, b in zip([0, *commits], commits, strict=False)]
+    assert sum(1 for step in steps if step >= 3) >= 3  # checkpoints of two parts or more
+    first = log.whole[0][0]
+    for copy in range(len(store.copies)):
+        crashed = store.as_of(copy, clock)
+        loaded = await load(crashed, KEYS, POOL, decay_rate=0.0, timeout_s=1.0)
+        assert not loaded.unreadable, copy
+        assert loaded.snapshot is not None, copy
+        done = [state for at, state in log.whole if at <= copy]
+        if not done:
+            # Before the owner's first checkpoint is whole: its predecessor's snapshot.
+            assert copy < first and loaded.snapshot.epoch == 3, copy
+            continue
+        assert normal(loaded.snapshot) == normal(done[-1]), copy
+    # Every value and every commit stayed small, whatever the state's size.
+    sizes = [len(kv.value) for kvs in store.copies for kv in kvs.values()]
+    assert max(sizes) <= max(400, len(store.copies[1][KEYS.state(POOL)].value))
+
+
+async def test_every_release_is_charged_once_whatever_the_crash_and_the_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    store, _, releases = await run_owner(clock, monkeypatch)
+    charged: dict[str, float] = {}
+    for _, consumed, team in releases:
+        charged[team] = charged.get(team, 0.0) + consumed
+    for copy in range(len(store.copies)):
+        crashed = store.as_of(copy, clock)
+        loaded = await load(crashed, KEYS, POOL, decay_rate=0.0, timeout_s=1.0)
+        successor = owner(10_000, clock, MemoryLog())
+        successor.restore(loaded.snapshot)
+        # Every holder sends (again) every release of the story: acknowledged or not,
+        # before the crash or after it.
+        for grant_id, consumed, _ in releases:
+            for _ in range(2):
+                successor.release(GrantRef.decode(grant_id), consumed)
+        usage, _ = successor.pool.usage()
+        got = {t: u for t, u in usage.items() if u > 0}
+        assert got == pytest.approx(charged, abs=1e-9), copy
+
+
+# -- the format alone ------------------------------------------------------------------------
+
+names = st.text(min_size=0, max_size=12)
+walls = st.floats(min_value=0.0, max_value=2e9, allow_nan=False)
+grant_keys = st.builds(GrantKey, st.integers(-1, 2**40), st.integers(0, 2**62), names)
+live = st.builds(LiveGrant, grant_keys, names, st.one_of(walls, st.just(math.inf)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(live, max_size=40, unique_by=lambda g: g.key),
+    st.dictionaries(names, st.floats(min_value=0.0, max_value=1e12), max_size=8),
+    st.dictionaries(grant_keys, walls, max_size=10),
+    st.dictionaries(grant_keys, walls, max_size=10),
+    st.sampled_from([200, 700, 128 * 1024]),
+)
+def test_a_checkpoint_replays_to_its_state_in_any_number_of_parts(
+    grants: list[LiveGrant],
+    usage: dict[str, float],
+    uncounted: dict[GrantKey, float],
+    settled: dict[GrantKey, float],
+    part_bytes: int,
+) -> None:
+    state = PoolSnapshot(
+        pool="p",
+        epoch=7,
+        wall=1.5e9,
+        capacity=10,
+        usage=usage,
+        issued=42,
+        live=grants,
+        unknown_after={3: (5, 1.4e9)},
+        unknown_between=[(3, 7, 1.4e9)],
+        uncounted=uncounted,
+        settled=settled,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ha.journal, "PART_BYTES", part_bytes)
+        checkpoint = encode_checkpoint(state, [live_row(g) for g in grants])
+    longest = max((len(live_row(g)) for g in grants), default=0) + 40
+    assert all(len(p) <= max(part_bytes, longest) for p in checkpoint.parts)
+    head = dict(checkpoint.head, position=1, parts=len(checkpoint.parts))
+    assert replay(head, checkpoint.parts, [], decay_rate=0.0) == state
+
+
+def test_an_unreadable_record_makes_the_state_unreadable() -> None:
+    state = PoolSnapshot(pool="p", epoch=7, wall=10.0, capacity=3)
+    checkpoint = encode_checkpoint(state, [])
+    head = dict(checkpoint.head, position=1, parts=len(checkpoint.parts))
+    assert replay(head, checkpoint.parts, [b"{not json"], decay_rate=0.0) is None
