@@ -20,16 +20,19 @@ from hypothesis import strategies as st
 
 import ha.journal
 from fairshare import Class
+from fairshare.limits import MAX_NAME_BYTES
 from ha.api import Decision, Epoch, GrantRef, HeldGrant, NodeId, PoolName
 from ha.clock import FakeClock
+from ha.grantkeys import ephemeral_keys
 from ha.journal import MemoryLog, encode_checkpoint, replay
 from ha.keys import Keys
 from ha.memorystore import MemoryStore
 from ha.owner import OwnedPool
 from ha.poolstate import PoolLog, load
 from ha.settings import PoolConfig
+from ha.settled import MEMORY_CAP
 from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
-from ha.store import KeyValue, Write
+from ha.store import KeyValue, Put, Write
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -311,3 +314,94 @@ def test_an_unreadable_record_makes_the_state_unreadable() -> None:
     checkpoint = encode_checkpoint(state, [])
     head = dict(checkpoint.head, position=1, parts=len(checkpoint.parts))
     assert replay(head, checkpoint.parts, [b"{not json"], decay_rate=0.0) is None
+
+
+class SizedStore(MemoryStore):
+    """Records the size of every commit: its values and keys, and its operations."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.commits: list[tuple[int, int]] = []  # (bytes, operations)
+
+    async def commit_fenced(
+        self,
+        writes: Sequence[Write],
+        *,
+        fence_key: str,
+        fence_revision: int,
+        timeout_s: float | None = None,
+    ) -> bool:
+        size = sum(
+            len(w.key) + len(w.value) if isinstance(w, Put) else len(w.start) + len(w.end)
+            for w in writes
+        )
+        self.commits.append((size, len(writes)))
+        return await super().commit_fenced(
+            writes, fence_key=fence_key, fence_revision=fence_revision, timeout_s=timeout_s
+        )
+
+
+async def test_no_commit_is_near_etcds_limits_at_any_size() -> None:
+    """25,000 requests in flight, both accounting tables full, the most teams with the
+    longest names, and the largest Adopt: every commit stays under 256 KiB and 128
+    operations (etcd's defaults: 1.5 MiB, 128)."""
+    clock = FakeClock()
+    store = SizedStore(clock)
+    for _ in range(5):
+        await store.put("/elsewhere", b"")
+    lease = await store.grant_lease(3600.0)
+    key = await store.create(KEYS.owner(POOL), b"n", lease=lease)
+    assert key is not None
+    long = "x" * (MAX_NAME_BYTES - 8)
+    config = PoolConfig(POOL, 40_000, {"a": 0.5, "b": 0.5}, max_request_s=600.0, max_teams=4096)
+    now = clock.time()
+    earlier = PoolSnapshot(
+        pool=POOL,
+        epoch=3,
+        wall=now,
+        capacity=40_000,
+        usage={f"{long}{i:06d}": float(i) for i in range(4094)} | {"a": 1.0, "b": 2.0},
+        issued=30_000,
+        live=[LiveGrant(GrantKey(3, i, f"{long}gw"), "a", now + 500.0) for i in range(25_000)],
+        uncounted={GrantKey(2, i, f"{long}u"): now for i in range(MEMORY_CAP)},
+        settled={GrantKey(2, i, f"{long}s"): now for i in range(MEMORY_CAP)},
+    )
+    log = PoolLog(store, KEYS, POOL, Epoch(key.create_revision), budget_s=lambda: 5.0)
+    pool = OwnedPool(
+        config=config,
+        epoch=Epoch(key.create_revision),
+        node=NodeId("n"),
+        clock=clock,
+        fenced=lambda: True,
+        log=log,
+        commit_window_s=0.0,
+        release_commit_s=0.0,
+        release_memory_s=600.0,
+    )
+    pool.restore(earlier)
+    await pool.durable()  # the first write: a checkpoint of it all
+    # Its holder re-reports one grant, completely: 25,000 phantoms close at once, a
+    # change too large for one record.
+    kept = ephemeral_keys().sign(GrantRef(POOL, Epoch(3), 0, "a", f"{long}gw"))
+    pool.adopt(holder=f"{long}gw", grants=[HeldGrant(kept, "a", 1, False, 1)], complete=True)
+    await pool.durable()
+    # Many new grants in one commit, then all of them expire at once.
+    for i in range(3000):
+        await pool.acquire(
+            team=f"{long}{i:06d}",
+            cls=Class.BATCH,
+            est_tokens=1,
+            holder=f"{long}h",
+            request_id="",
+            try_only=False,
+        )
+    await pool.durable()
+    await clock.advance(700.0, step=100.0)
+    assert pool.expire() == 3001
+    await pool.durable()
+    assert len(store.commits) > 40  # checkpoints of many parts
+    assert max(size for size, _ in store.commits) <= 256 * 1024
+    assert max(ops for _, ops in store.commits) <= 4
+    loaded = await load(store, KEYS, POOL, decay_rate=0.0, timeout_s=1.0)
+    assert loaded.snapshot is not None
+    assert normal(loaded.snapshot) == normal(pool.snapshot())
