@@ -721,15 +721,21 @@ def test_every_selector_selects_a_pod() -> None:
         assert any(selector.items() <= t.items() for t in templates), o["metadata"]["name"]
 
 
-@pytest.mark.parametrize("name", ["allocator", "etcd"])
-def test_pods_are_locked_down(name: str) -> None:
-    sts = _find(_objects(), "StatefulSet", name)
-    pod = sts["spec"]["template"]["spec"]
+WORKLOADS = [("StatefulSet", "allocator"), ("StatefulSet", "etcd"),
+             ("CronJob", "etcd-defrag"), ("CronJob", "etcd-backup")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "name"), WORKLOADS, ids=[n for _, n in WORKLOADS])
+def test_pods_are_locked_down(kind: str, name: str) -> None:
+    """The namespace enforces the restricted Pod Security profile: a pod short of it is
+    refused, a CronJob's at its first run."""
+    workload = _find(_objects(), kind, name)
+    pod = _pod_spec(workload)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] > 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["automountServiceAccountToken"] is False
-    for c in pod["containers"]:
+    for c in _pod_containers(workload):
         sc = c["securityContext"]
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["allowPrivilegeEscalation"] is False
