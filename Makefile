@@ -79,11 +79,13 @@ pytest: venv etcd
 	$(BIN)/pytest
 
 # The Kubernetes deployment, offline (no cluster): the deploy tests (kustomize renders
-# through `kubectl kustomize`; the probes asked of a real etcd), then
+# through `kubectl kustomize`; the probes and the maintenance jobs' commands run against
+# a real etcd), then
 # `kubernetes-validate --strict` over every rendered target, for the oldest Kubernetes
 # the manifests support and the newest the validator knows. An unknown kind fails, but
 # for the custom resources the tests check themselves (the Prometheus Operator's).
-DEPLOY_TESTS := tests/unit/test_deploy.py tests/integration/test_etcd_probes.py
+DEPLOY_TESTS := tests/unit/test_deploy.py tests/integration/test_etcd_probes.py \
+	tests/integration/test_etcd_maintenance.py
 DEPLOY_TARGETS := deploy deploy/overlays/external-etcd deploy/overlays/tls deploy/overlays/renamed
 K8S_OLDEST := 1.29.0
 CUSTOM_KINDS := kind PodMonitor with api version monitoring.coreos.com/v1
