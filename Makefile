@@ -9,12 +9,13 @@ CONFIG ?= examples/pools.yaml
 LOCK := requirements.lock
 LOCK_VENV := build/lock-venv
 
-.PHONY: help venv lock etcd run test check lint typecheck imports unit pytest bench proto simulate drill soak clean
+.PHONY: help venv lock etcd run test check deploy-check lint typecheck imports unit pytest bench proto simulate drill soak clean
 
 help:
 	@echo "make run       set up and start a single-node allocator on $(CONFIG)"
 	@echo "make test      set up (virtualenv, dependencies, etcd) and run every check and test"
 	@echo "make check     lint, format check, mypy --strict, import layers"
+	@echo "make deploy-check  the Kubernetes manifests, offline: deploy tests, kubernetes-validate"
 	@echo "make bench     run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make proto     regenerate the gRPC stubs from proto/"
 	@echo "make lock      rewrite $(LOCK) after a change of dependencies (UPGRADE=1: newest)"
@@ -77,7 +78,36 @@ check: venv
 pytest: venv etcd
 	$(BIN)/pytest
 
-test: check pytest
+# The Kubernetes deployment, offline (no cluster): the deploy tests (kustomize renders
+# through `kubectl kustomize`; the probes and the maintenance jobs' commands run against
+# a real etcd), then
+# `kubernetes-validate --strict` over every rendered target, for the oldest Kubernetes
+# the manifests support and the newest the validator knows. An unknown kind fails, but
+# for the custom resources the tests check themselves (the Prometheus Operator's).
+DEPLOY_TESTS := tests/unit/test_deploy.py tests/integration/test_etcd_probes.py \
+	tests/integration/test_etcd_maintenance.py
+DEPLOY_TARGETS := deploy deploy/overlays/external-etcd deploy/overlays/tls deploy/overlays/renamed
+K8S_OLDEST := 1.29.0
+CUSTOM_KINDS := kind PodMonitor with api version monitoring.coreos.com/v1
+deploy-check: venv etcd
+	@command -v kubectl >/dev/null || { echo "deploy-check needs kubectl (its built-in kustomize renders the targets)"; exit 1; }
+	$(BIN)/pytest -q $(DEPLOY_TESTS)
+	@mkdir -p build/deploy
+	@set -e; newest=$$($(PY) -c 'from kubernetes_validate import utils; print(utils.latest_version())'); \
+	for target in $(DEPLOY_TARGETS); do \
+	  out=build/deploy/$$(echo $$target | tr / -).yaml; \
+	  kubectl kustomize $$target > $$out; \
+	  for version in $(K8S_OLDEST) $$newest; do \
+	    report=$$($(BIN)/kubernetes-validate --strict --quiet -k $$version $$out 2>&1) || { echo "$$report"; exit 1; }; \
+	    left=$$(printf '%s\n' "$$report" | grep -v "$(CUSTOM_KINDS)" | grep . || true); \
+	    if [ -n "$$left" ]; then echo "$$left"; exit 1; fi; \
+	  done; \
+	  echo "$$target: valid for Kubernetes $(K8S_OLDEST) and $$newest (strict)"; \
+	done
+
+# deploy-check has run the deploy tests already.
+test: check deploy-check
+	$(BIN)/pytest $(addprefix --ignore=,$(DEPLOY_TESTS))
 
 # Each benchmark writes its own section of docs/benchmarks.md (about 4 minutes in all).
 bench: venv etcd

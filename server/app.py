@@ -358,7 +358,10 @@ async def start_server(
         on_malformed=metrics.count_malformed,
         on_refused=lambda method: metrics.count_limited("max_calls_per_client"),
     )
-    server = aio.server(interceptors=[intake], options=[("grpc.so_reuseport", 0)])
+    server = aio.server(
+        interceptors=[intake],
+        options=[("grpc.so_reuseport", 0), *config.grpc.server_options()],
+    )
     port = _bind(server, config)
     if node is None:
         factory = node_factory if node_factory is not None else open_node

@@ -43,6 +43,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "EtcdConfig",
+    "GrpcConfig",
     "TlsConfig",
     "check_address",
     "load_config",
@@ -54,6 +55,8 @@ DEFAULT_LISTEN: Final = "127.0.0.1:50051"
 DEFAULT_METRICS_LISTEN: Final = "127.0.0.1:9090"
 DEFAULT_PREFIX: Final = "/fairshare"
 DEFAULT_LOG_LEVEL: Final = "INFO"
+DEFAULT_MAX_CONNECTION_AGE_S: Final = 300.0
+DEFAULT_MAX_CONNECTION_AGE_GRACE_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,39 @@ class GrantsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GrpcConfig:
+    """Connection lifetime on the gRPC port.
+
+    Gateways keep one HTTP/2 connection per channel, and a Service balances connections,
+    not calls: after a rolling update every gateway stays on the replicas that were up
+    while the others restarted. An age limit makes each client reconnect (and be balanced
+    again) within about ``max_connection_age_s``.
+
+    Attributes:
+        max_connection_age_s: seconds after which the server asks a client to reconnect
+            (an HTTP/2 GOAWAY; gRPC adds up to 10 % jitter so clients do not reconnect
+            together). Calls in flight continue; new calls go on a new connection. Default
+            300 (5 minutes): the imbalance a rollout leaves lasts at most that long, and a
+            reconnect every few minutes costs nothing measurable.
+        max_connection_age_grace_s: seconds the calls still running on an aged
+            connection may take before it is closed under them; default 10, well above a
+            forwarded call's deadline (``timing.forward_deadline_s``).
+
+    Not guaranteed: a client that ignores GOAWAY keeps its calls until the grace ends.
+    """
+
+    max_connection_age_s: float = DEFAULT_MAX_CONNECTION_AGE_S
+    max_connection_age_grace_s: float = DEFAULT_MAX_CONNECTION_AGE_GRACE_S
+
+    def server_options(self) -> list[tuple[str, int]]:
+        """The options of ``grpc.aio.server`` that carry these limits (milliseconds)."""
+        return [
+            ("grpc.max_connection_age_ms", round(self.max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", round(self.max_connection_age_grace_s * 1000)),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything ``fairshare serve`` needs.
 
@@ -166,6 +202,7 @@ class Config:
         tls: TLS on the gRPC port.
         admin: admin-service credentials.
         grants: grant-id signing keys.
+        grpc: connection lifetime on the gRPC port.
         log_level: one of DEBUG, INFO, WARNING, ERROR, CRITICAL.
         pools: the pools, names unique.
     """
@@ -180,6 +217,7 @@ class Config:
     tls: TlsConfig = field(default_factory=TlsConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     grants: GrantsConfig = field(default_factory=GrantsConfig)
+    grpc: GrpcConfig = field(default_factory=GrpcConfig)
     log_level: str = DEFAULT_LOG_LEVEL
     pools: tuple[PoolConfig, ...] = ()
 
@@ -220,6 +258,8 @@ _SCALARS: dict[str, _Kind] = {
     "tls.peer_identities": _Kind.LIST,
     "admin.token_file": _Kind.OPT_STR,
     "grants.key_file": _Kind.OPT_STR,
+    "grpc.max_connection_age_s": _Kind.FLOAT,
+    "grpc.max_connection_age_grace_s": _Kind.FLOAT,
     **{f"timing.{name}": _Kind.FLOAT for name in Timing.__slots__},
 }
 
@@ -246,6 +286,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "tls": ("cert_file", "key_file", "client_ca_file", "admin_identities", "peer_identities"),
     "admin": ("token_file",),
     "grants": ("key_file",),
+    "grpc": ("max_connection_age_s", "max_connection_age_grace_s"),
 }
 _TOP = (
     "node_id",
@@ -394,6 +435,22 @@ def _etcd(raw: Mapping[str, object]) -> EtcdConfig:
     return etcd
 
 
+def _grpc(raw: Mapping[str, object]) -> GrpcConfig:
+    age = read_number(
+        "grpc.max_connection_age_s", raw.get("max_connection_age_s", DEFAULT_MAX_CONNECTION_AGE_S)
+    )
+    grace = read_number(
+        "grpc.max_connection_age_grace_s",
+        raw.get("max_connection_age_grace_s", DEFAULT_MAX_CONNECTION_AGE_GRACE_S),
+    )
+    # Below a second, clients would spend their time reconnecting.
+    if age < 1.0:
+        raise ConfigError("grpc.max_connection_age_s", f"must be at least 1, got {age:g}")
+    if grace < 0.0:
+        raise ConfigError("grpc.max_connection_age_grace_s", f"must not be negative, got {grace:g}")
+    return GrpcConfig(max_connection_age_s=age, max_connection_age_grace_s=grace)
+
+
 def _build(raw: Mapping[str, object]) -> Config:
     top = read_mapping("", raw, _TOP)
     node_id = read_string("node_id", top.get("node_id", socket.gethostname()))
@@ -441,6 +498,8 @@ def _build(raw: Mapping[str, object]) -> Config:
             "with the same keys (see docs/deploy.md)",
         )
 
+    grpc = _grpc(read_mapping("grpc", top.get("grpc"), _SECTIONS["grpc"]))
+
     pools = parse_pools(top.get("pools"))
     timing_raw = read_mapping("timing", top.get("timing"), _SECTIONS["timing"])
     timing = Timing(**{k: read_number(f"timing.{k}", v) for k, v in timing_raw.items()})
@@ -457,6 +516,7 @@ def _build(raw: Mapping[str, object]) -> Config:
         tls=tls,
         admin=admin,
         grants=grants,
+        grpc=grpc,
         log_level=level,
         pools=pools,
     )

@@ -8,7 +8,9 @@ through ``kubectl kustomize`` (client side only, no cluster).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import re
 import shlex
@@ -37,7 +39,15 @@ CONFIG_MOUNT = "/etc/fairshare/pools.yaml"
 # The oldest Kubernetes the manifests support, and the newest the validator knows.
 K8S_VERSIONS = ["1.29.0", kv.latest_version()]
 # Every kustomize target an operator applies: the default and each overlay.
-TARGETS = ["", "overlays/external-etcd", "overlays/tls"]
+TARGETS = ["", "overlays/external-etcd", "overlays/tls", "overlays/renamed"]
+# The targets that deploy the bundled etcd beside the allocators.
+ETCD_TARGETS = ["", "overlays/tls", "overlays/renamed"]
+# Custom resources the validator has no schema for (components/podmonitor brings them);
+# test_podmonitors_scrape_the_metrics_ports checks them instead.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+# Secrets the operator creates (docs/deploy.md, "First install"); never in deploy/.
+OPERATOR_SECRETS = {"fairshare-admin", "fairshare-grant-keys"}
+TLS_SECRETS = {"fairshare-tls", "etcd-tls", "etcd-client-tls"}
 
 Manifest = dict[str, Any]
 
@@ -64,7 +74,7 @@ class Kustomization:
 
 def _kustomization(directory: Path) -> Kustomization:
     doc = _load_all(directory / "kustomization.yaml")[0]
-    entries = [directory / r for r in doc.get("resources", [])]
+    entries = [directory / r for r in doc.get("resources", []) + doc.get("components", [])]
     return Kustomization(
         directory=directory,
         resources=tuple(p for p in entries if not p.is_dir()),
@@ -100,17 +110,47 @@ def _find(objects: list[Manifest], kind: str, name: str) -> Manifest:
     return found[0]
 
 
+def _workload(objects: list[Manifest], kind: str, name: str) -> Manifest:
+    """The one object of ``kind`` named ``name``, or ``<prefix>-name`` in a renamed target."""
+    found = [
+        o
+        for o in objects
+        if o["kind"] == kind
+        and (o["metadata"]["name"] == name or o["metadata"]["name"].endswith(f"-{name}"))
+    ]
+    assert len(found) == 1, f"expected one {kind} named like {name}, found {len(found)}"
+    return found[0]
+
+
 def _container(statefulset: Manifest, name: str) -> Manifest:
     containers = statefulset["spec"]["template"]["spec"]["containers"]
     return next(c for c in containers if c["name"] == name)
 
 
-def _expand_env(env: list[Manifest], fields: Mapping[str, str]) -> dict[str, str]:
-    """The environment Kubernetes gives the container (``$(VAR)`` expanded in order)."""
+def _expand_env(
+    env: list[Manifest],
+    fields: Mapping[str, str],
+    configmaps: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, str]:
+    """The environment Kubernetes gives the container (``$(VAR)`` expanded in order).
+
+    ``fields`` are the downward API's values, ``configmaps`` the data of the ConfigMaps a
+    ``configMapKeyRef`` may name (by their rendered names): a reference to another fails.
+    """
     result: dict[str, str] = {}
     for item in env:
-        if "valueFrom" in item:
-            result[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        source = item.get("valueFrom")
+        if source is not None and "fieldRef" in source:
+            result[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+            continue
+        if source is not None:
+            ref = source["configMapKeyRef"]
+            data = (configmaps or {}).get(ref["name"])
+            assert data is not None, f"{item['name']}: no ConfigMap {ref['name']}"
+            assert ref["key"] in data, (
+                f"{item['name']}: ConfigMap {ref['name']} has no {ref['key']}"
+            )
+            result[item["name"]] = data[ref["key"]]
             continue
         result[item["name"]] = re.sub(
             r"\$\((\w+)\)", lambda m: result.get(m.group(1), m.group(0)), item["value"]
@@ -121,12 +161,39 @@ def _expand_env(env: list[Manifest], fields: Mapping[str, str]) -> dict[str, str
 POD_FIELDS = {"metadata.name": f"{ALLOCATOR}-0", "metadata.namespace": NAMESPACE}
 
 
+def _pod_spec(workload: Manifest) -> Manifest:
+    """The pod template's spec of a StatefulSet or a CronJob."""
+    if workload["kind"] == "CronJob":
+        return workload["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return workload["spec"]["template"]["spec"]
+
+
+def _pod_containers(workload: Manifest) -> list[Manifest]:
+    spec = _pod_spec(workload)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def _pod_env(
+    objects: list[Manifest], workload: Manifest, container: str, ordinal: int = 0
+) -> dict[str, str]:
+    """A container's environment in pod ``ordinal`` of a rendered StatefulSet (or in a
+    CronJob's pod), ConfigMap references resolved against ``objects``."""
+    meta = workload["metadata"]
+    pod = f"{meta['name']}-{ordinal}"
+    if workload["kind"] == "CronJob":
+        pod = f"{meta['name']}-29000000-x1y2z"
+    fields = {"metadata.name": pod, "metadata.namespace": meta["namespace"]}
+    configmaps = {o["metadata"]["name"]: o.get("data", {}) for o in objects
+                  if o["kind"] == "ConfigMap"}  # fmt: skip
+    (c,) = [c for c in _pod_containers(workload) if c["name"] == container]
+    return _expand_env(c.get("env", []), fields, configmaps)
+
+
 def _pools_yaml() -> Path:
     base = _kustomization(DEPLOY / "base")
-    (generator,) = base.doc["configMapGenerator"]
-    assert generator["name"] == "allocator-config"
-    (path,) = base.generated
-    return path
+    (generator,) = [g for g in base.doc["configMapGenerator"] if g["name"] == "allocator-config"]
+    (file,) = generator["files"]
+    return base.directory / file
 
 
 def _port(address: str) -> int:
@@ -144,6 +211,12 @@ def _kubectl() -> str:
 
 
 def _render(target: str) -> list[Manifest]:
+    """The objects ``kubectl kustomize deploy/<target>`` renders (a fresh copy each call)."""
+    return copy.deepcopy(_rendered(target))
+
+
+@functools.cache
+def _rendered(target: str) -> list[Manifest]:
     out = subprocess.run(
         [_kubectl(), "kustomize", str(DEPLOY / target)],
         capture_output=True,
@@ -169,6 +242,8 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _validate(doc: Manifest, version: str) -> None:
+    if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
+        return
     try:
         kv.validate(doc, version, strict=True)
     except kv.ValidationError as e:
@@ -209,14 +284,19 @@ def test_default_target_deploys_the_allocator_and_etcd() -> None:
     assert ext.bases == ((DEPLOY / "base").resolve(),), "external etcd must not deploy etcd"
 
 
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
+
+
 def test_every_object_is_in_the_namespace_the_deployment_creates() -> None:
     objects = _objects()
     assert _find(objects, "Namespace", NAMESPACE)
     for o in objects:
-        if o["kind"] != "Namespace":
+        if o["kind"] not in CLUSTER_SCOPED:
             assert o["metadata"].get("namespace") == NAMESPACE, o["metadata"]["name"]
-    gen = _kustomization(DEPLOY / "base").doc["configMapGenerator"][0]
-    assert gen["namespace"] == NAMESPACE
+        else:
+            assert "namespace" not in o["metadata"], o["metadata"]["name"]
+    for gen in _kustomization(DEPLOY / "base").doc["configMapGenerator"]:
+        assert gen["namespace"] == NAMESPACE
 
 
 # -- schema validation ----------------------------------------------------------------------
@@ -323,15 +403,17 @@ def _secret_paths(statefulset: Manifest) -> set[str]:
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t or "default" for t in TARGETS])
 def test_config_loads_with_the_server_loader_in_each_pod(target: str, tmp_path: Path) -> None:
-    objects = _render(target) if target else _objects()
-    sts = _find(objects, "StatefulSet", ALLOCATOR)
-    env = _expand_env(_container(sts, ALLOCATOR)["env"], POD_FIELDS)
+    objects = _render(target)
+    sts = _workload(objects, "StatefulSet", ALLOCATOR)
+    name, namespace = sts["metadata"]["name"], sts["metadata"]["namespace"]
+    env = _pod_env(objects, sts, ALLOCATOR)
     config_path, local_env, files = _materialise_files(tmp_path, env)
     for path in files:
         assert path in _secret_paths(sts), f"{path} is not provided by a mounted Secret"
     cfg = load_config(config_path, environ=local_env)
-    assert cfg.node_id == f"{ALLOCATOR}-0"
-    assert cfg.advertise == f"{ALLOCATOR}-0.allocator-peers.{NAMESPACE}.svc.cluster.local:50051"
+    assert cfg.node_id == f"{name}-0"
+    peers = sts["spec"]["serviceName"]
+    assert cfg.advertise == f"{name}-0.{peers}.{namespace}.svc.cluster.local:50051"
     assert cfg.etcd.endpoints, "Kubernetes runs the replicated mode: etcd endpoints are needed"
     assert cfg.pools, "the config declares no pool"
     assert cfg.admin.token_file is not None, "the admin service needs a token"
@@ -370,19 +452,19 @@ def test_node_id_is_the_pod_name_from_the_downward_api() -> None:
     env = {e["name"]: e for e in _container(sts, ALLOCATOR)["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["FAIRSHARE_NODE_ID"]["value"] == "$(POD_NAME)"
-    headless = sts["spec"]["serviceName"]
-    assert env["FAIRSHARE_ADVERTISE"]["value"].startswith(f"$(POD_NAME).{headless}.")
+    assert env["FAIRSHARE_ADVERTISE"]["value"].startswith("$(POD_NAME).$(PEERS_SERVICE).")
+    assert env["PEERS_SERVICE"]["value"] == sts["spec"]["serviceName"]
 
 
 def test_ports_agree_with_the_config_probes_services_and_policies() -> None:
-    objects = _objects()
+    objects = _render("")
     cfg = _base_config()
     grpc, metrics = _port(cfg.listen), _port(cfg.metrics_listen)
     sts = _find(objects, "StatefulSet", ALLOCATOR)
     c = _container(sts, ALLOCATOR)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"grpc": grpc, "metrics": metrics}
-    env = _expand_env(c["env"], POD_FIELDS)
+    env = _pod_env(objects, sts, ALLOCATOR)
     assert _port(env["FAIRSHARE_ADVERTISE"]) == grpc
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == grpc, f"{probe} must be the gRPC health check"
@@ -420,7 +502,7 @@ def test_container_runs_the_image_command_the_cli_accepts(capsys: pytest.Capture
     mount = next(m for m in c["volumeMounts"] if m["mountPath"] == CONFIG_MOUNT)
     assert mount["subPath"] == _pools_yaml().name
     volume = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
-    assert volume["configMap"]["name"] == "allocator-config"
+    assert volume["configMap"]["name"] == "allocator-config"  # the generator's, before kustomize
     with pytest.raises(SystemExit) as exit_:
         cli.main([args[0], "--help"])
     assert exit_.value.code == 0
@@ -464,26 +546,44 @@ def test_grace_period_covers_the_handover() -> None:
 # -- etcd --------------------------------------------------------------------------------
 
 
-def test_etcd_endpoints_point_at_the_etcd_client_service() -> None:
-    objects = _objects()
-    cfg = _base_config()
-    etcd = _find(objects, "StatefulSet", "etcd")
-    etcd_ports = {p["name"]: p["containerPort"] for p in _container(etcd, "etcd")["ports"]}
+def _member_urls(objects: list[Manifest], port: int, scheme: str = "http") -> list[str]:
+    """The URL of every etcd member's port by its stable name under the peer Service."""
+    etcd = _workload(objects, "StatefulSet", "etcd")
+    name, namespace = etcd["metadata"]["name"], etcd["metadata"]["namespace"]
+    peers = etcd["spec"]["serviceName"]
+    return [
+        f"{scheme}://{name}-{i}.{peers}.{namespace}.svc.cluster.local:{port}"
+        for i in range(etcd["spec"]["replicas"])
+    ]
+
+
+@pytest.mark.parametrize("target", ETCD_TARGETS, ids=[t or "default" for t in ETCD_TARGETS])
+def test_etcd_endpoints_are_every_member_by_its_own_name(target: str) -> None:
+    """Not one Service address: the store fails over between endpoints only when it has
+    several, and gRPC keeps a connection on one member for its whole life."""
+    objects = _render(target)
+    scheme = "https" if target == "overlays/tls" else "http"
+    sts = _workload(objects, "StatefulSet", ALLOCATOR)
+    env = _pod_env(objects, sts, ALLOCATOR)
+    endpoints = env["FAIRSHARE_ETCD_ENDPOINTS"].split(",")
+    assert endpoints == _member_urls(objects, 2379, scheme)
+    etcd = _workload(objects, "StatefulSet", "etcd")
+    for i, endpoint in enumerate(endpoints):
+        # Each member advertises exactly the URL the allocators dial.
+        assert _pod_env(objects, etcd, "etcd", i)["ETCD_ADVERTISE_CLIENT_URLS"] == endpoint
+    peer = _find(objects, "Service", etcd["spec"]["serviceName"])
+    assert peer["spec"]["clusterIP"] == "None" and peer["spec"]["publishNotReadyAddresses"]
     pod_labels = etcd["spec"]["template"]["metadata"]["labels"]
-    for endpoint in cfg.etcd.endpoints:
-        m = re.fullmatch(r"http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)", endpoint)
-        assert m, f"{endpoint} is not a Service's cluster DNS name"
-        name, namespace, port = m.group(1), m.group(2), int(m.group(3))
-        svc = _find(objects, "Service", name)
-        assert namespace == svc["metadata"]["namespace"]
-        assert svc["spec"]["selector"].items() <= pod_labels.items(), f"{name} selects no etcd"
-        (svc_port,) = [p for p in svc["spec"]["ports"] if p["port"] == port]
-        assert etcd_ports[svc_port["targetPort"]] == 2379 == port
+    assert peer["spec"]["selector"].items() <= pod_labels.items()
+    etcd_ports = {p["name"]: p["containerPort"] for p in _container(etcd, "etcd")["ports"]}
+    (client,) = [p for p in peer["spec"]["ports"] if p["port"] == 2379]
+    assert etcd_ports[client["targetPort"]] == 2379
     # The allocators may reach etcd's client port, and etcd accepts them.
-    egress = _find(objects, "NetworkPolicy", "allocator-egress")["spec"]["egress"][0]
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    egress = _workload(policies, "NetworkPolicy", "allocator-egress")["spec"]["egress"][0]
     assert egress["to"][0]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert [p["port"] for p in egress["ports"]] == [2379]
-    ingress = _find(objects, "NetworkPolicy", "etcd")["spec"]["ingress"][0]
+    ingress = _workload(policies, "NetworkPolicy", "etcd")["spec"]["ingress"][0]
     assert ingress["from"][0]["podSelector"]["matchLabels"] == {
         "app.kubernetes.io/name": "fairshare",
         "app.kubernetes.io/component": "allocator",
@@ -491,15 +591,15 @@ def test_etcd_endpoints_point_at_the_etcd_client_service() -> None:
 
 
 def test_etcd_cluster_is_three_pinned_members_with_volumes() -> None:
-    objects = _objects()
+    objects = _render("")
     etcd = _find(objects, "StatefulSet", "etcd")
     spec = etcd["spec"]
     assert spec["replicas"] == 3
     assert spec["podManagementPolicy"] == "Parallel", "no member is ready before a quorum"
     c = _container(etcd, "etcd")
-    assert re.fullmatch(r"[\w./-]+/etcd:v3\.5\.\d+", c["image"]), c["image"]
+    assert re.fullmatch(r"[\w./-]+/etcd:v3\.5\.\d+@sha256:[0-9a-f]{64}", c["image"]), c["image"]
     assert [t["metadata"]["name"] for t in spec["volumeClaimTemplates"]] == ["data"]
-    env = _expand_env(c["env"], {"metadata.name": "etcd-1", "metadata.namespace": NAMESPACE})
+    env = _pod_env(objects, etcd, "etcd", 1)
     peer = _find(objects, "Service", spec["serviceName"])
     assert peer["spec"]["clusterIP"] == "None" and peer["spec"]["publishNotReadyAddresses"]
     members = dict(m.split("=", 1) for m in env["ETCD_INITIAL_CLUSTER"].split(","))
@@ -518,20 +618,17 @@ def test_tls_overlay_reaches_etcd_over_tls_with_the_ca_etcd_serves_with(
 ) -> None:
     objects = _render("overlays/tls")
     sts = _find(objects, "StatefulSet", ALLOCATOR)
-    env = _expand_env(_container(sts, ALLOCATOR)["env"], POD_FIELDS)
+    env = _pod_env(objects, sts, ALLOCATOR)
     config_path, local_env, _ = _materialise_files(tmp_path, env)
     cfg = load_config(config_path, environ=local_env)
-    assert cfg.etcd.endpoints == ("https://etcd-client.fairshare.svc.cluster.local:2379",)
+    assert list(cfg.etcd.endpoints) == _member_urls(objects, 2379, "https")
     assert None not in (cfg.etcd.ca_file, cfg.etcd.cert_file, cfg.etcd.key_file)
     allocator_files = _secret_files(sts)
     ca, cert, key = (env[f"FAIRSHARE_ETCD_{name}_FILE"] for name in ("CA", "CERT", "KEY"))
     assert {ca, cert, key} <= allocator_files.keys(), "etcd client files not from a Secret"
 
     etcd = _find(objects, "StatefulSet", "etcd")
-    etcd_env = _expand_env(
-        _container(etcd, "etcd")["env"],
-        {"metadata.name": "etcd-0", "metadata.namespace": NAMESPACE},
-    )
+    etcd_env = _pod_env(objects, etcd, "etcd")
     assert etcd_env["ETCD_LISTEN_CLIENT_URLS"] == "https://0.0.0.0:2379"
     assert etcd_env["ETCD_ADVERTISE_CLIENT_URLS"] == (
         f"https://etcd-0.etcd-peer.{NAMESPACE}.svc.cluster.local:2379"
@@ -565,9 +662,9 @@ def test_etcd_members_compact_their_history_within_the_quota() -> None:
     """Every member runs with periodic auto-compaction (the history stays bounded, sized in
     docs/deploy.md), a backend quota that fits its volume, and a snapshot count that keeps
     its in-memory raft log small."""
-    etcd = _find(_objects(), "StatefulSet", "etcd")
-    c = _container(etcd, "etcd")
-    env = _expand_env(c["env"], {"metadata.name": "etcd-0", "metadata.namespace": NAMESPACE})
+    objects = _render("")
+    etcd = _find(objects, "StatefulSet", "etcd")
+    env = _pod_env(objects, etcd, "etcd")
     assert env.get("ETCD_AUTO_COMPACTION_MODE") == "periodic"
     retention = _duration_s(env.get("ETCD_AUTO_COMPACTION_RETENTION", "0"))
     assert 60 <= retention <= 3600, "compacted at least hourly, yet not so often it churns"
@@ -624,15 +721,21 @@ def test_every_selector_selects_a_pod() -> None:
         assert any(selector.items() <= t.items() for t in templates), o["metadata"]["name"]
 
 
-@pytest.mark.parametrize("name", ["allocator", "etcd"])
-def test_pods_are_locked_down(name: str) -> None:
-    sts = _find(_objects(), "StatefulSet", name)
-    pod = sts["spec"]["template"]["spec"]
+WORKLOADS = [("StatefulSet", "allocator"), ("StatefulSet", "etcd"),
+             ("CronJob", "etcd-defrag"), ("CronJob", "etcd-backup")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "name"), WORKLOADS, ids=[n for _, n in WORKLOADS])
+def test_pods_are_locked_down(kind: str, name: str) -> None:
+    """The namespace enforces the restricted Pod Security profile: a pod short of it is
+    refused, a CronJob's at its first run."""
+    workload = _find(_objects(), kind, name)
+    pod = _pod_spec(workload)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] > 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["automountServiceAccountToken"] is False
-    for c in pod["containers"]:
+    for c in _pod_containers(workload):
         sc = c["securityContext"]
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["allowPrivilegeEscalation"] is False
@@ -652,6 +755,359 @@ def test_state_dir_is_a_writable_volume() -> None:
     mount = mounts[str(cfg.state_dir)]
     assert not mount.get("readOnly", False)
     assert "emptyDir" in volumes[mount["name"]]
+
+
+# -- every reference resolves, in every target, renamed or not ------------------------------
+
+
+def _namespaced(objects: list[Manifest]) -> list[Manifest]:
+    return [o for o in objects if o["kind"] not in CLUSTER_SCOPED]
+
+
+def _resolve_host(objects: list[Manifest], host: str, port: int) -> str:
+    """What an in-cluster DNS name (``pod.service.ns.svc.domain`` or ``service.ns.svc.
+    domain``) reaches in ``objects``, failing the test when nothing would answer."""
+    (domain,) = {o["data"]["domain"] for o in objects if o["kind"] == "ConfigMap"
+                 and "domain" in o.get("data", {})}  # fmt: skip
+    assert host.endswith(f".svc.{domain}"), f"{host} is not a name in the cluster's domain"
+    labels = host.removesuffix(f".svc.{domain}").split(".")
+    *pod, service, namespace = labels
+    assert len(pod) <= 1, host
+    svc = _find(objects, "Service", service)
+    assert svc["metadata"]["namespace"] == namespace, f"{host}: Service in another namespace"
+    assert port in [p["port"] for p in svc["spec"]["ports"]], f"{host}: no port {port}"
+    workloads = [o for o in objects if o["kind"] == "StatefulSet"
+                 and svc["spec"]["selector"].items()
+                 <= o["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
+    assert workloads, f"{host}: Service {service} selects no pod"
+    if not pod:
+        return f"Service/{service}"
+    (sts,) = workloads
+    assert svc["spec"].get("clusterIP") == "None", f"{host}: pod names need a headless Service"
+    assert sts["spec"]["serviceName"] == service, f"{host}: not the StatefulSet's Service"
+    name, _, ordinal = pod[0].rpartition("-")
+    assert name == sts["metadata"]["name"], f"{host}: no StatefulSet {name}"
+    assert ordinal.isdigit() and int(ordinal) < sts["spec"]["replicas"], f"{host}: no such pod"
+    return f"Pod/{pod[0]}"
+
+
+def _urls(value: str) -> list[str]:
+    """The URLs and ``host:port`` addresses in an env value (lists, ``name=url`` pairs)."""
+    return [item.partition("=")[2] if "=" in item else item for item in value.split(",")]
+
+
+ADDRESS_VARS = {
+    "FAIRSHARE_ADVERTISE",
+    "FAIRSHARE_ETCD_ENDPOINTS",
+    "ETCD_ADVERTISE_CLIENT_URLS",
+    "ETCD_INITIAL_ADVERTISE_PEER_URLS",
+    "ETCD_INITIAL_CLUSTER",
+    "ETCDCTL_ENDPOINTS",
+}
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t or "default" for t in TARGETS])
+def test_every_reference_resolves_to_an_object_of_the_render(target: str) -> None:
+    """Addresses built from the environment, ConfigMaps, Secrets, volumes, Services,
+    ServiceAccounts and PriorityClasses name what the same render creates (Secrets: what
+    docs/deploy.md has the operator create), so an overlay that renames cannot leave a
+    reference behind."""
+    objects = _render(target)
+    (namespace,) = [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
+    for o in _namespaced(objects):
+        assert o["metadata"]["namespace"] == namespace, o["metadata"]["name"]
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    secrets = OPERATOR_SECRETS | (TLS_SECRETS if target == "overlays/tls" else set())
+    workloads = [o for o in objects if o["kind"] in ("StatefulSet", "CronJob")]
+    resolved: set[str] = set()
+    for w in workloads:
+        spec = _pod_spec(w)
+        where = f"{w['kind']}/{w['metadata']['name']}"
+        if "serviceAccountName" in spec:
+            assert ("ServiceAccount", spec["serviceAccountName"]) in names, where
+        if "priorityClassName" in spec:
+            assert ("PriorityClass", spec["priorityClassName"]) in names, where
+        if w["kind"] == "StatefulSet":
+            assert ("Service", w["spec"]["serviceName"]) in names, where
+        for v in spec.get("volumes", []):
+            if "configMap" in v:
+                assert ("ConfigMap", v["configMap"]["name"]) in names, f"{where}: {v}"
+            if "secret" in v:
+                assert v["secret"]["secretName"] in secrets, f"{where}: {v}"
+            if "persistentVolumeClaim" in v:
+                claim = v["persistentVolumeClaim"]["claimName"]
+                assert ("PersistentVolumeClaim", claim) in names, f"{where}: {v}"
+        replicas = w["spec"].get("replicas", 1)
+        for c in _pod_containers(w):
+            for ordinal in range(replicas):
+                env = _pod_env(objects, w, c["name"], ordinal)
+                for var in ADDRESS_VARS & env.keys():
+                    for url in _urls(env[var]):
+                        host, _, port = url.rpartition("//")[2].rpartition(":")
+                        if target == "overlays/external-etcd" and var.startswith("FAIRSHARE_ETCD"):
+                            assert host.endswith(".example.internal"), url
+                            continue
+                        resolved.add(_resolve_host(objects, host, int(port)))
+    if target in ETCD_TARGETS:
+        etcd = _workload(objects, "StatefulSet", "etcd")
+        members = {f"Pod/{etcd['metadata']['name']}-{i}" for i in range(3)}
+        assert members <= resolved, "every etcd member is named by some address"
+        assert f"Service/{_workload(objects, 'Service', 'etcd-client')['metadata']['name']}" in (
+            resolved
+        ), "the backup job reaches a member through the client Service"
+
+
+def test_renamed_overlay_renames_every_object_and_reference() -> None:
+    objects = _render("overlays/renamed")
+    default = {(o["kind"], o["metadata"]["name"]) for o in _render("")}
+    for o in objects:
+        name = o["metadata"]["name"]
+        if o["kind"] == "Namespace":
+            assert name == "fairshare-prod"
+            continue
+        assert name.startswith("prod-"), f"{o['kind']}/{name} kept its name"
+        assert (o["kind"], name) not in default
+    text = yaml.safe_dump_all(objects)
+    # No address still names the default namespace or an unprefixed object.
+    for stale in (".fairshare.svc", "//etcd-", "=etcd-", ".etcd-peer.", ".allocator-peers."):
+        assert stale not in text, f"{stale!r} is left in the renamed render"
+    kinds = {o["kind"] for o in objects}
+    assert "PodMonitor" in kinds, "the renamed overlay shows the PodMonitor component too"
+
+
+# -- rolling updates ---------------------------------------------------------------------
+
+
+def take_back_s(cfg: server_config.Config) -> float:
+    """How long after a returning replica turns Ready its pools are back on it.
+
+    Its owners hand a pool back only after it has been a member for rebalance_settle_s;
+    then the owner's final snapshot (a write in flight, the commit window, the final write),
+    the delete of its owner key, the returning replica's campaign (at most campaign_delay_s
+    if it missed the hint), its create and its first snapshot write.
+    """
+    t = cfg.timing
+    handover = 2 * t.rpc_timeout_s + t.commit_window_s + t.rpc_timeout_s
+    return t.rebalance_settle_s + handover + t.campaign_delay_s + 2 * t.rpc_timeout_s
+
+
+def test_a_rollout_waits_for_the_returning_pod_to_take_its_pools_back() -> None:
+    cfg = _base_config()
+    sts = _find(_objects(), "StatefulSet", ALLOCATOR)
+    spec = sts["spec"]
+    need = take_back_s(cfg) + GRACE_SAFETY_S
+    assert spec["minReadySeconds"] >= math.ceil(need), f"minReadySeconds < {need:g} s"
+    # Each pod adds it to a rollout: no more than needed, with some rounding.
+    assert spec["minReadySeconds"] <= need + 10
+    # The alpha field, which the API server drops (drift in GitOps tools), is not used.
+    assert spec["updateStrategy"] == {"type": "RollingUpdate"}
+
+
+# -- etcd: probes, history, maintenance ------------------------------------------------------
+
+
+def test_etcd_probes_survive_nospace_and_a_defrag() -> None:
+    """Liveness must not fail on the cluster-wide NOSPACE alarm nor need a quorum, and must
+    ride out a defrag; tests/integration/test_etcd_probes.py asks a real member out of
+    space these very paths."""
+    etcd = _find(_objects(), "StatefulSet", "etcd")
+    c = _container(etcd, "etcd")
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        path = c[probe]["httpGet"]["path"]
+        assert "exclude=NOSPACE" in path, f"{probe}: {path}"
+        assert c[probe]["httpGet"]["port"] == "metrics"
+    assert "serializable=true" in c["livenessProbe"]["httpGet"]["path"]
+    assert "serializable" not in c["readinessProbe"]["httpGet"]["path"], "ready needs a leader"
+    live = c["livenessProbe"]
+    # kubeadm's timings for its etcd: 15 s per answer, 8 misses.
+    assert live["timeoutSeconds"] >= 15 and live["failureThreshold"] >= 8
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60, "a defrag takes seconds"
+
+
+def _maintenance(objects: list[Manifest], name: str) -> Manifest:
+    return _workload(objects, "CronJob", name)
+
+
+@pytest.mark.parametrize("target", ETCD_TARGETS, ids=[t or "default" for t in ETCD_TARGETS])
+def test_defrag_and_backup_jobs_reach_etcd_as_the_allocators_do(target: str) -> None:
+    objects = _render(target)
+    scheme = "https" if target == "overlays/tls" else "http"
+    defrag = _maintenance(objects, "etcd-defrag")
+    env = _pod_env(objects, defrag, "defrag")
+    assert env["ETCDCTL_ENDPOINTS"].split(",") == _member_urls(objects, 2379, scheme)
+    assert _container_of(defrag, "defrag")["command"][1:2] == ["defrag"]
+    backup = _maintenance(objects, "etcd-backup")
+    env = _pod_env(objects, backup, "snapshot")
+    assert "," not in env["ETCDCTL_ENDPOINTS"], "snapshot save takes one endpoint"
+    assert env["ETCDCTL_ENDPOINTS"].startswith(f"{scheme}://")
+    if scheme == "https":
+        allocator = _workload(objects, "StatefulSet", ALLOCATOR)
+        allocator_files = _secret_files(allocator)
+        alloc_env = _pod_env(objects, allocator, ALLOCATOR)
+        for job, container in ((defrag, "defrag"), (backup, "snapshot")):
+            env = _pod_env(objects, job, container)
+            files = _job_secret_files(job, container)
+            for ours, theirs in (("CACERT", "CA"), ("CERT", "CERT"), ("KEY", "KEY")):
+                mine = files[env[f"ETCDCTL_{ours}"]]
+                assert mine == allocator_files[alloc_env[f"FAIRSHARE_ETCD_{theirs}_FILE"]]
+    for job in (defrag, backup):
+        assert job["spec"]["concurrencyPolicy"] == "Forbid"
+        labels = _pod_template_labels(job)
+        ingress = _workload(objects, "NetworkPolicy", "etcd")["spec"]["ingress"]
+        admitted = [r for r in ingress if any(
+            f.get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()
+            and "namespaceSelector" not in f for f in r["from"])
+            and 2379 in [p["port"] for p in r["ports"]]]  # fmt: skip
+        assert admitted, f"{job['metadata']['name']}: etcd's NetworkPolicy refuses it"
+
+
+def _container_of(workload: Manifest, name: str) -> Manifest:
+    (c,) = [c for c in _pod_containers(workload) if c["name"] == name]
+    return c
+
+
+def _pod_template_labels(workload: Manifest) -> dict[str, str]:
+    if workload["kind"] == "CronJob":
+        return workload["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def _job_secret_files(job: Manifest, container: str) -> dict[str, str]:
+    """Like _secret_files, for a CronJob's container."""
+    spec = _pod_spec(job)
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    files: dict[str, str] = {}
+    for mount in _container_of(job, container).get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None:
+            continue
+        for item in secret["items"]:
+            files[f"{mount['mountPath']}/{item['path']}"] = f"{secret['secretName']}/{item['key']}"
+    return files
+
+
+def test_backups_kept_fit_their_volume() -> None:
+    objects = _render("")
+    backup = _maintenance(objects, "etcd-backup")
+    kept = int(_pod_env(objects, backup, "prune")["BACKUPS_KEPT"])
+    assert kept >= 2
+    etcd = _find(objects, "StatefulSet", "etcd")
+    quota = int(_pod_env(objects, etcd, "etcd")["ETCD_QUOTA_BACKEND_BYTES"])
+    (volume,) = _pod_spec(backup)["volumes"]
+    claim = _find(objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    size = _bytes(claim["spec"]["resources"]["requests"]["storage"])
+    assert (kept + 1) * quota <= size, "the kept snapshots and the one being written"
+    snapshot = _container_of(backup, "snapshot")
+    assert snapshot["command"][1:3] == ["snapshot", "save"]
+    assert snapshot["command"][-1].startswith(f"{volume_mount(snapshot, volume['name'])}/")
+    assert _pod_spec(backup)["containers"][0]["name"] == "prune", "prunes after a snapshot"
+
+
+def volume_mount(container: Manifest, volume: str) -> str:
+    (path,) = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == volume]
+    return str(path)
+
+
+# -- scheduling: priority, QoS, spread, disruption -----------------------------------------
+
+
+@pytest.mark.parametrize("name", [ALLOCATOR, "etcd"])
+def test_pods_are_guaranteed_and_outrank_batch_jobs(name: str) -> None:
+    objects = _objects()
+    pod = _find(objects, "StatefulSet", name)["spec"]["template"]["spec"]
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        r = c["resources"]
+        assert r["requests"] == r["limits"], f"{name}/{c['name']}: not Guaranteed QoS"
+    pc = _find(objects, "PriorityClass", pod["priorityClassName"])
+    assert 0 < pc["value"] < 1_000_000_000, "above default pods, below the system classes"
+    assert pc["globalDefault"] is False
+
+
+@pytest.mark.parametrize("name", [ALLOCATOR, "etcd"])
+def test_spreads_honour_taints_and_etcd_members_never_share_a_node(name: str) -> None:
+    pod = _find(_objects(), "StatefulSet", name)["spec"]["template"]["spec"]
+    for t in pod["topologySpreadConstraints"]:
+        assert t.get("nodeTaintsPolicy") == "Honor", t["topologyKey"]
+    if name == "etcd":
+        (term,) = pod["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        labels = _find(_objects(), "StatefulSet", name)["spec"]["template"]["metadata"]["labels"]
+        assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_disruption_budgets_let_a_drain_evict_unhealthy_pods() -> None:
+    pdbs = [o for o in _objects() if o["kind"] == "PodDisruptionBudget"]
+    assert len(pdbs) == 2
+    for pdb in pdbs:
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+IMAGE = re.compile(r"[a-z0-9.-]+\.[a-z]{2,}(:\d+)?/[a-z0-9._/-]+:[\w.-]+@sha256:[0-9a-f]{64}")
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t or "default" for t in TARGETS])
+def test_images_name_a_registry_and_a_digest(target: str) -> None:
+    for w in (o for o in _render(target) if o["kind"] in ("StatefulSet", "CronJob")):
+        for c in _pod_containers(w):
+            assert IMAGE.fullmatch(c["image"]), f"{w['metadata']['name']}/{c['name']}: {c['image']}"
+
+
+# -- network policies -------------------------------------------------------------------
+
+
+NODELOCAL_DNS = "169.254.20.10/32"
+
+
+def test_etcd_members_reach_each_other_on_both_ports_and_dns_everywhere() -> None:
+    objects = _objects()
+    etcd = _find(objects, "NetworkPolicy", "etcd")
+    labels = _find(objects, "StatefulSet", "etcd")["spec"]["template"]["metadata"]["labels"]
+    to_members = [r for r in etcd["spec"]["egress"]
+                  if any(t.get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()
+                         and "podSelector" in t for t in r["to"])]  # fmt: skip
+    assert {p["port"] for r in to_members for p in r["ports"]} == {2379, 2380}
+    members = etcd["spec"]["podSelector"]["matchLabels"]
+    from_members = [r for r in etcd["spec"]["ingress"]
+                    if any(f.get("podSelector", {}).get("matchLabels") == members
+                           for f in r["from"])]  # fmt: skip
+    assert {p["port"] for r in from_members for p in r["ports"]} == {2379, 2380}
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        if "Egress" not in policy["spec"]["policyTypes"]:
+            continue
+        dns = [r for r in policy["spec"]["egress"] if 53 in [p["port"] for p in r["ports"]]]
+        assert len(dns) == 1, policy["metadata"]["name"]
+        peers = dns[0]["to"]
+        assert any(t.get("podSelector", {}).get("matchLabels") == {"k8s-app": "kube-dns"}
+                   for t in peers), "kube-dns"  # fmt: skip
+        assert {"ipBlock": {"cidr": NODELOCAL_DNS}} in peers, "NodeLocal DNSCache"
+        assert sorted((p["port"], p["protocol"]) for p in dns[0]["ports"]) == [
+            (53, "TCP"),
+            (53, "UDP"),
+        ]
+
+
+# -- the Prometheus Operator --------------------------------------------------------------
+
+
+def test_podmonitors_scrape_the_metrics_ports() -> None:
+    """The validator has no schema for PodMonitor: the fields that matter, checked here."""
+    objects = _render("overlays/renamed")
+    monitors = [o for o in objects if o["kind"] == "PodMonitor"]
+    assert {m["metadata"]["name"] for m in monitors} == {"prod-allocator", "prod-etcd"}
+    workloads = [o for o in objects if o["kind"] == "StatefulSet"]
+    for m in monitors:
+        assert m["apiVersion"] == "monitoring.coreos.com/v1"
+        assert set(m["spec"]) <= {"selector", "podMetricsEndpoints", "namespaceSelector"}
+        selector = m["spec"]["selector"]["matchLabels"]
+        (sts,) = [w for w in workloads if selector.items() <= _pod_template_labels(w).items()]
+        annotations = sts["spec"]["template"]["metadata"]["annotations"]
+        ports = {p["name"]: p["containerPort"] for c in _pod_containers(sts) for p in c["ports"]}
+        for endpoint in m["spec"]["podMetricsEndpoints"]:
+            assert set(endpoint) <= {"port", "path", "interval"}
+            assert ports[endpoint["port"]] == int(annotations["prometheus.io/port"])
+            assert endpoint["path"] == annotations["prometheus.io/path"]
 
 
 # -- the image ---------------------------------------------------------------------------
