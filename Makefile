@@ -109,11 +109,12 @@ deploy-check: venv etcd
 test: check deploy-check
 	$(BIN)/pytest $(addprefix --ignore=,$(DEPLOY_TESTS))
 
-# Each benchmark writes its own section of docs/benchmarks.md (about 4 minutes in all).
+# Each benchmark writes its own section of docs/benchmarks.md (about 12 minutes in all).
 bench: venv etcd
 	$(PY) -m bench.core
 	$(PY) -m bench.grpc_service
 	$(PY) -m bench.replicated
+	$(PY) -m bench.durable_state
 
 MINUTES ?= 5
 SEED ?= 1

@@ -6,7 +6,8 @@ measures, in one run:
 - forwarded vs direct Acquire + Release pairs, 1 and 32 in flight: the same workload sent to
   the pool's owner (direct) and to a replica that does not own it (forwarded: that replica
   forwards the Acquire to the owner with the epoch it expects, and the Release by grant id);
-- the cost of the durable within-share write with etcd at a paced 1,000 pairs/s, direct to
+- the cost of the durable within-share write with etcd, paced at 12 % and 40 % of the direct
+  rate at 32 in flight measured in the same run (``--low-fraction``, ``--fraction``), direct to
   the owner: within-share vs borrowing Acquire latency in the same run;
 - failover unavailability after SIGKILL and after SIGTERM of a pool's owner (T =
   ``lease_ttl_s`` 2.0 s, the drills' timings): the time from the signal until a
@@ -91,8 +92,19 @@ def failover_pool() -> dict[str, object]:
 class Cluster:
     """etcd and the replicas; ``close`` kills every process."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(
+        self,
+        work: Path,
+        *,
+        pools: list[dict[str, object]] | None = None,
+        replicas: int = REPLICAS,
+    ) -> None:
+        """Args:
+        pools: the pools of the config (default: the benchmark's and the failover pool).
+        replicas: how many replicas ``start`` starts.
+        """
         self.work = work
+        self.size = replicas
         self.etcd = EtcdProcess(name="bench-etcd", base_dir=work / "etcd")
         self.prefix = f"/bench-{os.getpid()}"
         self.config = work / "pools.yaml"
@@ -100,7 +112,12 @@ class Cluster:
         keys = work / "grant-keys"
         keys.write_text(secrets.token_hex(32) + "\n", encoding="utf-8")
         self.config.write_text(
-            pool_yaml([bench_pool(), failover_pool()], TIMING, grant_keys=keys), "utf-8"
+            pool_yaml(
+                pools if pools is not None else [bench_pool(), failover_pool()],
+                TIMING,
+                grant_keys=keys,
+            ),
+            "utf-8",
         )
         self.replicas: dict[str, Allocator] = {}
 
@@ -121,7 +138,7 @@ class Cluster:
 
     async def start(self) -> None:
         self.etcd.start()
-        for i in range(REPLICAS):
+        for i in range(self.size):
             self.spawn(f"allocator-{i}")
         await asyncio.gather(*(wait_serving(p.address, process=p) for p in self.replicas.values()))
 
@@ -210,8 +227,15 @@ async def throughput(cluster: Cluster, args: argparse.Namespace) -> Throughput:
         now = await cluster.owner(POOL)
         if now is None or now[0] != owner:
             raise RuntimeError(f"pool {POOL} moved from {owner} to {now} during the runs")
-        for rate in (args.low_rate, args.rate):
-            print(f"  paced direct at {rate:.0f} pairs/s ...", flush=True)
+        # Paced at fractions of what this run measured, not at fixed rates: a slower or
+        # busier machine is then asked the same share of what it can do.
+        ceiling = result.rate("direct", 32)
+        for fraction in (args.low_fraction, args.fraction):
+            rate = max(1.0, round(ceiling * fraction))
+            print(
+                f"  paced direct at {rate:.0f} pairs/s ({fraction:.0%} of {ceiling:.0f}) ...",
+                flush=True,
+            )
             result.paced[rate] = await paced_loop(
                 gateways["direct"].pair,
                 rate=rate,
@@ -377,9 +401,10 @@ TARGET_TERM_S = 0.25
 
 
 def verdict(t: Throughput, kill: list[float], term: list[float], args: argparse.Namespace) -> str:
-    low50, low99 = write_cost(t, args.low_rate)
-    cost50, cost99 = write_cost(t, args.rate)
-    share = args.rate / t.rate("direct", 32)
+    low, high = sorted(t.paced)
+    low50, low99 = write_cost(t, low)
+    cost50, cost99 = write_cost(t, high)
+    share = high / t.rate("direct", 32)
     fwd = {n: t.rate("forwarded", n) / t.rate("direct", n) for n in (1, 32)}
     ok_kill = statistics.median(kill) <= LEASE_TTL_S + 1.0
     ok_term = statistics.median(term) < TARGET_TERM_S
@@ -389,12 +414,12 @@ def verdict(t: Throughput, kill: list[float], term: list[float], args: argparse.
         "and each call crosses two gRPC hops).\n\n"
         "Cost of the durable within-share write with etcd (within-share minus borrowing "
         f"Acquire latency): {ms(low50)} ms at the median and {ms(low99)} ms at p99 at "
-        f"{args.low_rate:,.0f} pairs/s; {ms(cost50)} ms and {ms(cost99)} ms at "
-        f"{args.rate:,.0f} pairs/s, which is {share:.0%} of what this one-machine cluster "
-        "sustains direct with 32 in flight, so there queueing for the CPU dominates both "
-        "kinds of Acquire. The write is one group-committed fenced etcd transaction; "
-        "etcd's data dir is on a RAM-backed file system here, so it costs etcd's round "
-        "trip and raft step, not a disk fsync.\n\n"
+        f"{low:,.0f} pairs/s; {ms(cost50)} ms and {ms(cost99)} ms at "
+        f"{high:,.0f} pairs/s, which is {share:.0%} of what this one-machine cluster "
+        "sustained direct with 32 in flight in the same run. The write is one "
+        "group-committed fenced etcd transaction; etcd's data dir is on a RAM-backed "
+        "file system here, so it costs etcd's round trip and raft step, not a disk "
+        "fsync.\n\n"
         f"Targets: decisions resume after SIGKILL of the owner in a median "
         f"{statistics.median(kill) * 1e3:.0f} ms ≤ T + 1 s = {(LEASE_TTL_S + 1) * 1e3:.0f} ms: "
         f"{met(ok_kill)}; after SIGTERM in a median {statistics.median(term) * 1e3:.0f} ms "
@@ -424,8 +449,11 @@ immediate Release), sent either to the pool's owner (direct) or to a replica tha
 not own it (forwarded: it forwards the Acquire with the epoch it expects and the Release
 by grant id). Closed loops of 1 or 32 pairs in flight, {args.duration:g} s each after a
 {args.warmup:g} s warm-up; {args.rounds} rounds alternate direct and forwarded; each
-figure is the median over the rounds. The durable write: {args.low_rate:,.0f} and
-{args.rate:,.0f} pairs/s paced for {args.paced_s:g} s each (open loop) direct to the owner.
+figure is the median over the rounds. The durable write: pairs paced (open loop) direct to
+the owner for {args.paced_s:g} s each at {args.low_fraction:.0%} and {args.fraction:.0%} of
+the direct rate with 32 in flight measured just before in the same run
+({", ".join(f"{r:,.0f}" for r in sorted(t.paced))} pairs/s), so the load is the same share of
+what the machine can do on any machine.
 
 Failover: a probe every 10 ms, alternating between the two surviving replicas, sends a
 `try_only` Acquire for a separate pool (C = 1,000, one team) with a 1 s deadline; the
@@ -469,8 +497,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every closed loop")
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per closed loop")
     parser.add_argument("--warmup", type=float, default=0.3, help="warm-up seconds per loop")
-    parser.add_argument("--rate", type=float, default=1000.0, help="paced pairs per second")
-    parser.add_argument("--low-rate", type=float, default=300.0, help="a lower paced rate")
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=0.4,
+        help="paced rate as a fraction of the run's direct rate at 32 in flight",
+    )
+    parser.add_argument("--low-fraction", type=float, default=0.12, help="a lower fraction")
     parser.add_argument("--paced-s", type=float, default=5.0, help="seconds of paced load")
     parser.add_argument("--failovers", type=int, default=5, help="runs per signal")
     parser.add_argument("--no-write", action="store_true", help="do not touch docs/")
