@@ -8,7 +8,11 @@
                            where the pool goes next: an operator's switchover
                            (pinned: holds while that node's member key of
                            create_revision "member" lives) or a rebalancing hint
-<prefix>/state/<pool>      the owner's snapshot (see ha.snapshot), written fenced
+<prefix>/pools/<q>/...     the pool's state: a checkpoint and records of changes
+                           (ha.poolstate names the keys, ha.journal the values),
+                           written fenced
+<prefix>/state/<pool>      a whole snapshot of the earlier layout (ha.snapshot), read
+                           when no checkpoint exists
 <prefix>/capacity/<pool>   {"capacity": ..., "epoch": ...}
                            the capacity the owner decides with, written fenced when
                            it changes (or differs): what every replica's ListPools
