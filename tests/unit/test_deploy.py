@@ -513,6 +513,58 @@ def test_etcd_cluster_is_three_pinned_members_with_volumes() -> None:
     assert pdb["spec"]["maxUnavailable"] == 1
 
 
+ETCD_TARGETS = ["", "overlays/tls"]
+
+
+def _script_variables(script: str) -> set[str]:
+    """The variables the start script requires (its ``${VAR:?}`` checks)."""
+    return set(re.findall(r"\$\{(\w+):\?\}", script))
+
+
+@pytest.mark.parametrize("target", ETCD_TARGETS, ids=[t or "default" for t in ETCD_TARGETS])
+def test_etcd_members_start_through_the_shipped_start_script(target: str) -> None:
+    """The container runs deploy/etcd/etcd-start.sh (tested against real members in
+    tests/integration/test_etcd_rejoin.py) with a shell, sleep and every variable it needs."""
+    objects = _render(target)
+    etcd = _find(objects, "StatefulSet", "etcd")
+    pod = etcd["spec"]["template"]["spec"]
+    c = _container(etcd, "etcd")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    shell, script_path = c["command"]
+    script_dir, _, script_name = script_path.rpartition("/")
+    config_map = volumes[mounts[script_dir]]["configMap"]["name"]
+    shipped = next(
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == config_map
+    )
+    script = (DEPLOY / "etcd" / "etcd-start.sh").read_text(encoding="utf-8")
+    assert shipped["data"][script_name] == script
+    # The init container installs busybox's applets where the shell is looked for.
+    tools_dir = shell.rpartition("/")[0]
+    (init,) = pod["initContainers"]
+    assert [m["mountPath"] for m in init["volumeMounts"]] == [tools_dir]
+    assert f"--install -s {tools_dir}" in " ".join(init["command"])
+    assert volumes[mounts[tools_dir]] == volumes[init["volumeMounts"][0]["name"]]
+
+    for i in range(etcd["spec"]["replicas"]):
+        env = _expand_env(c["env"], {"metadata.name": f"etcd-{i}", "metadata.namespace": NAMESPACE})
+        missing = _script_variables(script) - env.keys()
+        assert not missing, f"etcd-{i} lacks {missing}"
+        assert tools_dir in env["PATH"].split(":") and "/usr/local/bin" in env["PATH"]
+        assert "ETCD_INITIAL_CLUSTER_STATE" not in env, "the script decides it"
+        urls = env["CLUSTER_CLIENT_URLS"].split(",")
+        assert len(urls) == etcd["spec"]["replicas"]
+        # Its own advertised URL is one of them, spelt the same (the script skips it);
+        # the scheme is the one the members serve.
+        assert env["ETCD_ADVERTISE_CLIENT_URLS"] in urls
+        scheme = env["ETCD_LISTEN_CLIENT_URLS"].partition(":")[0]
+        assert {u.partition(":")[0] for u in urls} == {scheme}
+        if scheme == "https":
+            files = _secret_files(etcd, "etcd")
+            tls = [env[f"ETCDCTL_{n}"] for n in ("CACERT", "CERT", "KEY")]
+            assert set(tls) <= files.keys(), "etcdctl's TLS files are not from a Secret"
+
+
 def test_tls_overlay_reaches_etcd_over_tls_with_the_ca_etcd_serves_with(
     tmp_path: Path,
 ) -> None:
