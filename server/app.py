@@ -5,7 +5,11 @@ node (``ha.node.open_node``: embedded single-node mode without etcd endpoints), 
 servicers, health (per service and overall) and reflection, start the node, the server
 and the metrics endpoint, then report SERVING.
 
-Health: SERVING once started. Each pool also has its own health service,
+Health: SERVING once started, also before the node has joined the cluster (etcd did not
+answer at start: the replica answers every call as when etcd is lost later, each pool per
+its degraded mode, and joins in the background). ``fairshare.member`` tells membership
+apart: NOT_SERVING until the node has joined, SERVING from then on. Each pool also has
+its own health service,
 ``fairshare.v1.Allocator/<pool>``: NOT_SERVING while the store refuses this replica's writes
 for the pool for lack of space (``PoolStatus.store_full``), SERVING again once a write
 succeeds. When that holds for every pool, the Allocator service and the overall status
@@ -17,8 +21,9 @@ Every step is bounded: the whole stop takes at most ``timing.close_bound_s`` +
 ``GRACE_S`` + 1 s.
 
 A configuration error, or a start-up error of the state (state dir not a directory, disk
-full, a corrupt record, store unreachable), exits with status 2 and one line naming the
-key or the file, without a traceback.
+full, a corrupt record, etcd refusing the TLS handshake or the credentials), exits with
+status 2 and one line naming the key or the file, without a traceback. An etcd that does
+not answer is no such error (see Health).
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ ADMIN_SERVICE: Final = pb.DESCRIPTOR.services_by_name["Admin"].full_name
 HEALTH_SERVICE: Final = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 OVERALL: Final = ""
 """The health service name that stands for the whole server."""
+MEMBER_SERVICE: Final = "fairshare.member"
+"""The health service that is SERVING once the node has joined the cluster."""
 GRACE_S: Final = 5.0
 """How long in-flight RPCs may finish once the server stops."""
 EXIT_CONFIG: Final = 2
@@ -87,6 +94,12 @@ class Node(Allocator, Protocol):
 
     async def close(self) -> None:
         """Writes the final snapshots and releases ownership."""
+        ...
+
+    @property
+    def joined(self) -> bool:
+        """True once the node has joined the cluster (always, once an embedded node has
+        started)."""
         ...
 
 
@@ -223,7 +236,12 @@ class RunningServer:
         Allocator's and the overall) in line with ``node.status()``, until cancelled."""
         known: dict[str, bool] = {}  # pool -> serving, as last set
         overall = True
+        joined = False
         while True:
+            if not joined and self.node.joined:
+                joined = True
+                logger.info("health of %s: SERVING (joined the cluster)", MEMBER_SERVICE)
+                await self.health.set(MEMBER_SERVICE, _status(True))
             try:
                 pools = self.node.status()
             except Exception:
@@ -403,6 +421,7 @@ async def start_server(
             ) from e
     for service in (ALLOCATOR_SERVICE, ADMIN_SERVICE, OVERALL):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    await health.set(MEMBER_SERVICE, _status(node.joined))
     running.health_task = asyncio.create_task(running.watch_health(), name="pool-health")
     logger.info(
         "serving %d pools on %s as %s (%s)",
@@ -411,6 +430,8 @@ async def start_server(
         config.node_id,
         "embedded" if config.etcd.embedded else f"etcd {','.join(config.etcd.endpoints)}",
     )
+    if not node.joined:
+        logger.warning("not a member of the cluster yet: answering degraded until etcd answers")
     return running
 
 

@@ -48,6 +48,7 @@ channel built here: TLS, require-leader metadata, auth tokens),
 
 from ha.etcd.client import EtcdAccess
 from ha.etcd.connection import parse_endpoint
+from ha.etcd.errors import AccessRefused
 from ha.etcd.store import EtcdStore, connect
 
-__all__ = ["EtcdAccess", "EtcdStore", "connect", "parse_endpoint"]
+__all__ = ["AccessRefused", "EtcdAccess", "EtcdStore", "connect", "parse_endpoint"]

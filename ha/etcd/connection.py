@@ -14,6 +14,8 @@ Guarantees:
 - Only idempotent calls are tried on the next endpoint within their deadline, and the
   write that may be sent twice (``repeat``) within its budget; every other call raises
   at once, whatever it may have done (``Connection.call``).
+- A connection used before ``open_first`` (or after it failed) starts on the first
+  endpoint, unchecked, and moves on from there as after any failure.
 - ``close`` ends every call still open (watch streams included) and wakes every backoff.
 - ``https://`` endpoints get TLS channels with the access's CA (and client certificate),
   ``http://`` ones plaintext; both kinds at once, or TLS settings with ``http://``
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from ha.etcd.client import EtcdAccess, EtcdClient
-from ha.etcd.errors import TRANSLATED, UNKNOWN, details_of, translate
+from ha.etcd.errors import TRANSLATED, UNKNOWN, AccessRefused, details_of, translate
 from ha.store import StoreUnavailable
 
 __all__ = [
@@ -183,9 +185,12 @@ class Connection:
         """Settles on the first endpoint, in order, that answers a linearizable read.
 
         Raises:
+            AccessRefused: no endpoint answered, and one refused the TLS handshake, the
+                password or a permission (each one's error is in the message).
             StoreUnavailable: no endpoint answered (each one's error is in the message).
         """
         failures: list[str] = []
+        refused = False
         for index in range(len(self.endpoints)):
             opened = self._open(index)
             try:
@@ -195,23 +200,29 @@ class Connection:
                 await _close_client(opened)
                 raise
             except TRANSLATED as e:
-                reason = (translate(e) or UNKNOWN).reason
+                translation = translate(e) or UNKNOWN
+                reason = translation.reason
+                refused = refused or issubclass(translation.error, AccessRefused)
                 failures.append(f"{opened.endpoint}: {reason}: {details_of(e)}")
                 await _close_client(opened)
                 continue
             self._current = opened
             logger.info("connected to etcd at %s", opened.endpoint)
             return
-        raise StoreUnavailable("no etcd endpoint answered: " + "; ".join(failures))
+        error = AccessRefused if refused else StoreUnavailable
+        raise error("no etcd endpoint answered: " + "; ".join(failures))
 
     def current(self) -> EndpointClient:
-        """The client calls go to now.
+        """The client calls go to now. Never opened (``open_first`` not called, or it
+        failed): the first endpoint, unchecked; its failures move on as any others.
 
         Raises:
-            StoreUnavailable: the connection is closed (or was never opened).
+            StoreUnavailable: the connection is closed.
         """
-        if self._closed or self._current is None:
+        if self._closed:
             raise StoreUnavailable("the etcd store is closed")
+        if self._current is None:
+            self._current = self._open(0)
         return self._current
 
     async def call(
