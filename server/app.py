@@ -34,13 +34,11 @@ import gc
 import logging
 import pathlib
 import signal
-import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-import grpc
 from grpc import aio
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -55,10 +53,10 @@ from server.auth import AdminAuth
 from server.config import Config, load_config
 from server.etcd_access import load_etcd_access
 from server.intake import Intake
-from server.metrics import Metrics
+from server.metrics import Metrics, event_loop_alive
 from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
-from server.tls_files import check_ca_bundle, check_cert_chain
+from server.tls_reload import peer_credentials, server_credentials
 from wire.credentials import read_token
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -122,50 +120,9 @@ class NodeFactory(Protocol):
     ) -> Awaitable[Node]: ...
 
 
-def _read(path: str | None) -> bytes | None:
-    return pathlib.Path(path).read_bytes() if path else None
-
-
 def pool_health_service(pool: str) -> str:
     """The health service name of one pool."""
     return f"{ALLOCATOR_SERVICE}/{pool}"
-
-
-def check_tls_files(config: Config) -> None:
-    """Loads the TLS files once as the ssl module would, so a bad one fails at start.
-
-    Raises:
-        ConfigError: naming the key and the file that is unreadable or not valid PEM.
-    """
-    tls = config.tls
-    if tls.cert_file is not None and tls.key_file is not None:
-        check_cert_chain("tls.cert_file", tls.cert_file, tls.key_file, ssl.PROTOCOL_TLS_SERVER)
-    if tls.client_ca_file is not None:
-        check_ca_bundle("tls.client_ca_file", tls.client_ca_file)
-
-
-def server_credentials(config: Config) -> grpc.ServerCredentials | None:
-    """TLS credentials of the gRPC port, or None for plaintext."""
-    tls = config.tls
-    if tls.cert_file is None or tls.key_file is None:
-        return None
-    return grpc.ssl_server_credentials(
-        [(_read(tls.key_file), _read(tls.cert_file))],
-        root_certificates=_read(tls.client_ca_file),
-        require_client_auth=tls.mutual,
-    )
-
-
-def peer_credentials(config: Config) -> grpc.ChannelCredentials | None:
-    """TLS credentials for calls to other replicas (our own certificate as client cert)."""
-    tls = config.tls
-    if not tls.enabled:
-        return None
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read(tls.client_ca_file),
-        private_key=_read(tls.key_file),
-        certificate_chain=_read(tls.cert_file),
-    )
 
 
 @dataclass
@@ -293,12 +250,13 @@ def _admin_token(config: Config) -> str | None:
 
 
 def _bind(server: aio.Server, config: Config) -> int:
-    """Adds the listening port (TLS when configured); returns the port bound.
+    """Adds the listening port (TLS when configured, following its files: see
+    ``server.tls_reload``); returns the port bound.
 
     Raises:
-        ConfigError: a TLS file cannot be read, or ``listen`` cannot be bound.
+        ConfigError: a TLS file cannot be read or is not valid, or ``listen`` cannot be
+            bound.
     """
-    check_tls_files(config)
     try:
         credentials = server_credentials(config)
     except OSError as e:
@@ -413,7 +371,9 @@ async def start_server(
     await server.start()
     if serve_metrics and config.metrics_listen:
         try:
-            running.stop_metrics = metrics.serve(config.metrics_listen)
+            running.stop_metrics = metrics.serve(
+                config.metrics_listen, alive=event_loop_alive(asyncio.get_running_loop())
+            )
         except OSError as e:
             await running.shutdown(0)
             raise ConfigError(

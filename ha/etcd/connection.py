@@ -23,8 +23,11 @@ Guarantees:
   answers "invalid auth token" is sent once more with a new token, whatever the call:
   etcd checks the token before it applies anything (``ha.etcd.client``).
 
-Non-guarantees: certificates and password are those given at start (rotation needs a new
-process); a member that is
+- With ``EtcdAccess.reload``, rotated certificates or password reach the calls that
+  follow: the current endpoint gets a new client made with them, the old one is closed
+  one deadline later (a watch open on it resumes on the new one).
+
+Non-guarantees: a member that is
 paused but keeps its TCP connection open is noticed only by a deadline or by gRPC
 keepalive pings (every 10 s, the fastest etcd's default server policy accepts).
 """
@@ -221,9 +224,25 @@ class Connection:
         """
         if self._closed:
             raise StoreUnavailable("the etcd store is closed")
+        if self._access.reload is not None:
+            self._follow(self._access.reload())
         if self._current is None:
             self._current = self._open(0)
         return self._current
+
+    def _follow(self, access: EtcdAccess) -> None:
+        """Takes the access in force: when it changed (rotated files), the calls that
+        follow go to a new client of the same endpoint, made with it."""
+        if access is self._access:
+            return
+        check_access(self.endpoints, access)
+        self._access = access
+        old = self._current
+        if old is None:
+            return
+        self._current = self._open(old.index)
+        logger.info("etcd TLS material or password changed: new calls open a new channel")
+        self._retire(old)
 
     async def call(
         self,
@@ -376,9 +395,12 @@ class Connection:
             failed.endpoint,
             self._current.endpoint,
         )
+        self._retire(failed)
+
+    def _retire(self, old: EndpointClient) -> None:
         # Calls still running on the old channel get their own deadline to finish.
         task = asyncio.create_task(
-            _close_client(failed, after_s=self.rpc_timeout_s), name=f"retire {failed.endpoint}"
+            _close_client(old, after_s=self.rpc_timeout_s), name=f"retire {old.endpoint}"
         )
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

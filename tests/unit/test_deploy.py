@@ -27,6 +27,7 @@ from kubernetes_validate import utils as kv
 from server import app
 from server import config as server_config
 from server.config import load_config
+from server.metrics import HEALTHZ_PATH, LIVENESS_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -384,7 +385,7 @@ def test_ports_agree_with_the_config_probes_services_and_policies() -> None:
     assert ports == {"grpc": grpc, "metrics": metrics}
     env = _expand_env(c["env"], POD_FIELDS)
     assert _port(env["FAIRSHARE_ADVERTISE"]) == grpc
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert c[probe]["grpc"]["port"] == grpc, f"{probe} must be the gRPC health check"
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
@@ -402,6 +403,19 @@ def test_ports_agree_with_the_config_probes_services_and_policies() -> None:
     egress = _find(objects, "NetworkPolicy", "allocator-egress")["spec"]["egress"]
     assert grpc in [p["port"] for rule in egress for p in rule["ports"]], "peers' gRPC"
     assert {53} <= {p["port"] for rule in egress for p in rule["ports"]}, "DNS"
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t or "default" for t in TARGETS])
+def test_liveness_is_healthz_on_the_metrics_port(target: str) -> None:
+    """A hung event loop fails liveness (server/metrics.py ``/healthz``); the probe waits
+    longer than the endpoint's own wait for the loop."""
+    sts = _find(_render(target), "StatefulSet", ALLOCATOR)
+    c = _container(sts, ALLOCATOR)
+    probe = c["livenessProbe"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert probe["httpGet"]["path"] == HEALTHZ_PATH
+    assert ports[probe["httpGet"]["port"]] == _port(_base_config().metrics_listen)
+    assert probe["timeoutSeconds"] > LIVENESS_TIMEOUT_S
 
 
 def test_container_runs_the_image_command_the_cli_accepts(capsys: pytest.CaptureFixture) -> None:
