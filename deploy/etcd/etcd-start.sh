@@ -11,12 +11,20 @@
 #     must not come back), add it again with the same name and peer URL, and start as
 #     "existing" with the membership etcd returned. Each step is redone from the start if
 #     the container restarts midway, so a crash between the two leaves nothing stale.
-#   - the data dir is empty and no other member is healthy: the cluster does not exist yet
-#     (first install, every member starts at once): start as "new".
+#   - the data dir is empty, no other member is healthy, but one answers with a raft
+#     index past the bootstrap entries: the cluster exists but has no quorum now (another
+#     member is down too). Exit 1: the container restarts, and the member rejoins once
+#     the cluster is healthy again.
+#   - the data dir is empty and no other member is healthy or has served a cluster: the
+#     cluster does not exist yet (first install, every member starts at once): "new".
 #
-# Not handled: a majority of members losing their data at once. No member is then
-# healthy, so each starts as "new" and the survivor refuses them; that is a restore
-# from backup (docs/deploy.md, "Backup and restore").
+# Not handled: a member restarted without quorum answers no client until it has one, so
+# during a full restart a member whose data is lost cannot tell the cluster exists and
+# starts as "new". etcd refuses that ("already bootstrapped") when the member still has
+# its first id, and the container restarts until the cluster is healthy; a member added
+# again earlier (a new id) may instead make a log of its own: delete its volume again
+# once the others are healthy. A majority of members losing their data at once is a
+# restore from backup (docs/deploy.md, "Backup and restore").
 #
 # It needs only a POSIX shell's builtins, sleep, etcdctl and etcd on PATH (the etcd image
 # has no shell: the StatefulSet runs this with a static busybox that an init container
@@ -52,6 +60,13 @@ ctl() {
     etcdctl --dial-timeout=2s --command-timeout=5s "$@"
 }
 
+# Short, so that a first install, when no other member runs yet, starts at once.
+probe() {
+    etcdctl --dial-timeout=1s --command-timeout=2s "$@"
+}
+
+log "looking for the other members"
+
 # etcd counts a data dir as initialised when member/wal holds any file.
 for f in "$ETCD_DATA_DIR"/member/wal/*; do
     if [ -e "$f" ]; then
@@ -59,8 +74,19 @@ for f in "$ETCD_DATA_DIR"/member/wal/*; do
     fi
 done
 
+# The members of a cluster bootstrapped together share its first log entries, one per
+# member; the first leader appends one more. So a member whose raft index exceeds the
+# number of members belongs to a cluster that has existed.
+size=0
+rest="$ETCD_INITIAL_CLUSTER,"
+while [ -n "$rest" ]; do
+    rest=${rest#*,}
+    size=$((size + 1))
+done
+
 # A member is healthy when a linearizable read succeeds through it: it has a quorum.
 live=""
+existed=""
 rest="$CLUSTER_CLIENT_URLS,"
 while [ -n "$rest" ]; do
     url=${rest%%,*}
@@ -68,11 +94,33 @@ while [ -n "$rest" ]; do
     if [ -z "$url" ] || [ "$url" = "${ETCD_ADVERTISE_CLIENT_URLS:-}" ]; then
         continue
     fi
-    if ctl --endpoints="$url" endpoint health >/dev/null 2>&1; then
+    # A member that is down fails the status request after its timeout; one that runs
+    # answers it at once, with or without a quorum.
+    status=$(probe --endpoints="$url" endpoint status -w fields 2>/dev/null) || continue
+    if probe --endpoints="$url" endpoint health >/dev/null 2>&1; then
         live=$url
         break
     fi
+    while IFS= read -r line; do
+        case $line in
+            '"RaftIndex" : '*)
+                index=${line#*: }
+                if [ "$index" -gt "$size" ]; then
+                    existed="$url (raft index $index)"
+                fi
+                ;;
+        esac
+    done <<EOF
+$status
+EOF
 done
+if [ -z "$live" ] && [ -n "$existed" ]; then
+    # Started as "new", this member would make a log of its own that the cluster never
+    # accepts. Wait (the container restarts) until the others have a quorum again.
+    log "the data dir is empty and no member is healthy, but $existed has served a" \
+        "cluster: not starting a new one; retrying once the cluster has a quorum"
+    exit 1
+fi
 if [ -z "$live" ]; then
     log "the data dir is empty and no other member is healthy: a new cluster"
     start new

@@ -1,6 +1,7 @@
 """The etcd members' start script (deploy/etcd/etcd-start.sh) against three real etcd
-members on loopback: it forms a new cluster on a first start, and a member that lost its
-data dir rejoins the running cluster under a new id instead of crash-looping.
+members on loopback: it forms a new cluster on a first start, a member that lost its
+data dir rejoins the running cluster under a new id instead of crash-looping, and waits
+rather than starting a cluster of its own while the member still running has no quorum.
 
 Every member is started by the very script the StatefulSet ships, with the settings a pod
 gives it (``ETCD_*`` variables, ``CLUSTER_CLIENT_URLS``) and a ``PATH`` holding only etcd,
@@ -10,11 +11,13 @@ etcdctl and sleep, as in the pod.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.etcd import EtcdProcess
 from harness.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -81,3 +84,47 @@ def test_a_member_that_lost_its_data_rejoins(cluster: EtcdCluster) -> None:
     cluster.restart_member(lost.name)
     assert _started(cluster)[lost.name] == _started(cluster, lost.name)[lost.name]
     cluster.members[0].etcdctl("del", "--prefix", "/rejoin/")
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.1)
+
+
+def _answers(member: EtcdProcess) -> bool:
+    try:
+        member.etcdctl("endpoint", "status", timeout_s=2)
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_a_wiped_member_waits_for_the_quorum_instead_of_starting_a_new_cluster(
+    cluster: EtcdCluster,
+) -> None:
+    """One member down and another's data lost: the last one still answers but has no
+    quorum. The script must not start a new cluster (its own log, which the cluster would
+    never accept); it exits, and rejoins once the cluster is healthy again."""
+    first, second, lost = cluster.members
+    first.etcdctl("put", "/rejoin/kept", "yes")
+    cluster.stop(second.name)
+    cluster.stop(lost.name)
+    shutil.rmtree(lost.data_dir)
+    # Alone, the first member has no quorum, but it has served: it answers a status.
+    assert _answers(first)
+    lost.spawn()
+    _wait(lambda: not lost.running, "the wiped member's script exits")
+    lost.kill()  # reaps it
+    log = lost.log_tail(50)
+    assert "not starting a new one" in log, log
+    assert not (lost.data_dir / "member" / "wal").exists(), "it made a log of its own"
+
+    cluster.restart_member(second.name)
+    cluster.restart_member(lost.name)
+    assert "rejoining the cluster" in lost.log_tail(50)
+    assert set(_started(cluster, lost.name)) == {m.name for m in cluster.members}
+    out = lost.etcdctl("get", "/rejoin/kept", "--consistency=s", "--print-value-only")
+    assert out.strip() == "yes", out
+    first.etcdctl("del", "--prefix", "/rejoin/")
