@@ -23,6 +23,12 @@ Guarantees:
   been a member without a break for ``rebalance_settle_s``. A graceful handover is one
   transition (counted by the new owner) and is not logged as a loss.
 
+- A replicated node starts serving even when etcd does not answer at start: it answers
+  every call as when etcd is lost later (each pool per its degraded mode) and joins the
+  cluster in the background, retrying with a backoff from ``JOIN_FIRST_S`` doubling to
+  ``JOIN_MAX_S`` (jittered), for as long as it runs. Only a refusal that waiting cannot
+  cure (``ha.etcd.AccessRefused``: TLS handshake, password, permission) stops the start.
+
 Non-guarantees: availability while the store is unreachable for longer than the fencing
 deadline (pools then run degraded); decisions made in degraded mode are not counted until
 adopted.
@@ -33,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
+import random
 from collections.abc import Coroutine, Sequence
 
 from fairshare import Class
@@ -52,7 +59,7 @@ from ha.api import (
 )
 from ha.clock import Clock, SystemClock, system_clock
 from ha.cluster import ClusterView
-from ha.etcd import EtcdAccess, connect
+from ha.etcd import AccessRefused, EtcdAccess, connect
 from ha.filestore import FileStore
 from ha.genuine import IdCounters
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
@@ -68,6 +75,12 @@ logger = logging.getLogger(__name__)
 
 _CANCELLED_WAIT_S = 1.0
 """How long ``close`` waits for its cancelled tasks to end."""
+JOIN_FIRST_S = 0.2
+"""After a failed attempt to join the cluster, the next waits this, doubling each time..."""
+JOIN_MAX_S = 5.0
+"""...up to this, jittered down to half (replicas restarted together do not retry in step)."""
+JOIN_LOG_EVERY_S = 10.0
+"""A streak of failed joins logs its first failure, then one line per this."""
 
 
 class Node:
@@ -149,24 +162,60 @@ class Node:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
+        self._joined = False
 
     # -- lifecycle ------------------------------------------------------------------
+
+    @property
+    def joined(self) -> bool:
+        """True once this node has joined the cluster (its first lease granted); it stays
+        True when the store is lost later (the pools' status tells that)."""
+        return self._joined
 
     async def start(self, *, ready_timeout_s: float = 10.0) -> None:
         """Joins the cluster and starts the background loops.
 
-        In embedded mode it returns once this node owns every pool.
+        Replicated: one attempt to join; when the store does not answer, the node joins
+        in the background (see module) and answers meanwhile as without a store.
+        Embedded: retries for ``ready_timeout_s`` and returns once this node owns every
+        pool.
+
+        Raises:
+            StoreUnavailable: embedded, the store did not answer or the node could not
+                take its pools within ``ready_timeout_s``.
+            AccessRefused: replicated, etcd refused this node's TLS or credentials.
         """
         deadline = self._clock.monotonic() + ready_timeout_s
         while True:
             try:
                 await self._lease.acquire()
                 break
+            except AccessRefused:
+                raise
             except StoreUnavailable as e:
+                if not self.embedded:
+                    logger.warning(
+                        "node %s cannot reach the store (%s): serving without it, each pool "
+                        "per its degraded mode, and joining in the background",
+                        self.node_id,
+                        e,
+                    )
+                    self._spawn("join", self._join_later())
+                    return
                 if self._clock.monotonic() >= deadline:
                     raise
                 logger.warning("node %s cannot reach the store yet: %s", self.node_id, e)
                 await self._clock.sleep(0.2)
+        self._start_loops()
+        if self.embedded:
+            while len(self.ownership.owned) < len(self._configs):
+                if self._clock.monotonic() >= deadline:
+                    raise StoreUnavailable("embedded node could not take its pools")
+                await self._clock.sleep(ROUTE_POLL_S)
+
+    def _start_loops(self) -> None:
+        """The node holds its first lease: it is a member; its loops start."""
+        self._joined = True
         self.ownership.started()
         for name, coro in (
             ("lease", self._lease.run()),
@@ -175,11 +224,33 @@ class Node:
             ("snapshots", self._snapshot_loop()),
         ):
             self._tasks.append(asyncio.create_task(self._guard(name, coro), name=name))
-        if self.embedded:
-            while len(self.ownership.owned) < len(self._configs):
-                if self._clock.monotonic() >= deadline:
-                    raise StoreUnavailable("embedded node could not take its pools")
-                await self._clock.sleep(ROUTE_POLL_S)
+
+    async def _join_later(self) -> None:
+        """Tries to join until it succeeds (or the node closes), backing off."""
+        attempt = 1
+        logged_at = self._clock.monotonic()
+        while not self.ownership.closing:
+            delay = min(JOIN_MAX_S, JOIN_FIRST_S * 2 ** min(attempt - 1, 10))
+            await self._clock.sleep(delay * random.uniform(0.5, 1.0))
+            attempt += 1
+            try:
+                await self._lease.acquire()
+            except StoreUnavailable as e:
+                now = self._clock.monotonic()
+                if now - logged_at >= JOIN_LOG_EVERY_S:
+                    logged_at = now
+                    logger.warning(
+                        "node %s still cannot reach the store (attempt %d): %s",
+                        self.node_id,
+                        attempt,
+                        e,
+                    )
+                continue
+            if self.ownership.closing:
+                return  # close() revokes the lease it finds
+            logger.info("node %s joined the cluster at attempt %d", self.node_id, attempt)
+            self._start_loops()
+            return
 
     async def stop_deciding(self) -> None:
         """Stops deciding for every pool (first step of a graceful shutdown)."""
@@ -395,6 +466,8 @@ async def open_node(  # noqa: PLR0913 (a replica's wiring, as Node's constructor
         KeyFileError: replicated without grant keys, or the generated key file is unusable.
         StoreUnavailable: the store cannot be opened (embedded: the state dir is not a
             directory, its disk is full, a record is corrupt; the message names the file).
+            An etcd that does not answer is no error: the node joins when it does.
+        AccessRefused: etcd refused the TLS handshake, the password or a permission.
 
     The caller starts it with ``await node.start()``.
     """
@@ -406,9 +479,26 @@ async def open_node(  # noqa: PLR0913 (a replica's wiring, as Node's constructor
     if etcd_endpoints:
         # Seeded by the node id: replicas start on different members, each on the same
         # one every time it starts.
-        store = await connect(
-            etcd_endpoints, rpc_timeout_s=timing.rpc_timeout_s, seed=node_id, access=etcd_access
-        )
+        try:
+            store = await connect(
+                etcd_endpoints,
+                rpc_timeout_s=timing.rpc_timeout_s,
+                seed=node_id,
+                access=etcd_access,
+            )
+        except AccessRefused:
+            raise
+        except StoreUnavailable as e:
+            # Not there yet (a first install, an outage): the node starts anyway and
+            # joins once etcd answers (Node.start).
+            logger.warning("node %s: etcd does not answer at start: %s", node_id, e)
+            store = await connect(
+                etcd_endpoints,
+                rpc_timeout_s=timing.rpc_timeout_s,
+                seed=node_id,
+                access=etcd_access,
+                lazy=True,
+            )
         embedded = False
     else:
         # The store first: it names what is wrong with the state dir (not a directory,

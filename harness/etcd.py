@@ -145,6 +145,14 @@ class EtcdProcess:
         tls: TLS with client certificates on the client port; plaintext by default.
         auth_token_ttl_s: etcd's ``--auth-token-ttl`` (simple tokens), for tests of
             token expiry; etcd's default (300 s) when None.
+
+    Attributes:
+        launcher: None, or a shell script that starts etcd (the shipped ``deploy/etcd``
+            start script): the member's settings then go to it as ``ETCD_*`` variables,
+            as in a pod, with ``launcher_env`` added and a ``PATH`` holding only
+            ``etcd``, ``etcdctl`` and ``sleep``, so the script can use nothing the pod
+            lacks. Set before the first start.
+        launcher_env: more variables for the launcher.
     """
 
     def __init__(
@@ -184,6 +192,8 @@ class EtcdProcess:
         self._election_ms = election_ms
         self.tls = tls
         self._auth_token_ttl_s = auth_token_ttl_s
+        self.launcher: Path | None = None
+        self.launcher_env: dict[str, str] = {}
 
     # -- addresses ----------------------------------------------------------------------
 
@@ -360,13 +370,17 @@ class EtcdProcess:
             "warn",
             *self._security_args(),
         ]
+        env = etcd_env()
+        if self.launcher is not None:
+            env = {**env, **self._launcher_env(args[1:])}
+            args = [shutil.which("sh") or "/bin/sh", str(self.launcher)]
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=etcd_env(),
+            env=env,
         )
         _LIVE.add(self)
 
@@ -392,6 +406,36 @@ class EtcdProcess:
         if done.returncode != 0:
             raise RuntimeError(f"etcdctl {' '.join(args)} failed: {done.stderr or done.stdout}")
         return done.stdout
+
+    def _launcher_env(self, flags: list[str]) -> dict[str, str]:
+        """The environment that gives etcd ``flags`` (and etcdctl the client certificate)
+        through a launcher script, with only etcd, etcdctl and sleep on ``PATH``."""
+        env = dict(self.launcher_env)
+        i = 0
+        while i < len(flags):
+            name, eq, value = flags[i].removeprefix("--").partition("=")
+            if not eq:
+                if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+                    value = flags[i + 1]
+                    i += 1
+                else:
+                    value = "true"
+            env["ETCD_" + name.upper().replace("-", "_")] = value
+            i += 1
+        if self.tls is not None:
+            cert, key = self.tls.client_cert
+            env["ETCDCTL_CACERT"] = str(self.tls.ca_file)
+            env["ETCDCTL_CERT"], env["ETCDCTL_KEY"] = str(cert), str(key)
+        bin_dir = self.dir / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        tools = {"etcd": self.binary, "etcdctl": find_etcdctl(), "sleep": shutil.which("sleep")}
+        for tool, target in tools.items():
+            assert target is not None, f"no {tool} on PATH"
+            link = bin_dir / tool
+            if not link.exists():
+                link.symlink_to(target)
+        env["PATH"] = str(bin_dir)
+        return env
 
     def _security_args(self) -> list[str]:
         args: list[str] = []

@@ -60,6 +60,8 @@ class EtcdCluster:
         base_dir: where the members' data dirs go; a RAM-backed temp dir by default.
         size: the number of members (3 by default).
         start_timeout_s: how long ``start`` waits for every member to be healthy.
+        launcher: a shell script that starts each member (see ``EtcdProcess``); it also
+            gets ``CLUSTER_CLIENT_URLS``, every member's client URL.
     """
 
     def __init__(
@@ -69,8 +71,10 @@ class EtcdCluster:
         base_dir: Path | None = None,
         size: int = 3,
         start_timeout_s: float = 20.0,
+        launcher: Path | None = None,
     ) -> None:
         self.name = name
+        self.launcher = launcher
         self.size = size
         self.start_timeout_s = start_timeout_s
         self._own_dir = base_dir is None
@@ -172,8 +176,17 @@ class EtcdCluster:
 
     def restart_member(self, member: str) -> None:
         """Starts a stopped or killed member again on its data dir and ports, and waits
-        until it is healthy (it rejoins the cluster)."""
+        until it is healthy (it rejoins the cluster). A member started on an empty data
+        dir by a launcher that adds it again has a new id: the ids are read again."""
         self.member(member).start()
+        self._ids = self._read_ids()
+
+    def member_list(self, member: str | int = 0) -> list[dict[str, object]]:
+        """``etcdctl member list`` as one member sees it (the JSON ``members``)."""
+        out = self._etcdctl(self.member(member).endpoint, "member", "list", "-w", "json")
+        members = json.loads(out)["members"]
+        assert isinstance(members, list)
+        return members
 
     def isolate(self, member: str) -> None:
         """Cuts every peer connection to and from ``member``; its client URL keeps serving.
@@ -279,9 +292,13 @@ class EtcdCluster:
                 heartbeat_ms=CLUSTER_HEARTBEAT_MS,
                 election_ms=CLUSTER_ELECTION_MS,
             )
+            m.launcher = self.launcher
             m.peer_port = port
             shutil.rmtree(m.data_dir, ignore_errors=True)
             self.members.append(m)
+        urls = ",".join(m.client_url for m in self.members)
+        for m in self.members:
+            m.launcher_env = {"CLUSTER_CLIENT_URLS": urls}
 
     def _teardown(self) -> None:
         for m in self.members:

@@ -5,7 +5,11 @@ node (``ha.node.open_node``: embedded single-node mode without etcd endpoints), 
 servicers, health (per service and overall) and reflection, start the node, the server
 and the metrics endpoint, then report SERVING.
 
-Health: SERVING once started. Each pool also has its own health service,
+Health: SERVING once started, also before the node has joined the cluster (etcd did not
+answer at start: the replica answers every call as when etcd is lost later, each pool per
+its degraded mode, and joins in the background). ``fairshare.member`` tells membership
+apart: NOT_SERVING until the node has joined, SERVING from then on. Each pool also has
+its own health service,
 ``fairshare.v1.Allocator/<pool>``: NOT_SERVING while the store refuses this replica's writes
 for the pool for lack of space (``PoolStatus.store_full``), SERVING again once a write
 succeeds. When that holds for every pool, the Allocator service and the overall status
@@ -17,8 +21,9 @@ Every step is bounded: the whole stop takes at most ``timing.close_bound_s`` +
 ``GRACE_S`` + 1 s.
 
 A configuration error, or a start-up error of the state (state dir not a directory, disk
-full, a corrupt record, store unreachable), exits with status 2 and one line naming the
-key or the file, without a traceback.
+full, a corrupt record, etcd refusing the TLS handshake or the credentials), exits with
+status 2 and one line naming the key or the file, without a traceback. An etcd that does
+not answer is no such error (see Health).
 """
 
 from __future__ import annotations
@@ -29,13 +34,11 @@ import gc
 import logging
 import pathlib
 import signal
-import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-import grpc
 from grpc import aio
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -50,10 +53,10 @@ from server.auth import AdminAuth
 from server.config import Config, load_config
 from server.etcd_access import load_etcd_access
 from server.intake import Intake
-from server.metrics import Metrics
+from server.metrics import Metrics, event_loop_alive
 from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
-from server.tls_files import check_ca_bundle, check_cert_chain
+from server.tls_reload import peer_credentials, server_credentials
 from wire.credentials import read_token
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -65,6 +68,8 @@ ADMIN_SERVICE: Final = pb.DESCRIPTOR.services_by_name["Admin"].full_name
 HEALTH_SERVICE: Final = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 OVERALL: Final = ""
 """The health service name that stands for the whole server."""
+MEMBER_SERVICE: Final = "fairshare.member"
+"""The health service that is SERVING once the node has joined the cluster."""
 GRACE_S: Final = 5.0
 """How long in-flight RPCs may finish once the server stops."""
 EXIT_CONFIG: Final = 2
@@ -89,6 +94,12 @@ class Node(Allocator, Protocol):
         """Writes the final snapshots and releases ownership."""
         ...
 
+    @property
+    def joined(self) -> bool:
+        """True once the node has joined the cluster (always, once an embedded node has
+        started)."""
+        ...
+
 
 class NodeFactory(Protocol):
     """The signature of ``ha.node.open_node``."""
@@ -109,50 +120,9 @@ class NodeFactory(Protocol):
     ) -> Awaitable[Node]: ...
 
 
-def _read(path: str | None) -> bytes | None:
-    return pathlib.Path(path).read_bytes() if path else None
-
-
 def pool_health_service(pool: str) -> str:
     """The health service name of one pool."""
     return f"{ALLOCATOR_SERVICE}/{pool}"
-
-
-def check_tls_files(config: Config) -> None:
-    """Loads the TLS files once as the ssl module would, so a bad one fails at start.
-
-    Raises:
-        ConfigError: naming the key and the file that is unreadable or not valid PEM.
-    """
-    tls = config.tls
-    if tls.cert_file is not None and tls.key_file is not None:
-        check_cert_chain("tls.cert_file", tls.cert_file, tls.key_file, ssl.PROTOCOL_TLS_SERVER)
-    if tls.client_ca_file is not None:
-        check_ca_bundle("tls.client_ca_file", tls.client_ca_file)
-
-
-def server_credentials(config: Config) -> grpc.ServerCredentials | None:
-    """TLS credentials of the gRPC port, or None for plaintext."""
-    tls = config.tls
-    if tls.cert_file is None or tls.key_file is None:
-        return None
-    return grpc.ssl_server_credentials(
-        [(_read(tls.key_file), _read(tls.cert_file))],
-        root_certificates=_read(tls.client_ca_file),
-        require_client_auth=tls.mutual,
-    )
-
-
-def peer_credentials(config: Config) -> grpc.ChannelCredentials | None:
-    """TLS credentials for calls to other replicas (our own certificate as client cert)."""
-    tls = config.tls
-    if not tls.enabled:
-        return None
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read(tls.client_ca_file),
-        private_key=_read(tls.key_file),
-        certificate_chain=_read(tls.cert_file),
-    )
 
 
 @dataclass
@@ -223,7 +193,12 @@ class RunningServer:
         Allocator's and the overall) in line with ``node.status()``, until cancelled."""
         known: dict[str, bool] = {}  # pool -> serving, as last set
         overall = True
+        joined = False
         while True:
+            if not joined and self.node.joined:
+                joined = True
+                logger.info("health of %s: SERVING (joined the cluster)", MEMBER_SERVICE)
+                await self.health.set(MEMBER_SERVICE, _status(True))
             try:
                 pools = self.node.status()
             except Exception:
@@ -275,12 +250,13 @@ def _admin_token(config: Config) -> str | None:
 
 
 def _bind(server: aio.Server, config: Config) -> int:
-    """Adds the listening port (TLS when configured); returns the port bound.
+    """Adds the listening port (TLS when configured, following its files: see
+    ``server.tls_reload``); returns the port bound.
 
     Raises:
-        ConfigError: a TLS file cannot be read, or ``listen`` cannot be bound.
+        ConfigError: a TLS file cannot be read or is not valid, or ``listen`` cannot be
+            bound.
     """
-    check_tls_files(config)
     try:
         credentials = server_credentials(config)
     except OSError as e:
@@ -398,7 +374,9 @@ async def start_server(
     await server.start()
     if serve_metrics and config.metrics_listen:
         try:
-            running.stop_metrics = metrics.serve(config.metrics_listen)
+            running.stop_metrics = metrics.serve(
+                config.metrics_listen, alive=event_loop_alive(asyncio.get_running_loop())
+            )
         except OSError as e:
             await running.shutdown(0)
             raise ConfigError(
@@ -406,6 +384,7 @@ async def start_server(
             ) from e
     for service in (ALLOCATOR_SERVICE, ADMIN_SERVICE, OVERALL):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    await health.set(MEMBER_SERVICE, _status(node.joined))
     running.health_task = asyncio.create_task(running.watch_health(), name="pool-health")
     logger.info(
         "serving %d pools on %s as %s (%s)",
@@ -414,6 +393,8 @@ async def start_server(
         config.node_id,
         "embedded" if config.etcd.embedded else f"etcd {','.join(config.etcd.endpoints)}",
     )
+    if not node.joined:
+        logger.warning("not a member of the cluster yet: answering degraded until etcd answers")
     return running
 
 

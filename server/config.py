@@ -75,8 +75,8 @@ class EtcdConfig:
         password_file: file holding that user's password (one line); required with
             ``username``. The password itself is never in the configuration.
 
-    The files are read once, when the server starts: a rotated certificate or password
-    takes effect at the next start.
+    The files are checked when the server starts and followed while it runs: a rotated
+    certificate or password reaches new etcd channels (``server.etcd_access``).
     """
 
     endpoints: tuple[str, ...] = ()
@@ -108,6 +108,9 @@ class TlsConfig:
             (mutual TLS only). Set, it binds holders to client certificates: any other
             caller may act only as a holder its certificate names (the CN or a SAN, alone
             or followed by ``/``), for Acquire, Release and Adopt.
+
+    The files are followed while the server runs (``server.tls_reload``): a replaced
+    certificate, key or CA is used for the next connections, with no restart.
     """
 
     cert_file: str | None = None

@@ -1,15 +1,19 @@
-"""The files of the ``etcd`` section (certificates, key, password), read once at start.
+"""The files of the ``etcd`` section (certificates, key, password), followed while running.
 
 ``load_etcd_access`` turns the configured paths into ``ha.etcd.EtcdAccess`` for the
 store, checking each file as the TLS library will use it, so a bad one stops the start
 with a ``ConfigError`` naming its key instead of failing every etcd call later.
 
-Non-guarantee: nothing is read again; a rotated certificate or password takes effect at
-the next start.
+The access carries a ``reload`` (``server.tls_reload.Reloading``): when a file changes
+(cert-manager renewed the certificate, the Secret's password was changed), the files
+are read and checked again within ``CHECK_EVERY_S`` of the next etcd call, and the
+store's new channels use them. A replacement that fails the checks leaves the previous
+access in force and is logged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import ssl
 
@@ -17,12 +21,14 @@ from ha.etcd import EtcdAccess
 from ha.settings import ConfigError
 from server.config import EtcdConfig
 from server.tls_files import check_ca_bundle, check_cert_chain
+from server.tls_reload import Reloading
 
 __all__ = ["load_etcd_access"]
 
 
 def load_etcd_access(etcd: EtcdConfig) -> EtcdAccess | None:
-    """The TLS and auth settings the store needs, or None when there are none.
+    """The TLS and auth settings the store needs, following their files (see module), or
+    None when there are none.
 
     Raises:
         ConfigError: a file is unreadable, not PEM, a key that does not match its
@@ -30,6 +36,23 @@ def load_etcd_access(etcd: EtcdConfig) -> EtcdAccess | None:
     """
     if etcd.ca_file is None and etcd.username is None:
         return None
+    files = (etcd.ca_file, etcd.cert_file, etcd.key_file, etcd.password_file)
+    paths = [p for p in files if p is not None]
+    # Each access built carries the function that returns the one in force (made
+    # below, after the first build).
+    made: list[Reloading[EtcdAccess]] = []
+
+    def in_force() -> EtcdAccess:
+        return made[0]()
+
+    def build() -> EtcdAccess:
+        return dataclasses.replace(_read_access(etcd), reload=in_force)
+
+    made.append(Reloading(paths, build, what="etcd TLS material and password"))
+    return made[0]()
+
+
+def _read_access(etcd: EtcdConfig) -> EtcdAccess:
     cert_pem = key_pem = None
     if etcd.cert_file is not None and etcd.key_file is not None:
         check_cert_chain("etcd.cert_file", etcd.cert_file, etcd.key_file, ssl.PROTOCOL_TLS_CLIENT)

@@ -15,14 +15,19 @@ label ``UNCONFIGURED``, so clients cannot grow the number of series without boun
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from enum import Enum
-from typing import Final
+from socketserver import ThreadingMixIn
+from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -158,15 +163,41 @@ class Metrics:
         """Records the latency of one forwarded call."""
         self.forward_latency.labels(method).observe(seconds)
 
-    def serve(self, address: str) -> Callable[[], None]:
-        """Serves ``/metrics`` on ``host:port`` in a background thread.
+    def serve(self, address: str, *, alive: Callable[[], bool] | None = None) -> Callable[[], None]:
+        """Serves ``/metrics`` and ``/healthz`` on ``host:port`` in background threads.
+
+        ``/healthz`` (liveness) answers 200 when ``alive()`` is true (always, without
+        it), 503 otherwise; every other path is the metrics.
 
         Returns:
             A function that stops the HTTP server.
+
+        Raises:
+            OSError: the address cannot be bound.
         """
         host, _, port = address.rpartition(":")
-        server, thread = start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)
-        logger.info("metrics on http://%s/metrics", address)
+        host = host.strip("[]")
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != HEALTHZ_PATH:
+                answer: Iterable[bytes] = metrics_app(environ, start_response)
+                return answer
+            ok = alive is None or alive()
+            body = b"ok\n" if ok else b"the event loop did not answer\n"
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+
+        class Server(_ThreadingServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        server = make_server(host, int(port), app, Server, handler_class=_QuietHandler)
+        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+        thread.start()
+        logger.info("metrics on http://%s/metrics, liveness on %s", address, HEALTHZ_PATH)
 
         def stop() -> None:
             server.shutdown()
@@ -174,6 +205,43 @@ class Metrics:
             thread.join(timeout=5)
 
         return stop
+
+
+HEALTHZ_PATH: Final = "/healthz"
+"""The liveness endpoint on the metrics port."""
+LIVENESS_TIMEOUT_S: Final = 2.0
+"""How long ``/healthz`` waits for the event loop to run a callback before it answers 503."""
+
+
+def event_loop_alive(
+    loop: asyncio.AbstractEventLoop, timeout_s: float = LIVENESS_TIMEOUT_S
+) -> Callable[[], bool]:
+    """A check, callable from any thread, that ``loop`` runs: it schedules a callback on
+    the loop and waits up to ``timeout_s`` for it to run. False for a loop that is
+    closed, stopped, or blocked (a hung process) for that long."""
+
+    def alive() -> bool:
+        ran = threading.Event()
+        try:
+            loop.call_soon_threadsafe(ran.set)
+        except RuntimeError:  # the loop is closed
+            return False
+        return ran.wait(timeout_s)
+
+    return alive
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per request: a slow scrape does not hold a liveness probe."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No line per request on stderr (probes come every few seconds)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 SCRAPE_CACHE_S: Final = 1.0

@@ -1,6 +1,7 @@
 """``ha.api.Peers`` over gRPC: how a replica forwards calls to a pool's owner.
 
-One cached ``grpc.aio`` channel per peer address (opened by ``wire.channels``). Every call
+One cached ``grpc.aio`` channel per peer address (opened by ``wire.channels``); with TLS
+credentials that follow their files, the cache is replaced when they change. Every call
 carries the metadata ``fairshare-forwarded: 1`` so the receiver answers from its own state.
 A failed call is turned back into the exception the owner raised by
 ``wire.errors.to_allocator_error`` (the one table of ``wire.errors``): a limit met on the
@@ -11,6 +12,7 @@ caller cannot know what the peer did.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+RETIRE_GRACE_S = 5.0
+"""How long calls in flight on a peer channel may finish once new credentials replace it."""
+
 
 class GrpcPeers:
     """Implements ``ha.api.Peers`` with cached ``grpc.aio`` channels."""
@@ -46,7 +51,7 @@ class GrpcPeers:
     def __init__(
         self,
         *,
-        credentials: grpc.ChannelCredentials | None = None,
+        credentials: grpc.ChannelCredentials | Callable[[], grpc.ChannelCredentials] | None = None,
         admin_token: str | None = None,
         observe: Callable[[str, float], None] | None = None,
         options: Sequence[tuple[str, object]] = (),
@@ -54,25 +59,45 @@ class GrpcPeers:
         """Creates the transport; channels open lazily, one per address.
 
         Args:
-            credentials: TLS credentials for peer channels; None uses plaintext.
+            credentials: TLS credentials for peer channels, or a function that returns
+                the ones in force (``server.tls_reload``: a new object after the files
+                changed, when the cached channels are replaced); None uses plaintext.
             admin_token: bearer token sent with forwarded admin calls.
             observe: called with (method, seconds) after every forwarded call, for the
                 forward latency histogram.
             options: extra channel options, over ``wire.channels.CHANNEL_OPTIONS``
                 (bounded reconnect backoff).
         """
-        self._credentials = credentials
+        self._source = credentials if callable(credentials) else None
+        self._credentials = credentials() if callable(credentials) else credentials
         self._admin_token = admin_token
         self._observe = observe
         self._options = list(options)
         self._channels: dict[str, aio.Channel] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def _channel(self, address: str) -> aio.Channel:
+        if self._source is not None:
+            credentials = self._source()
+            if credentials is not self._credentials:
+                self._credentials = credentials
+                self._retire_channels()
         channel = self._channels.get(address)
         if channel is None:
             channel = open_channel(address, self._credentials, self._options)
             self._channels[address] = channel
         return channel
+
+    def _retire_channels(self) -> None:
+        """New credentials: later calls open new channels; the calls in flight on the old
+        ones have ``RETIRE_GRACE_S`` to finish."""
+        channels, self._channels = self._channels, {}
+        if channels:
+            logger.info("peer TLS material changed: reopening %d peer channels", len(channels))
+        for channel in channels.values():
+            task = asyncio.create_task(channel.close(RETIRE_GRACE_S), name="retire-peer-channel")
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     async def _call(
         self,
@@ -213,3 +238,6 @@ class GrpcPeers:
         channels, self._channels = self._channels, {}
         for channel in channels.values():
             await channel.close()
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)

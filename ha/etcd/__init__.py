@@ -34,8 +34,10 @@ Guarantees (beyond those of ``ha.store``):
   username the store authenticates, and fetches a new token when etcd refuses the old
   one (simple tokens expire), then sends the refused call again (``ha.etcd.client``).
 
-Non-guarantees: certificates, keys and the password are read once, at start (a rotated
-file needs a restart); a watch on a
+- Rotated certificates, key or password reach the calls that follow when the access
+  carries a ``reload`` (the server's follows the files, ``server.etcd_access``).
+
+Non-guarantees: a watch on a
 member that is paused but keeps its TCP connection open notices only through gRPC
 keepalive pings (every 10 s, the fastest etcd's default server policy accepts).
 
@@ -48,6 +50,7 @@ channel built here: TLS, require-leader metadata, auth tokens),
 
 from ha.etcd.client import EtcdAccess
 from ha.etcd.connection import parse_endpoint
+from ha.etcd.errors import AccessRefused
 from ha.etcd.store import EtcdStore, connect
 
-__all__ = ["EtcdAccess", "EtcdStore", "connect", "parse_endpoint"]
+__all__ = ["AccessRefused", "EtcdAccess", "EtcdStore", "connect", "parse_endpoint"]

@@ -13,14 +13,15 @@ Guarantees:
 - With a username, every call carries the token of the last successful authentication;
   ``reauthenticate`` fetches a new one once however many calls saw the old one fail.
 
-Non-guarantees: certificates, key and password are the bytes given at start; a rotated
-file is read only by a new process. aetcd's own ``Watcher`` is not created (the store
-opens its own watch streams).
+Non-guarantees: a client keeps the certificates, key and password it was made with (a
+rotated file reaches new clients through ``EtcdAccess.reload``). aetcd's own ``Watcher``
+is not created (the store opens its own watch streams).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -47,6 +48,9 @@ class EtcdAccess:
         key_pem: the client certificate's private key; given with ``cert_pem``.
         username: the etcd user to authenticate as; None sends no token.
         password: that user's password; given with ``username``.
+        reload: None (the access never changes), or a function that returns the access
+            in force: the same object until the files behind it change, then a new one
+            (with the same ``reload``), which the connection uses for its new channels.
     """
 
     ca_pem: bytes | None = None
@@ -54,6 +58,7 @@ class EtcdAccess:
     key_pem: bytes | None = field(default=None, repr=False)
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    reload: Callable[[], EtcdAccess] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.cert_pem is None) != (self.key_pem is None):

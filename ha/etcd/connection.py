@@ -14,6 +14,8 @@ Guarantees:
 - Only idempotent calls are tried on the next endpoint within their deadline, and the
   write that may be sent twice (``repeat``) within its budget; every other call raises
   at once, whatever it may have done (``Connection.call``).
+- A connection used before ``open_first`` (or after it failed) starts on the first
+  endpoint, unchecked, and moves on from there as after any failure.
 - ``close`` ends every call still open (watch streams included) and wakes every backoff.
 - ``https://`` endpoints get TLS channels with the access's CA (and client certificate),
   ``http://`` ones plaintext; both kinds at once, or TLS settings with ``http://``
@@ -21,8 +23,11 @@ Guarantees:
   answers "invalid auth token" is sent once more with a new token, whatever the call:
   etcd checks the token before it applies anything (``ha.etcd.client``).
 
-Non-guarantees: certificates and password are those given at start (rotation needs a new
-process); a member that is
+- With ``EtcdAccess.reload``, rotated certificates or password reach the calls that
+  follow: the current endpoint gets a new client made with them, the old one is closed
+  one deadline later (a watch open on it resumes on the new one).
+
+Non-guarantees: a member that is
 paused but keeps its TCP connection open is noticed only by a deadline or by gRPC
 keepalive pings (every 10 s, the fastest etcd's default server policy accepts).
 """
@@ -40,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from ha.etcd.client import EtcdAccess, EtcdClient
-from ha.etcd.errors import TRANSLATED, UNKNOWN, details_of, translate
+from ha.etcd.errors import TRANSLATED, UNKNOWN, AccessRefused, details_of, translate
 from ha.store import StoreUnavailable
 
 __all__ = [
@@ -183,9 +188,12 @@ class Connection:
         """Settles on the first endpoint, in order, that answers a linearizable read.
 
         Raises:
+            AccessRefused: no endpoint answered, and one refused the TLS handshake, the
+                password or a permission (each one's error is in the message).
             StoreUnavailable: no endpoint answered (each one's error is in the message).
         """
         failures: list[str] = []
+        refused = False
         for index in range(len(self.endpoints)):
             opened = self._open(index)
             try:
@@ -195,24 +203,46 @@ class Connection:
                 await _close_client(opened)
                 raise
             except TRANSLATED as e:
-                reason = (translate(e) or UNKNOWN).reason
+                translation = translate(e) or UNKNOWN
+                reason = translation.reason
+                refused = refused or issubclass(translation.error, AccessRefused)
                 failures.append(f"{opened.endpoint}: {reason}: {details_of(e)}")
                 await _close_client(opened)
                 continue
             self._current = opened
             logger.info("connected to etcd at %s", opened.endpoint)
             return
-        raise StoreUnavailable("no etcd endpoint answered: " + "; ".join(failures))
+        error = AccessRefused if refused else StoreUnavailable
+        raise error("no etcd endpoint answered: " + "; ".join(failures))
 
     def current(self) -> EndpointClient:
-        """The client calls go to now.
+        """The client calls go to now. Never opened (``open_first`` not called, or it
+        failed): the first endpoint, unchecked; its failures move on as any others.
 
         Raises:
-            StoreUnavailable: the connection is closed (or was never opened).
+            StoreUnavailable: the connection is closed.
         """
-        if self._closed or self._current is None:
+        if self._closed:
             raise StoreUnavailable("the etcd store is closed")
+        if self._access.reload is not None:
+            self._follow(self._access.reload())
+        if self._current is None:
+            self._current = self._open(0)
         return self._current
+
+    def _follow(self, access: EtcdAccess) -> None:
+        """Takes the access in force: when it changed (rotated files), the calls that
+        follow go to a new client of the same endpoint, made with it."""
+        if access is self._access:
+            return
+        check_access(self.endpoints, access)
+        self._access = access
+        old = self._current
+        if old is None:
+            return
+        self._current = self._open(old.index)
+        logger.info("etcd TLS material or password changed: new calls open a new channel")
+        self._retire(old)
 
     async def call(
         self,
@@ -365,9 +395,12 @@ class Connection:
             failed.endpoint,
             self._current.endpoint,
         )
+        self._retire(failed)
+
+    def _retire(self, old: EndpointClient) -> None:
         # Calls still running on the old channel get their own deadline to finish.
         task = asyncio.create_task(
-            _close_client(failed, after_s=self.rpc_timeout_s), name=f"retire {failed.endpoint}"
+            _close_client(old, after_s=self.rpc_timeout_s), name=f"retire {old.endpoint}"
         )
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

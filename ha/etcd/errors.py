@@ -34,11 +34,18 @@ __all__ = [
     "ERRORS_BY_TYPE",
     "TRANSLATED",
     "UNKNOWN",
+    "AccessRefused",
     "Translation",
     "details_of",
     "translate",
     "translate_reason",
 ]
+
+
+class AccessRefused(StoreUnavailable):
+    """etcd answered and refused this client's settings: the TLS handshake failed, the
+    password or the user was refused, or a permission was denied. Unlike an unreachable
+    etcd, waiting does not help: the settings (or etcd's) must change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +82,7 @@ ERRORS_BY_STATUS: Final[Mapping[grpc.StatusCode, Translation]] = {
         ValueError, "BUG: etcd refused a malformed request"
     ),
     grpc.StatusCode.PERMISSION_DENIED: Translation(
-        StoreUnavailable,
+        AccessRefused,
         "etcd denied the call: the etcd user (etcd.username, or the client certificate's "
         "CN when no username is set) needs a role that grants read and write on the prefix",
     ),
@@ -86,7 +93,7 @@ _NEW_TOKEN: Final = Translation(
     StoreUnavailable, "etcd refused the auth token", reauthenticate=True
 )
 _HANDSHAKE: Final = Translation(
-    StoreUnavailable,
+    AccessRefused,
     "the TLS handshake with etcd failed (check etcd.ca_file against etcd's certificate, "
     "and etcd.cert_file/etcd.key_file if etcd requires client certificates)",
     failover=True,
@@ -104,7 +111,7 @@ ERRORS_BY_MESSAGE: Final[tuple[tuple[str, Translation], ...]] = (
     (
         "user name is empty",
         Translation(
-            StoreUnavailable,
+            AccessRefused,
             "etcd has auth enabled: set etcd.username and etcd.password_file, or a client "
             "certificate whose CN is an etcd user",
             reauthenticate=True,
@@ -112,11 +119,11 @@ ERRORS_BY_MESSAGE: Final[tuple[tuple[str, Translation], ...]] = (
     ),
     (
         "authentication failed",
-        Translation(StoreUnavailable, "etcd refused etcd.username with etcd.password_file"),
+        Translation(AccessRefused, "etcd refused etcd.username with etcd.password_file"),
     ),
     (
         "authentication is not enabled",
-        Translation(StoreUnavailable, "etcd.username is set but etcd has auth disabled"),
+        Translation(AccessRefused, "etcd.username is set but etcd has auth disabled"),
     ),
     # gRPC's words when the TLS handshake fails: etcd wants a client certificate
     # (etcd.cert_file, etcd.key_file) it was not given or does not trust, or etcd's

@@ -47,6 +47,7 @@ async def connect(
     rpc_timeout_s: float,
     seed: int | str | None = None,
     access: EtcdAccess | None = None,
+    lazy: bool = False,
 ) -> EtcdStore:
     """Connects to the first endpoint that answers a linearizable read.
 
@@ -59,8 +60,13 @@ async def connect(
         seed: seeds the shuffle (None: a random order).
         access: TLS and auth (``https://`` endpoints need its CA); None: plaintext,
             no auth.
+        lazy: return at once, connected to nothing: the first call goes to the first
+            endpoint in that order and fails over from there (a store that etcd may
+            join later).
 
     Raises:
+        AccessRefused: no endpoint answered and one refused the TLS handshake, the
+            password or a permission (a ``StoreUnavailable``).
         StoreUnavailable: no endpoint answered (each one's error is in the message:
             refused, TLS handshake failed, password refused...).
         ValueError: no endpoints, a malformed one, endpoints and ``access`` that do
@@ -69,7 +75,8 @@ async def connect(
     order = list(endpoints)
     random.Random(seed).shuffle(order)
     store = EtcdStore(order, rpc_timeout_s=rpc_timeout_s, access=access)
-    await store._connection.open_first()
+    if not lazy:
+        await store._connection.open_first()
     return store
 
 

@@ -65,6 +65,9 @@ class FakeAllocator:
 
     # -- lifecycle of ha.node.Node -------------------------------------------------------
 
+    joined = True
+    """Always a member: there is no cluster to join."""
+
     async def start(self) -> None:
         self.calls.append("start")
 

@@ -29,6 +29,7 @@ from kubernetes_validate import utils as kv
 from server import app
 from server import config as server_config
 from server.config import load_config
+from server.metrics import HEALTHZ_PATH, LIVENESS_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -466,7 +467,7 @@ def test_ports_agree_with_the_config_probes_services_and_policies() -> None:
     assert ports == {"grpc": grpc, "metrics": metrics}
     env = _pod_env(objects, sts, ALLOCATOR)
     assert _port(env["FAIRSHARE_ADVERTISE"]) == grpc
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert c[probe]["grpc"]["port"] == grpc, f"{probe} must be the gRPC health check"
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
@@ -484,6 +485,19 @@ def test_ports_agree_with_the_config_probes_services_and_policies() -> None:
     egress = _find(objects, "NetworkPolicy", "allocator-egress")["spec"]["egress"]
     assert grpc in [p["port"] for rule in egress for p in rule["ports"]], "peers' gRPC"
     assert {53} <= {p["port"] for rule in egress for p in rule["ports"]}, "DNS"
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t or "default" for t in TARGETS])
+def test_liveness_is_healthz_on_the_metrics_port(target: str) -> None:
+    """A hung event loop fails liveness (server/metrics.py ``/healthz``); the probe waits
+    longer than the endpoint's own wait for the loop."""
+    sts = _workload(_render(target), "StatefulSet", ALLOCATOR)
+    c = _container(sts, ALLOCATOR)
+    probe = c["livenessProbe"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert probe["httpGet"]["path"] == HEALTHZ_PATH
+    assert ports[probe["httpGet"]["port"]] == _port(_base_config().metrics_listen)
+    assert probe["timeoutSeconds"] > LIVENESS_TIMEOUT_S
 
 
 def test_container_runs_the_image_command_the_cli_accepts(capsys: pytest.CaptureFixture) -> None:
@@ -611,6 +625,59 @@ def test_etcd_cluster_is_three_pinned_members_with_volumes() -> None:
     assert env["ETCD_DATA_DIR"].startswith(c["volumeMounts"][0]["mountPath"] + "/")
     pdb = _find(objects, "PodDisruptionBudget", "etcd")
     assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def _script_variables(script: str) -> set[str]:
+    """The variables the start script requires (its ``${VAR:?}`` checks)."""
+    return set(re.findall(r"\$\{(\w+):\?\}", script))
+
+
+@pytest.mark.parametrize("target", ETCD_TARGETS, ids=[t or "default" for t in ETCD_TARGETS])
+def test_etcd_members_start_through_the_shipped_start_script(target: str) -> None:
+    """The container runs deploy/etcd/etcd-start.sh (tested against real members in
+    tests/integration/test_etcd_rejoin.py) with a shell, sleep and every variable it needs."""
+    objects = _render(target)
+    etcd = _workload(objects, "StatefulSet", "etcd")
+    pod = etcd["spec"]["template"]["spec"]
+    c = _container(etcd, "etcd")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    shell, script_path = c["command"]
+    script_dir, _, script_name = script_path.rpartition("/")
+    config_map = volumes[mounts[script_dir]]["configMap"]["name"]
+    shipped = next(
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == config_map
+    )
+    script = (DEPLOY / "etcd" / "etcd-start.sh").read_text(encoding="utf-8")
+    assert shipped["data"][script_name] == script
+    # The init container installs busybox's applets where the shell is looked for.
+    tools_dir = shell.rpartition("/")[0]
+    (init,) = pod["initContainers"]
+    assert [m["mountPath"] for m in init["volumeMounts"]] == [tools_dir]
+    assert f"--install -s {tools_dir}" in " ".join(init["command"])
+    assert volumes[mounts[tools_dir]] == volumes[init["volumeMounts"][0]["name"]]
+
+    replicas = etcd["spec"]["replicas"]
+    advertised = [
+        _pod_env(objects, etcd, "etcd", i)["ETCD_ADVERTISE_CLIENT_URLS"] for i in range(replicas)
+    ]
+    for i in range(replicas):
+        env = _pod_env(objects, etcd, "etcd", i)
+        missing = _script_variables(script) - env.keys()
+        assert not missing, f"member {i} lacks {missing}"
+        assert tools_dir in env["PATH"].split(":") and "/usr/local/bin" in env["PATH"]
+        assert "ETCD_INITIAL_CLUSTER_STATE" not in env, "the script decides it"
+        # Every member's URL spelt as that member advertises it (the script skips its
+        # own by comparing the two), renamed with the members; the scheme is the one
+        # the members serve.
+        urls = env["CLUSTER_CLIENT_URLS"].split(",")
+        assert urls == advertised
+        scheme = env["ETCD_LISTEN_CLIENT_URLS"].partition(":")[0]
+        assert {u.partition(":")[0] for u in urls} == {scheme}
+        if scheme == "https":
+            files = _secret_files(etcd, "etcd")
+            tls = [env[f"ETCDCTL_{n}"] for n in ("CACERT", "CERT", "KEY")]
+            assert set(tls) <= files.keys(), "etcdctl's TLS files are not from a Secret"
 
 
 def test_tls_overlay_reaches_etcd_over_tls_with_the_ca_etcd_serves_with(
@@ -802,6 +869,7 @@ ADDRESS_VARS = {
     "ETCD_ADVERTISE_CLIENT_URLS",
     "ETCD_INITIAL_ADVERTISE_PEER_URLS",
     "ETCD_INITIAL_CLUSTER",
+    "CLUSTER_CLIENT_URLS",
     "ETCDCTL_ENDPOINTS",
 }
 
@@ -1103,7 +1171,9 @@ def test_podmonitors_scrape_the_metrics_ports() -> None:
         selector = m["spec"]["selector"]["matchLabels"]
         (sts,) = [w for w in workloads if selector.items() <= _pod_template_labels(w).items()]
         annotations = sts["spec"]["template"]["metadata"]["annotations"]
-        ports = {p["name"]: p["containerPort"] for c in _pod_containers(sts) for p in c["ports"]}
+        ports = {
+            p["name"]: p["containerPort"] for c in _pod_containers(sts) for p in c.get("ports", [])
+        }
         for endpoint in m["spec"]["podMetricsEndpoints"]:
             assert set(endpoint) <= {"port", "path", "interval"}
             assert ports[endpoint["port"]] == int(annotations["prometheus.io/port"])
