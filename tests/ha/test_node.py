@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
@@ -131,9 +131,14 @@ class LocalPeers:
 
 
 class Cluster:
-    def __init__(self, size: int, pools: Sequence[PoolConfig] = POOLS) -> None:
+    def __init__(
+        self,
+        size: int,
+        pools: Sequence[PoolConfig] = POOLS,
+        store: Callable[[FakeClock], FlakyStore] = FlakyStore,
+    ) -> None:
         self.clock = FakeClock()
-        self.store = FlakyStore(self.clock)
+        self.store = store(self.clock)
         self.peers = LocalPeers()
         self.pools = pools
         self.nodes = [self.make(f"n{i}") for i in range(size)]
