@@ -10,7 +10,8 @@ Guarantees:
 - A connection error, a deadline or "no leader" moves the connection to the next endpoint
   for the calls that follow; the failed member's channel is closed one deadline later, so
   calls still running on it can finish. With one endpoint gRPC reconnects the same
-  channel, its backoff bounded at 1 s.
+  channel, its backoff bounded at 1 s, resolving the member's name again at most every
+  second after a failure.
 - Only idempotent calls are tried on the next endpoint within their deadline, and the
   write that may be sent twice (``repeat``) within its budget; every other call raises
   at once, whatever it may have done (``Connection.call``).
@@ -132,6 +133,9 @@ def _channel_options(rpc_timeout_s: float) -> dict[str, int]:
         "grpc.initial_reconnect_backoff_ms": 100,
         "grpc.min_reconnect_backoff_ms": 1000,
         "grpc.max_reconnect_backoff_ms": 1000,
+        # A member restarted on a new address behind its name (a pod's new IP) is
+        # resolved again a second after a connection fails, not gRPC's 30 s.
+        "grpc.dns_min_time_between_resolutions_ms": 1000,
         # Pings find a member that stopped answering on an open connection (paused,
         # partitioned) even when the only call is an idle watch.
         "grpc.keepalive_time_ms": _KEEPALIVE_PING_MS,
