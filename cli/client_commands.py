@@ -19,6 +19,7 @@ from typing import Any, Final, TextIO
 import grpc
 from grpc import aio
 
+from wire.channels import open_channel
 from wire.credentials import read_token
 from wire.metadata import bearer
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -107,8 +108,8 @@ def _channel(args: argparse.Namespace) -> aio.Channel:
             private_key=_read(args.tls_key),
             certificate_chain=_read(args.tls_cert),
         )
-        return aio.secure_channel(args.target, credentials)
-    return aio.insecure_channel(args.target)
+        return open_channel(args.target, credentials)
+    return open_channel(args.target)
 
 
 def _read(path: str | None) -> bytes | None:

@@ -7,6 +7,15 @@ re-reported with ``Adopt(complete=false)`` as soon as an owner of its pool answe
 grants are live it reads ListPools every ``epoch_check_s`` to notice a new owner it would
 not otherwise see, and, with ``route_to_owner``, learns the owners' addresses from it.
 
+A complete re-report closes this holder's other phantoms only if it carries a signed
+grant issued to this holder (the owner's proof of holdership, docs/ha.md "Adopt"). When
+the re-reported grants hold none (only degraded ones, or none at all), the client adds a
+live signed grant of the new epoch as that proof (the owner counts nothing for it: it
+decided it); when it has none either, it sends the complete re-report again with the
+first signed grant the new epoch gives it. So the phantoms of grants the client never
+received (a crash between the owner's write and its answer) end once the client works
+with the new owner, not ``max_request_s`` later.
+
 Non-guarantees: an Adopt that fails is retried when the next answer names the epoch; one
 the owner refuses for good (not a wrong epoch) is not retried.
 """
@@ -20,7 +29,9 @@ import grpc
 from grpc import aio
 
 from client.calls import RETRYABLE, Calls
-from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH
+from client.grants import ClientGrant
+from fairshare.errors import InvalidArgument
+from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, GrantRef
 from fairshare.limits import MAX_ADOPT_GRANTS
 from wire.convert import adopt_request
 from wire.errors import to_allocator_error
@@ -49,6 +60,36 @@ class Adoption(Calls):
             return
         self._spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
 
+    def _granted(self, grant: ClientGrant) -> None:
+        """A new grant is live: if the last complete re-report of its pool lacked a proof
+        of holdership at this grant's epoch and this grant is one, sends it again."""
+        if self._unproven.get(grant.pool) == grant.epoch and self._proves(grant):
+            del self._unproven[grant.pool]
+            self._spawn(
+                self._adopt(grant.pool, grant.epoch, complete=True),
+                f"adopt {grant.pool}@{grant.epoch} (proven)",
+            )
+
+    def _proves(self, grant: ClientGrant) -> bool:
+        """True if ``grant`` proves this client is its holder: a replica signed it, naming
+        this holder (the client's own degraded ids are unsigned and prove nothing)."""
+        try:
+            ref = GrantRef.decode(grant.grant_id)
+        except InvalidArgument:
+            return False
+        return bool(ref.mac) and ref.holder == self.holder
+
+    def _proof(self, pool: str, epoch: int) -> ClientGrant | None:
+        """A live grant of ``pool`` decided at ``epoch`` that proves holdership, if any."""
+        return next(
+            (
+                g
+                for g in self._live.values()
+                if g.pool == pool and g.epoch == epoch and self._proves(g)
+            ),
+            None,
+        )
+
     def _report(self, pool: str) -> None:
         """Reports the pool's grants no owner counted, at the newest epoch seen, unless an
         Adopt of the pool is already in flight (it re-checks when it ends)."""
@@ -65,6 +106,18 @@ class Adoption(Calls):
         unreported = self._unreported.get(pool, set())
         if complete:
             grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
+            proven = any(self._proves(g) for g in grants)
+            if not proven:
+                # A live signed grant of ``epoch`` proves holdership; its owner decided it,
+                # so it counts nothing twice. Without one, the next one sends this again.
+                proof = self._proof(pool, epoch)
+                if proof is not None:
+                    grants.append(proof)
+                    proven = True
+            if not proven:
+                self._unproven[pool] = epoch
+            elif self._unproven.get(pool) == epoch:
+                del self._unproven[pool]
         else:
             grants = [self._live[i] for i in unreported if i in self._live]
             unreported.intersection_update(self._live)
@@ -73,7 +126,7 @@ class Adoption(Calls):
         # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
         # only the last one complete. Grants a replica signed go last, so the complete
         # one carries the proof of holdership the owner asks for (docs/ha.md, "Adopt").
-        grants.sort(key=lambda g: g.epoch != DEGRADED_EPOCH)
+        grants.sort(key=self._proves)
         self._reporting.add(pool)
         try:
             for start in range(0, len(grants) or 1, MAX_ADOPT_GRANTS):

@@ -17,7 +17,10 @@ Guarantees:
   ``release_retry_s``, pool by pool and ``flush_concurrency`` at a time, so a pool without
   an owner holds back only its own releases. The server makes releases idempotent.
 - The client keeps its live grants; when a response shows a pool at a new epoch it
-  re-reports them to the new owner with ``Adopt(complete=true)``.
+  re-reports them to the new owner with ``Adopt(complete=true)``, carrying a grant the
+  cluster signed for this holder (a live one of the new epoch if none of the re-reported
+  is; else sent again with the first such grant), so the owner closes this holder's
+  phantoms that no live grant claims.
 - A grant no owner counted is re-reported (``Adopt(complete=false)``) as soon as an owner
   of its pool answers, whatever that owner's epoch: degraded grants (epoch 0, decided by
   this client or by a replica without an owner) and late grants (decided at an epoch
@@ -148,6 +151,8 @@ class AllocatorClient(Adoption, Backlog):
         # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
         self._unreported: dict[str, set[str]] = {}
         self._reporting: set[str] = set()  # pools with an Adopt in flight
+        # Per pool, the epoch whose complete re-report carried no proof of holdership.
+        self._unproven: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -308,6 +313,8 @@ class AllocatorClient(Adoption, Backlog):
             # have closed this grant's phantom. Either way no owner counts it now.
             self._unreported.setdefault(pool, set()).add(grant.grant_id)
             self._report(pool)
+        else:
+            self._granted(grant)
         self._ensure_watcher()
         return grant
 

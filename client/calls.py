@@ -76,6 +76,7 @@ class Calls:
     _resend_batch: int
     _slots: asyncio.Semaphore
     _unreported: dict[str, set[str]]
+    _unproven: dict[str, int]
     _reporting: set[str]
     _tasks: set[asyncio.Task[None]]
     _flusher: asyncio.Task[None] | None

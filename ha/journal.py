@@ -10,9 +10,9 @@ since the previous write, and now and then a *checkpoint* of the whole state, in
   at that wall time), the requests counted in flight since (``live`` rows, as in
   ``ha.snapshot``), the requests no longer counted (``drop``), and the accounting entries
   added (``settled``, ``uncounted``).
-- A checkpoint's head holds the scalars (writer's epoch, wall, capacity, issued) and the
-  windows of uncounted grants; its parts hold the usage of every team, every request in
-  flight and both accounting tables.
+- A checkpoint's head holds the scalars (writer's epoch, wall, capacity, issued, the
+  capacity its configuration gives the pool) and the windows of uncounted grants; its
+  parts hold the usage of every team, every request in flight and both accounting tables.
 
 ``replay`` turns a head, its parts and the records written after it back into the
 ``ha.snapshot.PoolSnapshot`` the writer would have written whole at its last commit, so a
@@ -194,6 +194,7 @@ def encode_checkpoint(state: PoolSnapshot, live_rows: Iterable[str]) -> Checkpoi
         "epoch": state.epoch,
         "wall": state.wall,
         "capacity": state.capacity,
+        "configured": state.configured,
         "issued": state.issued,
         "unknown_after": {str(e): [s, w] for e, (s, w) in state.unknown_after.items()},
         "unknown_between": [list(r) for r in state.unknown_between],
@@ -302,6 +303,8 @@ def _replay(
         unknown_between=[(int(lo), int(hi), float(w)) for lo, hi, w in head["unknown_between"]],
         uncounted=uncounted,
         settled=settled,
+        # Fixed for an epoch (its writer's configuration), so in its checkpoint only.
+        configured=None if head.get("configured") is None else int(head["configured"]),
     )
 
 

@@ -184,8 +184,21 @@ class OwnedPool:
             # Nothing was ever written, or it is gone: no earlier grant was counted.
             self._earlier.start_unknown(self.epoch, now)
             return 0, 0
-        if snapshot.capacity != self.pool.capacity:
-            self.pool.set_capacity(snapshot.capacity)
+        capacity = snapshot.capacity
+        if snapshot.configured not in (None, self.config.capacity):
+            # The configuration changed since that owner: its capacity is the new intent,
+            # and a SetCapacity made under the old one ends here.
+            capacity = self.config.capacity
+            logger.info(
+                "pool %s at epoch %d: configured capacity %d (was %d): it replaces %d",
+                self.name,
+                self.epoch,
+                capacity,
+                snapshot.configured,
+                snapshot.capacity,
+            )
+        if capacity != self.pool.capacity:
+            self.pool.set_capacity(capacity)
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
         for team, usage in restorable(self.config, snapshot.usage).items():
             self.pool.set_usage(team, usage * decay)
@@ -552,6 +565,7 @@ class OwnedPool:
             unknown_between=list(self._earlier.unknown_between),
             uncounted=dict(self._earlier.uncounted),
             settled=dict(self._earlier.settled),
+            configured=self.config.capacity,
         )
 
     async def _persist(self) -> None:

@@ -11,6 +11,9 @@ Guarantees:
   only once it has been a member without a break for ``rebalance_settle_s``. A graceful
   handover (``ha.handover``) is one transition, counted by the new owner, and is not
   logged as a loss.
+- An ownerless pool that its target does not take is campaigned for by every other
+  replica at the latest ``lease_ttl_s + campaign_delay_s`` after it became ownerless,
+  however many other pools are being taken meanwhile.
 - Failed campaigns for a pool back off and are logged sparingly (``ha.backoff``).
 - A node has at most ``IN_FLIGHT`` campaigns (a campaign ends once its first snapshot is
   written) and at most ``IN_FLIGHT`` rebalancing handovers under way at a time: a node
@@ -255,7 +258,8 @@ class Ownership:
         for ``rebalance_settle_s`` (hysteresis: a flapping replica does not drag pools
         back and forth); an ownerless pool is campaigned for by the pin's target, a fresh
         hint's target, or the preferred replica at once, by the others after
-        ``campaign_delay_s`` in which no pool was taken.
+        ``campaign_delay_s`` in which no pool was taken, and at the latest
+        ``lease_ttl_s + campaign_delay_s`` after the pool became ownerless.
         """
         now = self._clock.monotonic()
         self._give_up_unfenced()
@@ -347,7 +351,9 @@ class Ownership:
     def _campaign_when_due(self, name: PoolName, members: Sequence[NodeId], now: float) -> None:
         """Campaigns for an ownerless pool at once if this node is its target (the pin's,
         a fresh hint's, or the preferred replica), otherwise once it has been ownerless
-        for ``campaign_delay_s`` and no pool has been taken for as long."""
+        for ``campaign_delay_s`` and no pool has been taken for as long, or at the latest
+        ``lease_ttl_s + campaign_delay_s`` after it became ownerless (as seen here),
+        however many other pools are being taken meanwhile."""
         if self._backoff.waiting(name, now):
             return
         since = self._absent_since.setdefault(name, now)
@@ -361,7 +367,13 @@ class Ownership:
         # Not before campaign_delay_s has passed without any pool being taken: a target
         # that campaigns for hundreds of pools (``IN_FLIGHT`` at a time) gets them all,
         # rather than losing most to the others and taking them back by handovers.
-        if now - max(since, self._taken_at) >= delay:
+        # Waiting for that quiet is bounded by lease_ttl_s, the time the cluster gives a
+        # silent replica before it counts as gone: while pools keep being taken (churn,
+        # or a backlog longer than that) a target that has not taken this one by then is
+        # failing at it (its campaigns for it back off, or its view is stale), and the
+        # pool would otherwise stay ownerless for as long as the churn lasts.
+        quiet_from = min(max(since, self._taken_at), since + self.timing.lease_ttl_s)
+        if now - quiet_from >= delay:
             self._campaigns[name] = asyncio.create_task(
                 self._campaign(name), name=f"campaign-{name}"
             )

@@ -231,12 +231,17 @@ class Router:
             return owned.adopt(holder=holder, grants=grants, complete=complete)
         if forwarded:
             raise self._wrong_epoch(name)
+        route = self.view.route(name)
+        if epoch != ANY_EPOCH and route is not None and route.epoch != epoch:
+            # A complete inventory speaks for one epoch: it leaves out the grants decided
+            # at it, so a newer owner would close their phantoms while they are held.
+            raise WrongEpoch(name, route.node, route.address, route.epoch)
         return await self._to_owner(
             name,
             lambda address: self._peers.adopt(
                 address,
                 pool=pool,
-                epoch=ANY_EPOCH,
+                epoch=epoch,
                 holder=holder,
                 grants=grants,
                 complete=complete,

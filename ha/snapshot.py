@@ -71,6 +71,10 @@ class PoolSnapshot:
             and hi was ever read, so none of their grants was counted.
         uncounted: grants not counted whose release must still be charged, with wall time.
         settled: grants of unknown windows already settled, with the wall time.
+        configured: the capacity the writer's configuration gave the pool; a successor
+            configured otherwise takes its own (a changed configuration is the new intent,
+            SetCapacity an override until then). None in snapshots written before it was
+            kept: the stored capacity stands.
     """
 
     pool: str
@@ -84,6 +88,7 @@ class PoolSnapshot:
     unknown_between: Sequence[tuple[int, int, float]] = ()
     uncounted: Mapping[GrantKey, float] = field(default_factory=dict)
     settled: Mapping[GrantKey, float] = field(default_factory=dict)
+    configured: int | None = None
 
     def in_flight(self) -> dict[str, int]:
         """Team -> requests in flight."""
@@ -113,6 +118,7 @@ class PoolSnapshot:
                 "unknown_between": [list(r) for r in self.unknown_between],
                 "uncounted": [[k.epoch, k.seq, k.holder, w] for k, w in self.uncounted.items()],
                 "settled": [[k.epoch, k.seq, k.holder, w] for k, w in self.settled.items()],
+                "configured": self.configured,
             },
             separators=(",", ":"),
         )
@@ -145,6 +151,7 @@ class PoolSnapshot:
                 ],
                 uncounted=_keys(doc["uncounted"]),
                 settled=_keys(doc["settled"]),
+                configured=None if doc.get("configured") is None else int(doc["configured"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             logger.error("ignoring an unreadable pool snapshot: %s", e)

@@ -46,6 +46,7 @@ from sim.allocators import PoolSpec, SetupError
 from sim.engine import Simulator
 from sim.model import Request
 from sim.scenarios.result import ScenarioResult
+from wire.channels import open_sync_channel
 from wire.credentials import read_token
 from wire.metadata import bearer
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -121,7 +122,7 @@ class GrpcAllocator:
         self.stats = LiveStats()
         self._token = token
         self._client = SyncAllocatorClient([target], holder=holder, deadline_s=deadline_s)
-        self._channel = grpc.insecure_channel(target)
+        self._channel = open_sync_channel(target)
         self._grants: dict[int, SyncGrant] = {}
         self._capacity_at_start: int | None = None
         self._resized = False

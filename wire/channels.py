@@ -1,4 +1,5 @@
-"""The one place where gRPC channels to replicas are opened: the client's and the peers'.
+"""The one place where gRPC channels to replicas are opened: the client library's, the
+replicas' own forwarding channels, the ``fairshare`` command's and the simulator's.
 
 gRPC's defaults are wrong for a failover path: a channel whose connection failed waits 1 s
 before it tries again, and that wait grows to 120 s, so a replica restarted on the same
@@ -10,10 +11,15 @@ Guarantees:
   on its address is connected to again within about a second, however long it was away.
 - A connection attempt is given ``CONNECT_TIMEOUT_MS`` before it counts as failed.
 - Host names are resolved again at most every ``DNS_REFRESH_MS`` after a failure (gRPC's
-  default is 30 s), so a replica that moved to a new address is found again quickly.
+  default is 30 s), so a replica that moved to a new address behind the same name (a
+  restarted pod's new IP) is found again about a second after its name resolves to it.
+- No shipped module opens a gRPC channel to a replica any other way (a test checks the
+  source); channels to etcd state the same limits in ``ha.etcd.connection``.
 
 Non-guarantees: a call made while the channel waits between two attempts still fails at
-once with ``UNAVAILABLE`` (callers retry within their own deadline).
+once with ``UNAVAILABLE`` (callers retry within their own deadline). How soon a name
+resolves to a new address is the DNS server's matter (cluster DNS caches records for
+their TTL); re-resolution happens after a connection fails, not on a timer.
 """
 
 from __future__ import annotations
@@ -58,4 +64,15 @@ def open_channel(
     return aio.insecure_channel(target, options=merged)
 
 
-__all__ = ["CHANNEL_OPTIONS", "open_channel"]
+def open_sync_channel(
+    target: str, credentials: grpc.ChannelCredentials | None = None
+) -> grpc.Channel:
+    """A blocking (not ``aio``) channel to ``target`` with ``CHANNEL_OPTIONS``, for
+    callers without an event loop (the simulator's remote driver)."""
+    options = list(CHANNEL_OPTIONS)
+    if credentials is not None:
+        return grpc.secure_channel(target, credentials, options=options)
+    return grpc.insecure_channel(target, options=options)
+
+
+__all__ = ["CHANNEL_OPTIONS", "open_channel", "open_sync_channel"]

@@ -10,7 +10,8 @@ Guarantees:
 - A connection error, a deadline or "no leader" moves the connection to the next endpoint
   for the calls that follow; the failed member's channel is closed one deadline later, so
   calls still running on it can finish. With one endpoint gRPC reconnects the same
-  channel, its backoff bounded at 1 s.
+  channel, its backoff bounded at 1 s, resolving the member's name again at most every
+  second after a failure.
 - Only idempotent calls are tried on the next endpoint within their deadline, and the
   write that may be sent twice (``repeat``) within its budget; every other call raises
   at once, whatever it may have done (``Connection.call``).
@@ -21,7 +22,9 @@ Guarantees:
   ``http://`` ones plaintext; both kinds at once, or TLS settings with ``http://``
   endpoints, are refused when the connection is made. With a username, a call that etcd
   answers "invalid auth token" is sent once more with a new token, whatever the call:
-  etcd checks the token before it applies anything (``ha.etcd.client``).
+  etcd checks the token before it applies anything (``ha.etcd.client``). Without one
+  there is no token to renew: such an answer fails the call at once, and its reason
+  names the settings to give (``reauthenticates``).
 
 - With ``EtcdAccess.reload``, rotated certificates or password reach the calls that
   follow: the current endpoint gets a new client made with them, the old one is closed
@@ -45,7 +48,14 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from ha.etcd.client import EtcdAccess, EtcdClient
-from ha.etcd.errors import TRANSLATED, UNKNOWN, AccessRefused, details_of, translate
+from ha.etcd.errors import (
+    TRANSLATED,
+    UNKNOWN,
+    AccessRefused,
+    Translation,
+    details_of,
+    translate,
+)
 from ha.store import StoreUnavailable
 
 __all__ = [
@@ -123,6 +133,9 @@ def _channel_options(rpc_timeout_s: float) -> dict[str, int]:
         "grpc.initial_reconnect_backoff_ms": 100,
         "grpc.min_reconnect_backoff_ms": 1000,
         "grpc.max_reconnect_backoff_ms": 1000,
+        # A member restarted on a new address behind its name (a pod's new IP) is
+        # resolved again a second after a connection fails, not gRPC's 30 s.
+        "grpc.dns_min_time_between_resolutions_ms": 1000,
         # Pings find a member that stopped answering on an open connection (paused,
         # partitioned) even when the only call is an idle watch.
         "grpc.keepalive_time_ms": _KEEPALIVE_PING_MS,
@@ -183,6 +196,20 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def reauthenticates(self, translation: Translation | None) -> bool:
+        """True when a failure so translated is answered by fetching a new auth token
+        and sending the call again: etcd refused the token, and a username is set.
+
+        Without a username the store sends no token, so there is none to renew ("user
+        name is empty" from an etcd with auth on means settings are missing): the call
+        fails with the translation's reason, and nothing claims a token was refused.
+        """
+        return (
+            translation is not None
+            and translation.reauthenticate
+            and self._access.username is not None
+        )
 
     async def open_first(self) -> None:
         """Settles on the first endpoint, in order, that answers a linearizable read.
@@ -292,7 +319,7 @@ class Connection:
                     return await op(used.client, cap)
             except TRANSLATED as e:
                 translation = translate(e)
-                if translation is not None and translation.reauthenticate and not new_token:
+                if self.reauthenticates(translation) and not new_token:
                     # Refused before it was applied: once more, with a new token.
                     new_token = True
                     await self.reauthenticate(used, sent, what, deadline - loop.time())

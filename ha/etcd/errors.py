@@ -7,11 +7,12 @@ Guarantees: a failure is translated here and nowhere else. Connection refused, n
 deadline exceeded → ``StoreUnavailable`` that moves the store to the next endpoint;
 NOSPACE ("database space exceeded") → ``StoreFull``; lease not found → ``LeaseNotFound``;
 a request etcd calls malformed → ``ValueError`` (a bug in this package). An auth token etcd
-no longer accepts (expired, or older than an auth change) is marked ``reauthenticate``:
-the connection fetches a new one and sends the call again. A refused password, a denied
-permission or a failed TLS handshake → ``StoreUnavailable`` whose reason names the
-settings to check. Anything else aetcd or gRPC raises → ``StoreUnavailable`` on the same
-endpoint.
+no longer accepts (expired, or older than an auth change), or none sent ("user name is
+empty"), is marked ``reauthenticate``: with a username set, the connection fetches a new
+token and sends the call again; without one the call fails with the reason. A refused
+password, a denied permission or a failed TLS handshake → ``StoreUnavailable`` whose
+reason names the settings to check. Anything else aetcd or gRPC raises →
+``StoreUnavailable`` on the same endpoint.
 
 Non-guarantees: the words of etcd's message are kept for the log, not parsed, except
 the NOSPACE one that ``ERRORS_BY_MESSAGE`` names.
@@ -58,6 +59,8 @@ class Translation:
         failover: the endpoint itself failed, so the next call goes to the next one.
         reauthenticate: etcd refused the auth token, not the call: with a new token the
             call may be sent again (etcd checks the token before it applies anything).
+            The connection acts on it only when a username is set
+            (``Connection.reauthenticates``): otherwise there is no token to renew.
     """
 
     error: type[Exception]

@@ -89,7 +89,7 @@ async def watch_prefix(
             return  # the connection closed the stream
         except _WatchCanceled as e:
             refused = translate_reason(e.reason)
-            if refused is not None and refused.reauthenticate:
+            if connection.reauthenticates(refused):
                 # An expired token: etcd creates the watch only to cancel it.
                 with contextlib.suppress(StoreUnavailable):
                     await connection.reauthenticate(used, sent, "watch", connection.rpc_timeout_s)

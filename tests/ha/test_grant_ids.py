@@ -264,6 +264,36 @@ async def test_a_complete_adopt_speaks_only_for_a_holder_it_proves_to_be() -> No
     assert (result.adopted, result.phantoms_dropped) == (1, 3)
 
 
+async def test_a_signed_grant_of_the_owners_own_epoch_proves_holdership_once_counted() -> None:
+    # A gateway whose grants of the old epoch all ended (or were never answered) holds
+    # only its own degraded ones; its proof is a grant the new owner signed for it.
+    clock = FakeClock()
+    disk = MemoryLog()
+    keys = GrantKeys([KEY_A.encode()])
+    old = owner(3, keys, clock=clock, disk=disk)
+    for _ in range(3):
+        await grant(old, holder="gw")  # decided and persisted; the answers never arrived
+    await old.durable()
+    new = owner(5, keys, clock=clock)
+    new.restore(disk.snapshot())
+    assert in_flight(new, "a") == (0, 3)
+    degraded = HeldGrant(GrantRef(PoolName("p"), Epoch(0), 7, "a", "gw").encode(), "a", 1, True)
+    result = new.adopt(holder="gw", grants=[degraded], complete=True)
+    assert result.phantoms_dropped == 0, "an unsigned inventory proves nothing"
+    fresh = await grant(new, holder="gw")
+    assert in_flight(new, "a") == (2, 3)  # the degraded grant and the fresh one
+    # A grant the new owner signed for another holder proves nothing for this one.
+    other = await grant(new, holder="other")
+    theirs = HeldGrant(other.grant_id, "a", other.priority, other.borrowing, 1)
+    assert new.adopt(holder="gw", grants=[theirs], complete=True).phantoms_dropped == 0
+    assert in_flight(new, "a") == (3, 3)
+    mine = HeldGrant(fresh.grant_id, "a", fresh.priority, fresh.borrowing, 1)
+    result = new.adopt(holder="gw", grants=[degraded, mine], complete=True)
+    # The proof closes the phantoms; neither grant is counted a second time.
+    assert (result.adopted, result.phantoms_dropped) == (0, 3)
+    assert in_flight(new, "a") == (3, 0)
+
+
 def test_the_key_file_is_looked_at_no_more_than_once_per_recheck(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "grant-keys"
     write_keys(path, KEY_A)

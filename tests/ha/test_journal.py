@@ -309,6 +309,28 @@ def test_a_checkpoint_replays_to_its_state_in_any_number_of_parts(
     assert replay(head, checkpoint.parts, [], decay_rate=0.0) == state
 
 
+@pytest.mark.parametrize("configured", [pytest.param(12, id="kept"), pytest.param(None, id="none")])
+def test_the_configured_capacity_replays_from_the_head_and_older_heads_have_none(
+    configured: int | None,
+) -> None:
+    state = PoolSnapshot(
+        pool="p",
+        epoch=7,
+        wall=1.5e9,
+        capacity=10,
+        live=[],
+        unknown_between=[],
+        configured=configured,
+    )
+    checkpoint = encode_checkpoint(state, [])
+    head = dict(checkpoint.head, position=1, parts=len(checkpoint.parts))
+    assert replay(head, checkpoint.parts, [], decay_rate=0.0) == state
+    # A head written before the field was kept: the stored capacity stands.
+    del head["configured"]
+    older = replay(head, checkpoint.parts, [], decay_rate=0.0)
+    assert older is not None and older.configured is None and older.capacity == 10
+
+
 def test_an_unreadable_record_makes_the_state_unreadable() -> None:
     state = PoolSnapshot(pool="p", epoch=7, wall=10.0, capacity=3)
     checkpoint = encode_checkpoint(state, [])

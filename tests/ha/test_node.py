@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
@@ -131,9 +132,14 @@ class LocalPeers:
 
 
 class Cluster:
-    def __init__(self, size: int, pools: Sequence[PoolConfig] = POOLS) -> None:
+    def __init__(
+        self,
+        size: int,
+        pools: Sequence[PoolConfig] = POOLS,
+        store: Callable[[FakeClock], FlakyStore] = FlakyStore,
+    ) -> None:
         self.clock = FakeClock()
-        self.store = FlakyStore(self.clock)
+        self.store = store(self.clock)
         self.peers = LocalPeers()
         self.pools = pools
         self.nodes = [self.make(f"n{i}") for i in range(size)]
@@ -455,6 +461,50 @@ async def test_capacity_changes_survive_failover(cluster: Cluster) -> None:
     view = await cluster.nodes[0].snapshot("pool-3")
     assert view.capacity == 20
     assert {s.team: s.reserved for s in view.teams} == {"a": 10, "b": 6, "c": 4}
+
+
+async def test_a_changed_configured_capacity_replaces_a_set_capacity_across_failovers() -> None:
+    """The rule (docs/ha.md, "Capacity: configuration and SetCapacity"): SetCapacity is an
+    override that survives failovers while the configured capacity stays the same; once
+    an owner configured otherwise takes the pool, its configured capacity is the new
+    intent, and a later SetCapacity overrides that one in turn."""
+    pool = "pool-3"
+    c = Cluster(2)
+    await c.start()
+    try:
+
+        async def take_over(configured: int, name: str) -> Node:
+            """Replaces every replica by one whose configuration gives ``pool`` this
+            capacity (a rolling update, squeezed into one step); returns it."""
+            c.pools = [
+                dataclasses.replace(p, capacity=configured) if p.name == pool else p for p in POOLS
+            ]
+            node = c.make(name)
+            for old in list(c.nodes):
+                c.crash(old)
+            c.nodes.append(node)
+            await node.start()
+            await c.clock.advance(TIMING.lease_ttl_s + 0.2)
+            await c.settle_owners()
+            assert c.owner(pool) is node
+            return node
+
+        async def capacity(node: Node) -> int:
+            return (await node.snapshot(pool)).capacity
+
+        assert await c.nodes[0].set_capacity(pool, 4) == 10
+        same = await take_over(10, "n-same")
+        assert await capacity(same) == 4, "an override stands while the configuration does"
+        changed = await take_over(12, "n-changed")
+        assert await capacity(changed) == 12, "a changed configuration is the new intent"
+        assert await changed.set_capacity(pool, 7) == 12
+        again = await take_over(12, "n-again")
+        assert await capacity(again) == 7, "an override of the new configuration stands"
+        # A replica still on the old configuration (mid-rollout) applies its own.
+        old = await take_over(10, "n-old")
+        assert await capacity(old) == 10
+    finally:
+        await c.close()
 
 
 async def test_every_replica_lists_the_owners_live_capacity(cluster: Cluster) -> None:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 from test_node import POOLS, TIMING, Cluster, acquire
 
-from ha.api import NodeId
+from ha.api import HeldGrant, NodeId, WrongEpoch
 from ha.cluster import preferred_owner
 from ha.node import Node
 from ha.store import NO_LEASE, LeaseId
@@ -217,3 +217,32 @@ def test_a_handover_record_of_an_earlier_version_reads_as_a_hint() -> None:
     pin = decode_handover(encode_handover("n2", 7.0, member=42, pinned=True))
     assert pin == Handover(NodeId("n2"), 7.0, 42, True)
     assert decode_handover(b"[]") is None
+
+
+async def test_a_complete_re_report_for_an_older_epoch_is_refused_through_a_forwarder(
+    cluster: Cluster,
+) -> None:
+    """A gateway re-reports for the epoch it knows while the pool has moved on: a replica
+    that forwards it must not hand it to the newer owner, whose phantoms include grants of
+    that epoch the inventory leaves out (they are the ones decided at that epoch)."""
+    pool = "pool-1"
+    first = cluster.owner(pool)
+    assert first is not None
+    older = await acquire(first, pool, "a", holder="gw")  # at epoch e0
+    second = next(n for n in cluster.nodes if n is not first)
+    await _switch(cluster, pool, second)
+    known = await acquire(second, pool, "a", holder="gw")  # at e1: the client's epoch
+    third = next(n for n in cluster.nodes if n not in (first, second))
+    await _switch(cluster, pool, third)
+    view = await third.snapshot(pool)
+    assert next(s for s in view.teams if s.team == "a").phantoms == 2
+    # The client's complete inventory for e1: every live grant not decided at e1.
+    inventory = [HeldGrant(older.grant_id, "a", older.priority, older.borrowing, 1)]
+    with pytest.raises(WrongEpoch):
+        await first.adopt(
+            pool=pool, epoch=known.epoch, holder="gw", grants=inventory, complete=True
+        )
+    view = await third.snapshot(pool)
+    assert next(s for s in view.teams if s.team == "a").phantoms == 2, (
+        "the grant decided at the client's epoch lost its phantom while still held"
+    )

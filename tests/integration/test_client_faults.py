@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -25,6 +26,7 @@ from harness.proxy import TcpProxy
 from server.app import RunningServer, start_server
 from server.config import Config
 from wire.channels import open_channel
+from wire.convert import acquire_request
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -154,6 +156,64 @@ async def test_a_restarted_gateway_makes_new_degraded_ids_that_the_owner_counts_
     assert not first & second, "a restarted gateway reused a degraded grant id"
     stat = await team(embedded.address, "inst-a")
     assert stat.in_flight == 0 and stat.usage == pytest.approx(9.0, rel=1e-3)
+
+
+# -- a phantom of a grant the gateway never received ----------------------------------------
+
+
+async def test_a_gateway_with_no_signed_grant_closes_the_phantom_of_one_it_never_got(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The restart drill's case: the owner wrote a grant for "gw" and went down before
+    # answering, and by the time the next owner answers "gw" holds only a degraded
+    # grant. Its complete re-report must still close the phantom of the grant it never
+    # got, with the proof of holdership it has: a grant the new owner signed for it.
+    caplog.set_level(logging.INFO, logger="ha.ownership")
+    address = f"127.0.0.1:{free_port()}"
+    config = make_config(tmp_path, environ={"FAIRSHARE_LISTEN": address})
+    server = await start_server(config, serve_metrics=False)
+    client = client_of(address)
+    try:
+        seen = await client.acquire("gpu-a", "inst-a")  # the client knows the first epoch
+        await seen.release(1.0)
+        assert client.pending_releases == 0
+        async with open_channel(address) as channel:
+            lost = await pb_grpc.AllocatorStub(channel).Acquire(
+                acquire_request(
+                    pool="gpu-a",
+                    team="inst-a",
+                    cls=Class.INTERACTIVE,
+                    est_tokens=1,
+                    holder="gw",
+                    request_id="answer-lost",
+                    try_only=False,
+                ),
+                timeout=5,
+            )
+        assert lost.granted and not lost.borrowing
+        await server.shutdown(0)  # its final snapshot lists the lost grant in flight
+        degraded = await client.acquire("gpu-a", "inst-a")
+        assert degraded.degraded
+        server = await start_server(config, serve_metrics=False)
+        fresh = await client.acquire("gpu-a", "inst-a")
+        assert fresh.epoch > seen.epoch and not fresh.degraded
+        restored = (
+            rf"acquired pool gpu-a at epoch {fresh.epoch}: restored usage of \d+ teams, 1 phantoms"
+        )
+        assert re.search(restored, caplog.text), caplog.text
+        await until(lambda: _phantoms(address, 0))
+        # Both live grants count, the degraded one re-reported, the fresh one decided.
+        await until(lambda: _in_flight(address, 2))
+        for grant in (degraded, fresh):
+            await grant.release(1.0)
+        await eventually(lambda: client.pending_releases == 0)
+    finally:
+        await client.close()
+        await server.shutdown(0)
+
+
+async def _phantoms(address: str, count: int) -> bool:
+    return (await team(address, "inst-a")).phantoms == count
 
 
 # -- finding 6: a grant that arrives after its pool moved ---------------------------------------

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from ha.etcd import EtcdAccess, EtcdStore, connect
+from ha.etcd.connection import Connection
+from ha.etcd.errors import translate_reason
 from ha.store import StoreUnavailable
 from harness.etcd import EtcdProcess, EtcdTls
 from harness.serve import Allocator, run_serve, serve_args, wait_serving
@@ -239,6 +241,50 @@ async def test_without_credentials_etcd_with_auth_denies_the_store(
 ) -> None:
     with pytest.raises(StoreUnavailable, match=r"etcd\.username"):
         await connect(etcd_auth.endpoints, rpc_timeout_s=RPC_TIMEOUT_S)
+
+
+async def test_without_a_username_auth_turned_on_fails_calls_without_renewing_a_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ha.etcd")
+    with EtcdProcess(name="auth-later-etcd") as etcd:
+        store = await connect(etcd.endpoints, rpc_timeout_s=RPC_TIMEOUT_S)
+        try:
+            await _round_trip(store, PREFIX + "a")
+            for args in (
+                ["user", "add", "root:root-pw"],
+                ["user", "grant-role", "root", "root"],
+                ["auth", "enable"],
+            ):
+                etcd.etcdctl(*args)
+            # etcd now answers "user name is empty": no token was sent, none to renew.
+            with pytest.raises(StoreUnavailable, match=r"set etcd\.username") as refused:
+                await store.put(PREFIX + "b", b"after auth on")
+            assert "user name is empty" in str(refused.value), refused.value
+            assert "authenticating again" not in caplog.text, caplog.text
+            assert "refused the auth token" not in caplog.text, caplog.text
+        finally:
+            await store.close()
+        etcd.etcdctl("--user=root:root-pw", "del", "--prefix", PREFIX)
+
+
+@pytest.mark.parametrize(
+    ("username", "words", "renews"),
+    [
+        pytest.param("app", "invalid auth token", True, id="expired-token-with-username"),
+        pytest.param("app", "user name is empty", True, id="no-token-with-username"),
+        pytest.param(None, "user name is empty", False, id="no-token-no-username"),
+        pytest.param(None, "invalid auth token", False, id="any-refusal-no-username"),
+        pytest.param("app", "authentication failed", False, id="wrong-password"),
+    ],
+)
+def test_a_refused_token_is_renewed_only_with_a_username(
+    username: str | None, words: str, renews: bool
+) -> None:
+    password = None if username is None else "app-pw"
+    access = EtcdAccess(username=username, password=password)
+    connection = Connection(["http://127.0.0.1:2379"], rpc_timeout_s=1.0, access=access)
+    assert connection.reauthenticates(translate_reason(f"etcdserver: {words}")) is renews
 
 
 def test_a_replica_with_a_wrong_password_file_exits_2_saying_so(
