@@ -25,6 +25,7 @@ from ha.store import (
     KeyValue,
     LeaseId,
     LeaseNotFound,
+    Put,
     StoreUnavailable,
     WatchEvent,
     Write,
@@ -117,12 +118,12 @@ class MemoryStore:
         fence_revision: int,
         timeout_s: float | None = None,
     ) -> bool:
-        async with within(timeout_s), self._op():
-            fence = self._keys.get(fence_key)
-            if fence is None or fence.create_revision != fence_revision:
-                return False
-            await self._write(key, value, NO_LEASE)
-            return True
+        return await self.commit_fenced(
+            [Put(key, value)],
+            fence_key=fence_key,
+            fence_revision=fence_revision,
+            timeout_s=timeout_s,
+        )
 
     async def commit_fenced(
         self,

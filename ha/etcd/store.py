@@ -33,6 +33,7 @@ from ha.store import (
     KeyValue,
     LeaseId,
     LeaseNotFound,
+    Put,
     StoreUnavailable,
     WatchEvent,
     Write,
@@ -167,15 +168,12 @@ class EtcdStore:
         fence_revision: int,
         timeout_s: float | None = None,
     ) -> bool:
-        fence = fence_key.encode()
-        succeeded, _ = await self._txn(
-            "write under a fence",
-            compare=[compare_create(fence, fence_revision), compare_exists(fence)],
-            success=[put_op(key.encode(), value, NO_LEASE)],
-            budget_s=timeout_s,
-            repeat=True,
+        return await self.commit_fenced(
+            [Put(key, value)],
+            fence_key=fence_key,
+            fence_revision=fence_revision,
+            timeout_s=timeout_s,
         )
-        return succeeded
 
     async def commit_fenced(
         self,
