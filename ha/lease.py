@@ -84,6 +84,18 @@ class NodeLease:
         self.valid_until = t_sent + self._timing.lease_ttl_s - self._timing.fence_margin_s
         logger.info("node %s joined with lease %x", self._node, lease)
 
+    def _note_late(self, fenced_for_s: float) -> None:
+        """Logs a renewal acknowledged after the fencing deadline: the node decided nothing
+        for that long although no renewal failed (an etcd stall, or this process starved
+        of CPU), which is otherwise seen only as degraded answers."""
+        if fenced_for_s > 0:
+            logger.warning(
+                "node %s: a lease renewal was acknowledged %.2fs after the fencing "
+                "deadline; its pools were not decided meanwhile",
+                self._node,
+                fenced_for_s,
+            )
+
     async def run(self) -> None:
         """Renews the lease every keepalive interval, for ever."""
         interval = self._timing.keepalive_interval_s
@@ -101,6 +113,7 @@ class NodeLease:
                     # deadline costs no pool (docs/ha.md, "Stall budget").
                     budget = max(self._timing.rpc_timeout_s, self.seconds_left())
                     await self._store.keepalive(self.lease, timeout_s=budget)
+                    self._note_late(self._clock.boottime() - self.valid_until)
                     self.valid_until = (
                         t_sent + self._timing.lease_ttl_s - self._timing.fence_margin_s
                     )
