@@ -139,6 +139,13 @@ class GroupCommitter:
                 logger.warning("durable write of %s failed: %s", self._name, e)
                 self._settle(None, e)
                 return
+            except BaseException:
+                # Cancelled in the middle of a write: what it covered may not be stored,
+                # and a write covers only what changed since the previous one, so no
+                # later write may follow it.
+                self._failure = CommitFailed("a write was cancelled")
+                self._settle(None, self._failure)
+                raise
             self.writes += 1
             self._durable = generation
             self._settle(generation, None)

@@ -96,14 +96,15 @@ class PoolKeys:
 async def load(
     store: Store, keys: Keys, pool: str, *, decay_rate: float, timeout_s: float
 ) -> Loaded:
-    """Reads a pool's state (see module): one range read, plus one read of the earlier
-    layout's key when no head is found.
+    """Reads a pool's state (see module): one range read, and one read of the earlier
+    layout's key.
 
     Raises:
         StoreUnavailable: the store did not answer within ``timeout_s`` (each read).
     """
     names = PoolKeys(keys, pool)
     found, revision = await bounded(store.get_prefix(names.root), timeout_s)
+    legacy = await bounded(store.get(names.legacy), timeout_s)
     head_kv: KeyValue | None = None
     parts: dict[int, dict[int, bytes]] = {}
     records: dict[int, bytes] = {}
@@ -122,17 +123,21 @@ async def load(
                 top = max(top, int(rest[len("log/") :]))
         except ValueError:
             logger.warning("pool %s: ignoring a stray state key %r", pool, kv.key)
+    # The earlier layout's key survives a checkpoint only if a replica of an earlier
+    # version wrote it since (a rolling update moved the pool to one): then it is newer
+    # than anything under the root. Without a head it is all there is.
+    if legacy is not None and (
+        head_kv is None or legacy.mod_revision > max(kv.mod_revision for kv in found)
+    ):
+        snapshot = PoolSnapshot.decode(legacy.value)
+        return Loaded(snapshot, snapshot is None, top, revision)
     if head_kv is None:
         if records:
             # Records are written only after a head: someone deleted it.
             logger.error("pool %s: state records without a checkpoint head", pool)
             return Loaded(None, True, top, revision)
         # Parts alone are a first checkpoint cut by a crash: as good as nothing written.
-        legacy = await bounded(store.get(names.legacy), timeout_s)
-        if legacy is None:
-            return Loaded(None, False, top, revision)
-        snapshot = PoolSnapshot.decode(legacy.value)
-        return Loaded(snapshot, snapshot is None, top, revision)
+        return Loaded(None, False, top, revision)
     head = decode_head(head_kv.value)
     if head is None:
         return Loaded(None, True, top, revision)

@@ -122,3 +122,20 @@ async def test_close_fails_a_lazy_waiter_that_no_write_will_cover() -> None:
     await c.close()
     with pytest.raises(CommitFailed):
         await lazy
+
+
+async def test_a_write_cancelled_midway_fails_the_committer_for_good() -> None:
+    # A write stores what changed since the previous one: after a write that may not
+    # have been stored, no later write may pretend to follow it.
+    clock, disk, c = committer(takes_s=1.0)
+    waiter = asyncio.create_task(c.sync())
+    await clock.advance(0.5)
+    assert disk.starts and c._task is not None
+    c._task.cancel()
+    await settle()
+    with pytest.raises(CommitFailed):
+        await waiter
+    assert c.failed
+    with pytest.raises(CommitFailed):
+        await c.sync()
+    assert len(disk.starts) == 1

@@ -427,3 +427,31 @@ async def test_no_commit_is_near_etcds_limits_at_any_size() -> None:
     loaded = await load(store, KEYS, POOL, decay_rate=0.0, timeout_s=1.0)
     assert loaded.snapshot is not None
     assert normal(loaded.snapshot) == normal(pool.snapshot())
+
+
+async def test_a_snapshot_an_older_replica_wrote_after_a_checkpoint_is_restored() -> None:
+    """A rolling update may move a pool from a replica of this layout to one of the earlier
+    layout and back: the older one writes the whole snapshot after the last checkpoint, and
+    that newer state is the one to restore."""
+    clock = FakeClock()
+    store = CrashStore(clock)
+    for _ in range(5):
+        await store.put("/elsewhere", b"")
+    lease = await store.grant_lease(600.0)
+    key = await store.create(KEYS.owner(POOL), b"n", lease=lease)
+    assert key is not None
+    log = WatchedLog(store, Epoch(key.create_revision))
+    pool = owner(key.create_revision, clock, log)
+    log.owner = pool
+    pool.restore(None)
+    await grant(pool, "a", "gw1")
+    await grant(pool, "a", "gw1")  # a checkpoint, then a record
+    assert len(log.whole) == 2
+    older = PoolSnapshot(
+        pool=POOL, epoch=key.create_revision + 7, wall=clock.time(), capacity=8, issued=3
+    )
+    await store.put(KEYS.state(POOL), older.encode())
+    loaded = await load(store, KEYS, POOL, decay_rate=0.0, timeout_s=1.0)
+    assert loaded.snapshot is not None and not loaded.unreadable
+    assert normal(loaded.snapshot) == normal(older)
+    assert loaded.position >= 2  # a successor still writes above every position found
