@@ -63,13 +63,11 @@ class Loaded:
             unreadable (``unreadable`` tells which).
         unreadable: something was written but cannot be read (restore fails safe).
         position: the highest position found (0: none): the next owner writes above it.
-        revision: the store revision of the read.
     """
 
     snapshot: PoolSnapshot | None
     unreadable: bool
     position: int
-    revision: int
 
 
 class PoolKeys:
@@ -103,7 +101,7 @@ async def load(
         StoreUnavailable: the store did not answer within ``timeout_s`` (each read).
     """
     names = PoolKeys(keys, pool)
-    found, revision = await bounded(store.get_prefix(names.root), timeout_s)
+    found, _ = await bounded(store.get_prefix(names.root), timeout_s)
     legacy = await bounded(store.get(names.legacy), timeout_s)
     head_kv: KeyValue | None = None
     parts: dict[int, dict[int, bytes]] = {}
@@ -119,8 +117,9 @@ async def load(
                 parts.setdefault(int(at), {})[int(index)] = kv.value
                 top = max(top, int(at))
             elif rest.startswith("log/"):
-                records[int(rest[len("log/") :])] = kv.value
-                top = max(top, int(rest[len("log/") :]))
+                at = rest[len("log/") :]
+                records[int(at)] = kv.value
+                top = max(top, int(at))
         except ValueError:
             logger.warning("pool %s: ignoring a stray state key %r", pool, kv.key)
     # The earlier layout's key survives a checkpoint only if a replica of an earlier
@@ -130,17 +129,17 @@ async def load(
         head_kv is None or legacy.mod_revision > max(kv.mod_revision for kv in found)
     ):
         snapshot = PoolSnapshot.decode(legacy.value)
-        return Loaded(snapshot, snapshot is None, top, revision)
+        return Loaded(snapshot, snapshot is None, top)
     if head_kv is None:
         if records:
             # Records are written only after a head: someone deleted it.
             logger.error("pool %s: state records without a checkpoint head", pool)
-            return Loaded(None, True, top, revision)
+            return Loaded(None, True, top)
         # Parts alone are a first checkpoint cut by a crash: as good as nothing written.
-        return Loaded(None, False, top, revision)
+        return Loaded(None, False, top)
     head = decode_head(head_kv.value)
     if head is None:
-        return Loaded(None, True, top, revision)
+        return Loaded(None, True, top)
     position, count = int(head["position"]), int(head["parts"])
     top = max(top, position)
     mine = parts.get(position, {})
@@ -152,10 +151,10 @@ async def load(
             sorted(mine),
             count,
         )
-        return Loaded(None, True, top, revision)
+        return Loaded(None, True, top)
     after = [records[p] for p in sorted(records) if p > position]
     snapshot = replay(head, [mine[i] for i in range(count)], after, decay_rate=decay_rate)
-    return Loaded(snapshot, snapshot is None, top, revision)
+    return Loaded(snapshot, snapshot is None, top)
 
 
 class PoolLog:
