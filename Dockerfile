@@ -24,7 +24,7 @@ COPY server ./server
 COPY sim ./sim
 COPY cli ./cli
 # A regular (not editable) install: the runtime stage has no /src.
-RUN /opt/fairshare/bin/pip install -c requirements.lock '.[server]' \
+RUN /opt/fairshare/bin/pip install -c requirements.lock '.[server,gateway]' \
     && /opt/fairshare/bin/python -m compileall -q /opt/fairshare/lib
 
 FROM ${PYTHON_IMAGE}

@@ -49,7 +49,7 @@ lock:
 	rm -rf $(LOCK_VENV)
 	$(call new_venv,$(LOCK_VENV))
 	$(LOCK_VENV)/bin/python -m pip install --quiet \
-	  $(if $(UPGRADE),,$(addprefix -c ,$(wildcard $(LOCK)))) -e '.[server,sim,dev]'
+	  $(if $(UPGRADE),,$(addprefix -c ,$(wildcard $(LOCK)))) -e '.[server,sim,gateway,dev]'
 	{ echo "# Exact versions of every dependency of fairshare and its extras (server, sim, dev),"; \
 	  echo "# resolved by \`make lock\` for CPython $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())') on Linux."; \
 	  echo "# Install with: pip install -c $(LOCK) -e '.[server,dev]' (see docs/deploy.md)."; \
