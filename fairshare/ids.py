@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from dataclasses import dataclass
 from typing import Final, NewType
 
@@ -44,7 +45,10 @@ MAC_BYTES = 16
 """Length of a grant id's MAC: HMAC-SHA256 truncated to 128 bits (22 base64url chars)."""
 
 
+@functools.lru_cache(maxsize=4096)
 def _b64(text: str) -> str:
+    # Pools, teams and holders repeat on nearly every call; the cache is bounded, so
+    # names that do not repeat only cost the encoding.
     return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
 
 

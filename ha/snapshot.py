@@ -28,9 +28,14 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 logger = logging.getLogger(__name__)
+
+_COMPACT: Final = json.JSONEncoder(separators=(",", ":"))
+_string: Final = json.encoder.encode_basestring_ascii
+"""Encodes as ``json.dumps(value, separators=(",", ":"))`` does, without making an encoder
+per call (a live row is encoded on every grant)."""
 
 _VERSION = 2
 
@@ -161,7 +166,11 @@ class PoolSnapshot:
 def live_row(grant: LiveGrant) -> str:
     """One entry of the ``live`` list as ``PoolSnapshot.encode`` writes it."""
     k = grant.key
-    return json.dumps([k.epoch, k.seq, k.holder, grant.team, grant.until], separators=(",", ":"))
+    until = float(grant.until)
+    if not math.isfinite(until):
+        return _COMPACT.encode([k.epoch, k.seq, k.holder, grant.team, until])
+    # What the encoder writes, put together by hand: this runs on every grant.
+    return f"[{k.epoch:d},{k.seq:d},{_string(k.holder)},{_string(grant.team)},{until!r}]"
 
 
 def _keys(rows: list[list[Any]]) -> dict[GrantKey, float]:

@@ -116,6 +116,7 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
         self._on_malformed = on_malformed
         self._on_refused = on_refused
         self._clients: dict[tuple[str, str], _Client] = {}
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._warned_at = -float("inf")
         self._unwarned = 0
 
@@ -132,6 +133,16 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None or handler.unary_unary is None:
             return handler
         method: str = handler_call_details.method
+        known = self._wrapped.get(method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        wrapped = self._wrap(method, handler)
+        # Only methods the server has a handler for get here: the cache is bounded by them.
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` with the malformed-message check and the per-client limit."""
         inner: _Behavior = handler.unary_unary
         limited = not method.startswith(UNLIMITED_PREFIXES)
 

@@ -130,6 +130,11 @@ class Metrics:
             ["limit"],
             registry=self.registry,
         )
+        # The labelled children of the two metrics every Acquire updates, kept so that a
+        # decision costs a dictionary look-up, not a label resolution. They hold no more
+        # than the registry itself does (one entry per label set ever used).
+        self._decided: dict[tuple[str, str, Outcome], Any] = {}
+        self._latency: dict[str, Any] = {}
         self._collector = _StatusCollector(self.team_label)
         self.registry.register(self._collector)
         if status is not None:
@@ -147,9 +152,16 @@ class Metrics:
 
     def count(self, pool: str, team: str, outcome: Outcome, seconds: float | None) -> None:
         """Counts one decision, and its latency if given."""
-        self.decisions.labels(pool, self.team_label(pool, team), outcome.value).inc()
+        key = (pool, self.team_label(pool, team), outcome)
+        counter = self._decided.get(key)
+        if counter is None:
+            counter = self._decided[key] = self.decisions.labels(pool, key[1], outcome.value)
+        counter.inc()
         if seconds is not None:
-            self.decision_latency.labels(pool).observe(seconds)
+            latency = self._latency.get(pool)
+            if latency is None:
+                latency = self._latency[pool] = self.decision_latency.labels(pool)
+            latency.observe(seconds)
 
     def count_malformed(self, method: str) -> None:
         """Counts one request whose body did not parse."""

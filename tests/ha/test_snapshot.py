@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -52,6 +53,13 @@ def test_encode_round_trips_and_kept_rows_encode_the_same(
     data = snapshot.encode()
     assert PoolSnapshot.decode(data) == snapshot
     assert snapshot.encode(live_rows=[live_row(g) for g in grants]) == data
+
+
+@given(live)
+def test_a_live_row_is_the_compact_json_of_its_fields(grant: LiveGrant) -> None:
+    k = grant.key
+    fields = [k.epoch, k.seq, k.holder, grant.team, grant.until]
+    assert live_row(grant) == json.dumps(fields, separators=(",", ":"))
 
 
 async def test_what_an_owner_writes_is_its_snapshot() -> None:
