@@ -86,8 +86,10 @@ pytest: venv etcd
 # the manifests support and the newest the validator knows. An unknown kind fails, but
 # for the custom resources the tests check themselves (the Prometheus Operator's).
 DEPLOY_TESTS := tests/unit/test_deploy.py tests/integration/test_etcd_probes.py \
-	tests/integration/test_etcd_maintenance.py tests/integration/test_etcd_rejoin.py
-DEPLOY_TARGETS := deploy deploy/overlays/external-etcd deploy/overlays/tls deploy/overlays/renamed
+	tests/integration/test_etcd_maintenance.py tests/integration/test_etcd_rejoin.py \
+	tests/unit/test_deploy_gateway.py
+DEPLOY_TARGETS := deploy deploy/overlays/external-etcd deploy/overlays/tls deploy/overlays/renamed \
+	deploy/gateway
 K8S_OLDEST := 1.29.0
 CUSTOM_KINDS := kind PodMonitor with api version monitoring.coreos.com/v1
 deploy-check: venv etcd

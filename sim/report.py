@@ -265,6 +265,18 @@ def section(result: ScenarioResult, images: Sequence[Path], base: Path) -> str:
         unit = f" {t.unit}" if t.unit else ""
         mark = "yes" if t.met else "**no**"
         lines.append(f"| {t.text} | {_fmt(t.value)}{unit} | {op} {_fmt(t.bound)}{unit} | {mark} |")
+    if result.comparisons:
+        first = next(iter(result.runs))
+        lines += [
+            "",
+            f"Compared (printed, not checked): *{first}* beside *{result.compared}*.",
+            "",
+            f"| figure | {first} | {result.compared} |",
+            "| --- | ---: | ---: |",
+        ]
+        for c in result.comparisons:
+            unit = f" {c.unit}" if c.unit else ""
+            lines.append(f"| {c.text} | {_fmt(c.value)}{unit} | {_fmt(c.other)}{unit} |")
     lines += ["", "<details><summary>All figures</summary>", ""]
     lines += ["| figure | value |", "| --- | ---: |"]
     lines += [f"| `{k}` | {_fmt(v)} |" for k, v in result.figures.items()]

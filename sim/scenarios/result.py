@@ -1,7 +1,9 @@
 """What a scenario returns: its runs, its figures and the targets checked against them.
 
 ``ScenarioResult.figures`` is a flat name -> value dict that the tests and the report read;
-``Target`` pairs one figure with the bound it must meet.
+``Target`` pairs one figure with the bound it must meet; ``Comparison`` sets a figure of
+the shipped run beside the same figure of a variant it replaced, which is printed and not
+checked.
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ class Target:
         return self.value <= self.bound if self.at_most else self.value >= self.bound
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """A figure of the run the scenario checks beside the same figure of another variant.
+
+    Printed with the targets (report and command line) so the reason for the shipped
+    behaviour stays visible; never checked: the other variant is known to miss.
+    """
+
+    text: str
+    """What the figure is, in words."""
+    value: float
+    """The shipped variant's figure (the one the targets check)."""
+    other: float
+    """The same figure for the variant compared."""
+    unit: str = ""
+
+
 @dataclass
 class ScenarioResult:
     """What a scenario produced.
@@ -58,6 +77,8 @@ class ScenarioResult:
         marks: (time, label) events drawn on time axes.
         window: an interval shaded on time axes (the failover window), if any.
         wait_series: plot within-share waits against arrival time (failover).
+        compared: the label of the variant that ``comparisons`` set beside the checked run.
+        comparisons: figures of the checked run beside the same of ``compared``.
     """
 
     name: str
@@ -72,6 +93,8 @@ class ScenarioResult:
     wait_series: bool = False
     notes: str = ""
     """markdown: what the figures show, beyond the targets."""
+    compared: str = ""
+    comparisons: list[Comparison] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
