@@ -25,8 +25,10 @@ LONG = 10_000
 """Tokens of a request that holds its slot until its client goes (200 s at 50 tokens/s)."""
 
 
-def _start(workdir: Any, policy: str) -> Iterator[Standin]:
-    standin = Standin(workdir, models=("standin", "other"), max_running=1, policy=policy)
+def _start(workdir: Any, policy: str, *, dev_mode: bool = False) -> Iterator[Standin]:
+    standin = Standin(
+        workdir, models=("standin", "other"), max_running=1, policy=policy, dev_mode=dev_mode
+    )
     standin.start()
     try:
         asyncio.run(wait_standin(standin.url, process=standin))
@@ -42,7 +44,7 @@ def priority_standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand
 
 @pytest.fixture(scope="module")
 def fcfs_standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standin]:
-    yield from _start(tmp_path_factory.mktemp("standin-fcfs"), "fcfs")
+    yield from _start(tmp_path_factory.mktemp("standin-fcfs"), "fcfs", dev_mode=True)
 
 
 @pytest.fixture
@@ -325,3 +327,18 @@ async def test_bad_input(
         error = (await reply.json())["error"]
     assert error["code"] == status
     assert set(error) >= {"message", "type", "code"}
+
+
+async def test_server_info_tells_the_policy_only_in_dev_mode(
+    priority_standin: Standin, fcfs_standin: Standin
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        url = f"{fcfs_standin.url}/server_info?config_format=json"
+        async with session.get(url) as reply:
+            info = await reply.json()
+        assert info["vllm_config"]["scheduler_config"]["policy"] == "fcfs"
+        assert info["vllm_config"]["scheduler_config"]["max_num_seqs"] == 1
+        async with session.get(f"{fcfs_standin.url}/server_info") as reply:
+            assert isinstance((await reply.json())["vllm_config"], str)
+        async with session.get(f"{priority_standin.url}/server_info") as reply:
+            assert reply.status == 404  # vLLM without VLLM_SERVER_DEV_MODE=1
