@@ -14,6 +14,7 @@ granted blind would be no better, and a degraded primary grant is not saturated.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -60,8 +61,8 @@ async def place(
         if other is None:
             continue
         if other.degraded:
-            await other.release(0.0)
+            await asyncio.shield(other.release(0.0))
             continue
-        await grant.release(0.0)
+        await asyncio.shield(grant.release(0.0))  # a disconnect does not cut it
         return Placement(other, route, fallback=True)
     return Placement(grant, model.primary, fallback=False)

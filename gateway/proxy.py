@@ -250,19 +250,25 @@ class Proxy:
             watched = self.redecider.watch(grant.pool) if grant.degraded and not redone else None
             outcome = Outcome()
             self.metrics.in_flight.labels(grant.pool).inc()
+            redecided = False
             try:
                 response = await self._forward(request, parsed, placement, watched, outcome)
             except Redecide:
-                outcome.usage, outcome.upstream_s = None, 0.0  # a re-decided attempt is free
-                redone = True
-                self.metrics.redecided.labels(grant.pool).inc()
-                logger.info("pool %s: a fail-open request is decided again", grant.pool)
-                continue
+                redecided = True
             finally:
                 if watched is not None:
                     self.redecider.unwatch(watched)
                 self.metrics.in_flight.labels(grant.pool).dec()
-                self._release(grant, outcome)
+                if not redecided:
+                    self._release(grant, outcome)
+            if redecided:
+                # Released before the new decision, so that it does not count this request
+                # twice; the aborted attempt charges nothing.
+                redone = True
+                self.metrics.redecided.labels(grant.pool).inc()
+                logger.info("pool %s: a fail-open request is decided again", grant.pool)
+                await asyncio.shield(grant.release(0.0))  # a disconnect does not cut it
+                continue
             self.metrics.requests.labels(model.name, grant.pool, str(outcome.status)).inc()
             return response
 
