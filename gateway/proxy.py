@@ -59,6 +59,8 @@ PATHS: Final[Mapping[Endpoint, str]] = {
 }
 RETRY_AFTER_S: Final = "1"
 """What ``Retry-After`` says when no owner answers for a ``fail_closed`` pool."""
+READ_CHUNK: Final = 64 * 1024
+"""Bytes of a request body read at a time (the body is bounded by ``max_body_bytes``)."""
 PASSED_HEADERS: Final = ("content-type",)
 """Upstream answer headers passed on to the client (with the gateway's own)."""
 
@@ -211,12 +213,17 @@ class Proxy:
         too_large = Refused(Refusal.TOO_LARGE, f"the body is larger than {limit} bytes")
         if request.content_length is not None and request.content_length > limit:
             raise too_large
+        chunks: list[bytes] = []
+        size = 0
         try:
-            raw = await request.content.read(limit + 1)
+            while chunk := await request.content.read(READ_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
         except (aiohttp.ClientError, OSError) as e:
             raise Refused(Refusal.BAD_JSON, f"the body could not be read: {e}") from e
-        if len(raw) > limit:
-            raise too_large
+        raw = b"".join(chunks)
         try:
             parsed = bodies.parse_request(raw, endpoint)
         except BadJson as e:
