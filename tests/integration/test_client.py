@@ -128,9 +128,7 @@ async def test_owner_answer_listener_hears_of_an_owner_after_an_outage(
     port = free_port()
     server = await start_on(config, port, fake)
     heard: list[tuple[str, int]] = []
-    client = AllocatorClient(
-        [f"127.0.0.1:{port}"], holder="gw", deadline_s=0.2, epoch_check_s=0.05
-    )
+    client = AllocatorClient([f"127.0.0.1:{port}"], holder="gw", deadline_s=0.2, epoch_check_s=0.05)
     client.on_owner_answer(lambda pool, epoch: heard.append((pool, epoch)))
 
     def broken(pool: str, epoch: int) -> None:
