@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -374,7 +374,9 @@ class Proxy:
         try:
             try:
                 first = self._first(placement.route, path, data, parsed, outcome)
-                opened, head = await _unless_signalled(first, watched)
+                opened, head = await _unless_signalled(
+                    first, watched, lambda url, r: self._close(placement.route, url, r)
+                )
             except UpstreamFailed as e:
                 outcome.status = e.refusal.value.status
                 return error_response(e.refusal, str(e), headers=headers)
@@ -477,22 +479,29 @@ async def _write_quietly(answer: web.StreamResponse, data: bytes) -> None:
 async def _unless_signalled(
     first: Coroutine[Any, Any, tuple[tuple[str, aiohttp.ClientResponse], bytes]],
     watched: Watched | None,
+    close: Callable[[str, aiohttp.ClientResponse], None],
 ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
     """Awaits ``first`` (a coroutine of ``Proxy._first``), or raises ``Redecide`` if
     ``watched`` is signalled before it ends (``first`` is then cancelled: the upstream
-    request is closed)."""
+    request is closed). When the caller is cancelled meanwhile, ``first`` is cancelled too,
+    or, had it just ended, its upstream response is closed with ``close``."""
     if watched is None:
         return await first
     attempt = asyncio.ensure_future(first)
     signal = asyncio.ensure_future(watched.signal.wait())
     try:
         await asyncio.wait({attempt, signal}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        signal.cancel()
         if not attempt.done():
             attempt.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await attempt
+            await asyncio.wait({attempt})  # its own cleanup closes the upstream request
+    except asyncio.CancelledError:
+        if not attempt.done():
+            attempt.cancel()
+        elif not attempt.cancelled() and attempt.exception() is None:
+            close(*attempt.result()[0])
+        raise
+    finally:
+        signal.cancel()
     if attempt.cancelled():
         raise Redecide
     return attempt.result()
