@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from http import HTTPStatus
 from pathlib import Path
 
@@ -33,7 +33,8 @@ PROBE_TIMEOUT_S = 0.5
 class Standin(ServerProcess):
     """One stand-in on ``address`` (a free loopback port by default), its log in
     ``workdir/<name>.log`` (``name``: ``standin-<port>`` by default). Not started: ``start``
-    it (again, after a stop: same address, records lost). ``extra`` is appended to the
+    it (again, after a stop: same address, records lost). ``dev_mode`` serves
+    ``/server_info`` (vLLM's ``VLLM_SERVER_DEV_MODE=1``); ``extra`` is appended to the
     command line as is."""
 
     def __init__(
@@ -47,17 +48,18 @@ class Standin(ServerProcess):
         policy: str = "priority",
         address: str | None = None,
         name: str | None = None,
+        dev_mode: bool = False,
         extra: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
     ) -> None:
         address = address or f"{LOOPBACK}:{free_port()}"
         args = [*STANDIN, "--listen", address]
         for model in models:
             args += ["--model", model]
         args += ["--max-running", str(max_running), "--tokens-per-s", str(tokens_per_s)]
-        args += ["--prefill-s", str(prefill_s), "--scheduling-policy", policy, *extra]
+        args += ["--prefill-s", str(prefill_s), "--scheduling-policy", policy]
+        args += [*(["--dev-mode"] if dev_mode else []), *extra]
         name = name or f"standin-{address.rpartition(':')[2]}"
-        super().__init__(args, address=address, log=workdir / f"{name}.log", env=env)
+        super().__init__(args, address=address, log=workdir / f"{name}.log")
 
     @property
     def url(self) -> str:

@@ -39,6 +39,7 @@ class Settings:
     prefill_s: float = 0.0
     policy: Policy = "priority"
     max_tokens_default: int = 16
+    dev_mode: bool = False
 
 
 class Standin:
@@ -56,6 +57,7 @@ class Standin:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/server_info", self.server_info)
         app.router.add_get("/standin/requests", self.list_records)
         app.router.add_delete("/standin/requests", self.forget_records)
         return app
@@ -71,6 +73,25 @@ class Standin:
             for name in self.settings.models
         ]
         return web.json_response({"object": "list", "data": data})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """vLLM's ``GET /server_info``, the one place a running vLLM tells its scheduling
+        policy; vLLM serves it only with ``VLLM_SERVER_DEV_MODE=1`` (here: ``--dev-mode``),
+        404 otherwise. Only the fields a client may read are imitated:
+        ``vllm_config.scheduler_config.policy`` and ``max_num_seqs`` under
+        ``config_format=json``; the text form is a string with no contract."""
+        if not self.settings.dev_mode:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        scheduler = {"policy": self.settings.policy, "max_num_seqs": self.settings.max_running}
+        if request.query.get("config_format", "text") == "json":
+            config: Any = {
+                "model_config": {"model": self.settings.models[0]},
+                "scheduler_config": scheduler,
+            }
+        else:
+            config = f"model='{self.settings.models[0]}', scheduler_config={scheduler}"
+        env = {"VLLM_SERVER_DEV_MODE": True}
+        return web.json_response({"vllm_config": config, "vllm_env": env, "system_env": {}})
 
     async def list_records(self, request: web.Request) -> web.Response:
         return web.json_response(self.records)

@@ -49,6 +49,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-s", type=float, default=0.0)
     p.add_argument("--scheduling-policy", choices=POLICIES, default="priority")
     p.add_argument("--max-tokens-default", type=_positive_int, default=16)
+    p.add_argument(
+        "--dev-mode",
+        action="store_true",
+        help="serve GET /server_info, as vLLM does with VLLM_SERVER_DEV_MODE=1",
+    )
     return p
 
 
@@ -81,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prefill_s=args.prefill_s,
         policy=args.scheduling_policy,
         max_tokens_default=args.max_tokens_default,
+        dev_mode=args.dev_mode,
     )
     host, port = args.listen
     with contextlib.suppress(KeyboardInterrupt):
