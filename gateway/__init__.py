@@ -11,6 +11,7 @@ request bodies and streamed chunks), ``gateway.cost`` (what a release charges),
 ``gateway.errors`` (the one table of error answers), ``gateway.upstreams`` (which vLLM
 server), ``gateway.placement`` (the grant, and fallback pools), ``gateway.redecide``
 (fail-open requests sent again after an outage), ``gateway.proxy`` (the request path),
+``gateway.policy`` (the upstreams' scheduling policy, checked at startup),
 ``gateway.metrics`` (Prometheus), ``gateway.app`` (startup, readiness, SIGTERM).
 
 The package imports the client library (``client``) and the core (``fairshare``) of the

@@ -3,7 +3,8 @@
 ``run`` reads the configuration (errors: exit 2), opens the allocator client, one upstream
 ``ClientSession`` whose connection pool is ``limits.max_connections``, the API port
 (``listen``: the OpenAI endpoints, ``/healthz``, ``/readyz``) and the metrics port
-(``metrics_listen``), then serves until SIGTERM or SIGINT.
+(``metrics_listen``), then serves until SIGTERM or SIGINT. Once serving, it asks each
+upstream its scheduling policy in the background (``gateway.policy``).
 
 - ``/healthz``: 200 while the event loop runs.
 - ``/readyz``: 200 when the allocator answered a ListPools within the last second, or when
@@ -40,6 +41,7 @@ from fairshare.modes import DegradedMode
 from gateway.config import ConfigError, GatewayConfig, check_address, load
 from gateway.keys import KeysFile, KeysFileError
 from gateway.metrics import GatewayMetrics
+from gateway.policy import check_policies
 from gateway.proxy import Proxy
 from wire.convert import degraded_mode
 
@@ -121,6 +123,7 @@ class Gateway:
         self._ready_at = -READY_CACHE_S
         self._fails_closed: set[str] = set()
         self._runners: list[web.AppRunner] = []
+        self._checking: asyncio.Task[object] | None = None
         self._api_site: web.TCPSite | None = None
 
     # -- probes ------------------------------------------------------------------------------
@@ -182,6 +185,12 @@ class Gateway:
             self.config.allocator.holder,
         )
         print(f"gateway listening on {self.config.listen}", flush=True)
+        upstreams = [
+            u for m in self.config.models for r in (m.primary, *m.fallback) for u in r.upstreams
+        ]
+        self._checking = asyncio.get_running_loop().create_task(
+            check_policies(self.session, upstreams, self.metrics.priority_scheduling)
+        )
 
     async def stop(self) -> None:
         """Stops accepting, lets requests run up to the grace, releases everything."""
@@ -202,6 +211,9 @@ class Gateway:
                 logger.warning("stopping: cancelled %d requests still running", len(running))
                 await asyncio.wait(running, timeout=5.0)
         await self.proxy.wait_releases()
+        if self._checking is not None:
+            self._checking.cancel()
+            await asyncio.gather(self._checking, return_exceptions=True)
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.session.close()

@@ -67,6 +67,13 @@ class GatewayMetrics:
             buckets=ACQUIRE_BUCKETS,
             registry=r,
         )
+        self.priority_scheduling = Gauge(
+            "fairshare_gateway_upstream_priority_scheduling",
+            "Whether the upstream said at startup that it schedules by priority: 1 yes, "
+            "0 no (priorities are ignored there), -1 unknown (see docs/gateway.md).",
+            ["upstream"],
+            registry=r,
+        )
         self.charged = Counter(
             "fairshare_gateway_charged",
             "Consumption released, in the configured cost unit, by pool.",
