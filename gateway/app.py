@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 EXIT_USAGE: Final = 2
 READY_CACHE_S: Final = 1.0
 """How long a readiness answer of the allocator is reused."""
+READY_PROBE_S: Final = 0.5
+"""How long ``/readyz`` waits for the allocator (under a kubelet probe's 1 s timeout)."""
 FLUSH_TIMEOUT_S: Final = 2.0
 """How long the client library may take to send the last releases at exit."""
 
@@ -137,17 +139,18 @@ class Gateway:
         if time.monotonic() - self._ready_at < READY_CACHE_S:
             return web.Response(text="ready\n")
         try:
-            pools = await self.client.refresh_pools()
-        except aio.AioRpcError as e:
+            async with asyncio.timeout(READY_PROBE_S):
+                pools = await self.client.refresh_pools()
+        except (aio.AioRpcError, TimeoutError) as e:
+            why = e.code().name if isinstance(e, aio.AioRpcError) else "no answer in time"
             pools_needed = {m.primary.pool for m in self.config.models}
             closed = sorted(pools_needed & self._fails_closed)
             if closed:
                 return web.Response(
                     status=503,
-                    text=f"allocator unreachable ({e.code().name}); fail_closed: "
-                    f"{', '.join(closed)}\n",
+                    text=f"allocator unreachable ({why}); fail_closed: {', '.join(closed)}\n",
                 )
-            return web.Response(text=f"degraded: allocator unreachable ({e.code().name})\n")
+            return web.Response(text=f"degraded: allocator unreachable ({why})\n")
         self._fails_closed = {
             p.pool for p in pools if degraded_mode(p.degraded_mode) is DegradedMode.FAIL_CLOSED
         }
