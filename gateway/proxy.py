@@ -392,6 +392,10 @@ class Proxy:
                 if name in upstream.headers:
                     headers[name] = upstream.headers[name]
             return web.Response(status=upstream.status, body=head, headers=headers)
+        except asyncio.CancelledError:
+            if not self.draining:  # else cancelled by the stop, after the grace
+                self.metrics.disconnects.inc()
+            raise
         finally:
             outcome.upstream_s = time.monotonic() - outcome.started
             if opened is not None:
@@ -461,9 +465,6 @@ class Proxy:
         except ConnectionResetError:
             self.metrics.disconnects.inc()  # the client went away: end here
             return answer
-        except asyncio.CancelledError:
-            self.metrics.disconnects.inc()
-            raise
         finally:
             outcome.usage = filtered.counted(parsed)
         with contextlib.suppress(ConnectionResetError):

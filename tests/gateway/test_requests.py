@@ -230,6 +230,7 @@ async def test_client_disconnect_closes_the_upstream_at_once(stack: Stack) -> No
         )
     await eventually(lambda: _disconnected(stack, 2))
     await released(stack)
+    assert stack.metric("fairshare_gateway_client_disconnects_total") == 2
     await eventually(lambda: stack.metric("fairshare_gateway_in_flight") == 0)
     records = await stack.records("a")
     assert all(r["end_s"] is not None or r["disconnected"] for r in records)
