@@ -400,9 +400,11 @@ async def test_acquires_given_up_on_are_probed_one_at_a_time_then_resent_paced(
         # The server records a release before its answer reaches the client, which counts
         # it as pending until then: wait for both sides, not for the server alone.
         await eventually(
-            lambda: len(allocator.released) == 24
-            and client.abandoned_acquires == 0
-            and client.pending_releases == 0
+            lambda: (
+                len(allocator.released) == 24
+                and client.abandoned_acquires == 0
+                and client.pending_releases == 0
+            )
         )
         # Each at least once; a resend whose answer came after the client's deadline is
         # sent again with the same request id (the same grant), so a few may come twice.
