@@ -58,6 +58,7 @@ class ScenarioResult:
         marks: (time, label) events drawn on time axes.
         window: an interval shaded on time axes (the failover window), if any.
         wait_series: plot within-share waits against arrival time (failover).
+        series: waits drawn as distributions, one per label (see the field).
     """
 
     name: str
@@ -72,6 +73,9 @@ class ScenarioResult:
     wait_series: bool = False
     notes: str = ""
     """markdown: what the figures show, beyond the targets."""
+    series: dict[str, list[float]] = field(default_factory=dict)
+    """label -> waits (seconds) drawn as one distribution each (multi-instance: small's
+    within-share waits under each router); empty for the other scenarios."""
 
     @property
     def ok(self) -> bool:
