@@ -9,7 +9,7 @@ CONFIG ?= examples/pools.yaml
 LOCK := requirements.lock
 LOCK_VENV := build/lock-venv
 
-.PHONY: help venv lock etcd run test check deploy-check lint typecheck imports unit pytest bench proto simulate drill soak clean
+.PHONY: help venv lock etcd run test check deploy-check lint typecheck imports unit pytest bench proto simulate drill soak demo clean
 
 help:
 	@echo "make run       set up and start a single-node allocator on $(CONFIG)"
@@ -21,6 +21,7 @@ help:
 	@echo "make lock      rewrite $(LOCK) after a change of dependencies (UPGRADE=1: newest)"
 	@echo "make drill     randomized failover drill on a three-member etcd (MINUTES=5 SEED=1)"
 	@echo "make soak      three replicas at half their maximum rate, etcd's db size (MINUTES=10)"
+	@echo "make demo      allocator, two stand-in vLLM servers, the gateway, three teams (SECONDS=30)"
 
 # A virtualenv at $(1) with a current pip. Debian's own python3 needs python3-venv for
 # `-m venv`; it is installed when missing.
@@ -85,8 +86,10 @@ pytest: venv etcd
 # the manifests support and the newest the validator knows. An unknown kind fails, but
 # for the custom resources the tests check themselves (the Prometheus Operator's).
 DEPLOY_TESTS := tests/unit/test_deploy.py tests/integration/test_etcd_probes.py \
-	tests/integration/test_etcd_maintenance.py tests/integration/test_etcd_rejoin.py
-DEPLOY_TARGETS := deploy deploy/overlays/external-etcd deploy/overlays/tls deploy/overlays/renamed
+	tests/integration/test_etcd_maintenance.py tests/integration/test_etcd_rejoin.py \
+	tests/unit/test_deploy_gateway.py
+DEPLOY_TARGETS := deploy deploy/overlays/external-etcd deploy/overlays/tls deploy/overlays/renamed \
+	deploy/gateway
 K8S_OLDEST := 1.29.0
 CUSTOM_KINDS := kind PodMonitor with api version monitoring.coreos.com/v1
 deploy-check: venv etcd
@@ -115,6 +118,7 @@ bench: venv etcd
 	$(PY) -m bench.grpc_service
 	$(PY) -m bench.replicated
 	$(PY) -m bench.durable_state
+	$(PY) -m bench.gateway
 
 MINUTES ?= 5
 SEED ?= 1
@@ -126,6 +130,12 @@ drill: venv etcd
 # the last half. Writes its section of docs/benchmarks.md. Not in CI, not in `make test`.
 soak: venv etcd
 	$(PY) -m bench.soak --minutes $(if $(filter command line,$(origin MINUTES)),$(MINUTES),10)
+
+# An allocator, two stand-in vLLM servers, `fairshare gateway` and three teams' load on
+# loopback; prints each team's priorities and waits every second for SECONDS (30 unless
+# given), then stops everything it started.
+demo: venv
+	$(PY) -m harness.demo --seconds $(if $(filter command line,$(origin SECONDS)),$(SECONDS),30)
 
 proto: venv
 	$(PY) -m wire.genproto

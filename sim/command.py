@@ -149,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             op = "<=" if target.at_most else ">="
             flag = "ok  " if target.met else "MISS"
             print(f"  {flag} {target.text}: {target.value:.3f} {op} {target.bound:.3f}")
+        if result.comparisons:
+            print(f"  compared with {result.compared} (not checked):")
+        for c in result.comparisons:
+            print(f"       {c.text}: {c.value:.3f} here, {c.other:.3f} there")
     markdown.parent.mkdir(parents=True, exist_ok=True)
     markdown.write_text(report.document(sections, _command(args)), encoding="utf-8")
     print(f"wrote {markdown} and {plots} plots in {out}")

@@ -313,6 +313,18 @@ def section(result: ScenarioResult, images: Sequence[Path], base: Path) -> str:
         unit = f" {t.unit}" if t.unit else ""
         mark = "yes" if t.met else "**no**"
         lines.append(f"| {t.text} | {_fmt(t.value)}{unit} | {op} {_fmt(t.bound)}{unit} | {mark} |")
+    if result.comparisons:
+        first = next(iter(result.runs))
+        lines += [
+            "",
+            f"Compared (printed, not checked): *{first}* beside *{result.compared}*.",
+            "",
+            f"| figure | {first} | {result.compared} |",
+            "| --- | ---: | ---: |",
+        ]
+        for c in result.comparisons:
+            unit = f" {c.unit}" if c.unit else ""
+            lines.append(f"| {c.text} | {_fmt(c.value)}{unit} | {_fmt(c.other)}{unit} |")
     lines += ["", "<details><summary>All figures</summary>", ""]
     lines += ["| figure | value |", "| --- | ---: |"]
     lines += [f"| `{k}` | {_fmt(v)} |" for k, v in result.figures.items()]
@@ -422,6 +434,12 @@ def document(sections: Sequence[str], command: str) -> str:
         "never started count with their wait until the end of the run). *Within share* "
         "means the pool granted the request inside its team's reservation (priority 0 or "
         "1); in FCFS runs the pool still records that standing, but vLLM ignores it.",
+        "",
+        "The same scheduler also runs as a real server, for the gateway's tests, the demo "
+        "and its benchmark: the stand-in vLLM server `sim/standin/` (`python -m sim.standin "
+        "--listen HOST:PORT`) speaks vLLM's OpenAI subset, streams tokens at a set pace, "
+        "starts requests by (priority, arrival) or by arrival under a running limit, without "
+        "KV cache or preemption, and records every request it received.",
         "",
     ]
     return (

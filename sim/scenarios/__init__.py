@@ -12,7 +12,7 @@ None, the default, is the in-process ``fairshare.Pool`` on simulated time. ``run
 the one place that applies it; the comparison runs (FCFS) always stay in-process. The
 failover scenario builds its own owners and refuses any other fairshare side.
 
-- ``result``: ``ScenarioResult``, ``Target`` and ``percentile``.
+- ``result``: ``ScenarioResult``, ``Target``, ``Comparison`` and ``percentile``.
 - ``runs``: the shared hardware model, a scenario's set-up and one run of it.
 - ``shared_pool``: two institutions, three teams (steady sharing against FCFS).
 - ``resize``: an elastic pool (shrink, then grow).
@@ -30,11 +30,12 @@ from collections.abc import Callable
 from sim.scenarios.many_instances import multi_instance
 from sim.scenarios.owner_crash import failover
 from sim.scenarios.resize import elastic
-from sim.scenarios.result import ScenarioResult, Target
+from sim.scenarios.result import Comparison, ScenarioResult, Target
 from sim.scenarios.shared_pool import three_teams, two_institutions
 
 __all__ = [
     "SCENARIOS",
+    "Comparison",
     "ScenarioResult",
     "Target",
     "elastic",

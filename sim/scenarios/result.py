@@ -1,7 +1,9 @@
 """What a scenario returns: its runs, its figures and the targets checked against them.
 
 ``ScenarioResult.figures`` is a flat name -> value dict that the tests and the report read;
-``Target`` pairs one figure with the bound it must meet.
+``Target`` pairs one figure with the bound it must meet; ``Comparison`` sets a figure of
+the shipped run beside the same figure of a variant it replaced, which is printed and not
+checked.
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ class Target:
         return self.value <= self.bound if self.at_most else self.value >= self.bound
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """A figure of the run the scenario checks beside the same figure of another variant.
+
+    Printed with the targets (report and command line) so the reason for the shipped
+    behaviour stays visible; never checked: the other variant is known to miss.
+    """
+
+    text: str
+    """What the figure is, in words."""
+    value: float
+    """The shipped variant's figure (the one the targets check)."""
+    other: float
+    """The same figure for the variant compared."""
+    unit: str = ""
+
+
 @dataclass
 class ScenarioResult:
     """What a scenario produced.
@@ -59,6 +78,8 @@ class ScenarioResult:
         window: an interval shaded on time axes (the failover window), if any.
         wait_series: plot within-share waits against arrival time (failover).
         series: waits drawn as distributions, one per label (see the field).
+        compared: the label of the variant that ``comparisons`` set beside the checked run.
+        comparisons: figures of the checked run beside the same of ``compared``.
     """
 
     name: str
@@ -76,6 +97,8 @@ class ScenarioResult:
     series: dict[str, list[float]] = field(default_factory=dict)
     """label -> waits (seconds) drawn as one distribution each (multi-instance: small's
     within-share waits under each router); empty for the other scenarios."""
+    compared: str = ""
+    comparisons: list[Comparison] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

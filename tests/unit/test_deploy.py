@@ -774,12 +774,12 @@ def test_allocator_statefulset_shape() -> None:
 def test_every_selector_selects_a_pod() -> None:
     objects = _objects()
     templates = [o["spec"]["template"]["metadata"]["labels"] for o in objects
-                 if o["kind"] == "StatefulSet"]  # fmt: skip
+                 if o["kind"] in ("StatefulSet", "Deployment")]  # fmt: skip
     for o in objects:
         kind, spec = o["kind"], o.get("spec", {})
         if kind == "Service":
             selector = spec["selector"]
-        elif kind in ("PodDisruptionBudget", "StatefulSet"):
+        elif kind in ("PodDisruptionBudget", "StatefulSet", "Deployment"):
             selector = spec["selector"]["matchLabels"]
         elif kind == "NetworkPolicy":
             selector = spec["podSelector"]["matchLabels"]
@@ -789,7 +789,8 @@ def test_every_selector_selects_a_pod() -> None:
 
 
 WORKLOADS = [("StatefulSet", "allocator"), ("StatefulSet", "etcd"),
-             ("CronJob", "etcd-defrag"), ("CronJob", "etcd-backup")]  # fmt: skip
+             ("CronJob", "etcd-defrag"), ("CronJob", "etcd-backup"),
+             ("Deployment", "gateway")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("kind", "name"), WORKLOADS, ids=[n for _, n in WORKLOADS])
@@ -1107,7 +1108,7 @@ def test_spreads_honour_taints_and_etcd_members_never_share_a_node(name: str) ->
 
 def test_disruption_budgets_let_a_drain_evict_unhealthy_pods() -> None:
     pdbs = [o for o in _objects() if o["kind"] == "PodDisruptionBudget"]
-    assert len(pdbs) == 2
+    assert len(pdbs) == 3  # allocator, etcd, gateway
     for pdb in pdbs:
         assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 

@@ -1,0 +1,440 @@
+"""Benchmark of ``fairshare gateway`` against calling the stand-in vLLM server directly and
+against a plain pass-through proxy on the same HTTP stack, all measured in the same run.
+
+Run with ``make bench`` (or ``python -m bench.gateway`` from the repository root).
+Processes on loopback, each started as a user would (``python -m ...``):
+
+- an allocator (``fairshare serve``, embedded mode) with one pool ``bench-gw`` of C = 100
+  shared by three teams (0.5, 0.3, 0.2);
+- two stand-in vLLM servers (``sim.standin``) with room for every request at once (no
+  queueing in them), so what is measured is the path, not the scheduler: one streams at
+  50 tokens/s per request, the other answers at once (model ``standin-fast``);
+- the gateway (``fairshare gateway``) in front of it, team from a trusted header;
+- a plain pass-through proxy (bench/passthrough.py): aiohttp server and client as in the
+  gateway, forwarding body and answer as they are, no allocator.
+
+The load generator is this process: one aiohttp session, closed loops of workers, rounds
+alternating between the two targets compared so that noise hits both alike; each figure is
+the median over the rounds.
+
+1. **Time to first token at 50 concurrent streams:** each worker sends a streaming chat
+   completion (20 tokens at 50 tokens/s, so a stream lasts about 0.4 s and the machine is
+   not saturated) and times the first SSE event; directly to the stand-in vs through the
+   gateway. The requests spread over the three teams by their shares, so about 65 % are
+   within their team's share (an Acquire that waits for the pool's durable write) and the
+   rest borrow. Target: the gateway adds at most 2 ms at the median.
+2. **Throughput of short non-streaming requests at 32 in flight** (one token each, the
+   stand-in answering at once): through the gateway vs through the pass-through proxy.
+   Target: the gateway serves at least 50 % of the proxy's requests per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from bench._common import (
+    LoadResult,
+    Samples,
+    closed_loop,
+    machine,
+    machine_lines,
+    met,
+    ms,
+    percentile,
+    pool_yaml,
+    workdir,
+    write_section,
+)
+from harness.net import free_port
+from harness.process import ServerProcess
+from harness.serve import Allocator, wait_serving
+
+SECTION = "Gateway"
+POOL = "bench-gw"
+MODEL = "standin"
+FAST_MODEL = "standin-fast"
+FAST_TOKENS_PER_S = 100_000.0
+TEAMS = {"team-a": 0.5, "team-b": 0.3, "team-c": 0.2}
+TEAM_HEADER = "x-fairshare-team"
+STREAMS = 32 + 18  # 50 concurrent streams
+STREAM_TOKENS = 20
+TOKENS_PER_S = 50.0
+SHORT_IN_FLIGHT = 32
+TTFT_TARGET_S = 0.002
+THROUGHPUT_TARGET = 0.5
+REQUEST_TIMEOUT_S = 30.0
+HTTP_OK = 200
+
+
+@dataclass
+class Targets:
+    """The URLs of the servers under test."""
+
+    standin: str
+    gateway: str
+    passthrough: str
+    """In front of the fast stand-in."""
+
+
+class Load:
+    """The benchmark's requests, spread over the teams by their shares."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        weights = [round(share * 10) for share in TEAMS.values()]
+        self._teams = itertools.cycle(
+            [team for team, w in zip(TEAMS, weights, strict=True) for _ in range(w)]
+        )
+
+    def _headers(self) -> dict[str, str]:
+        return {TEAM_HEADER: next(self._teams), "Authorization": "Bearer unused"}
+
+    async def stream(self, base: str, samples: Samples) -> None:
+        """One streaming chat completion; records the time to its first SSE event."""
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "say something short"}],
+            "max_tokens": STREAM_TOKENS,
+            "stream": True,
+        }
+        t0 = time.perf_counter()
+        async with self.session.post(
+            base + "/v1/chat/completions", json=body, headers=self._headers()
+        ) as reply:
+            if reply.status != HTTP_OK:
+                raise RuntimeError(f"{base}: status {reply.status}: {await reply.text()}")
+            first = True
+            async for line in reply.content:
+                if first and line.startswith(b"data:"):
+                    samples.add("ttft", time.perf_counter() - t0)
+                    first = False
+            if first:
+                raise RuntimeError(f"{base}: a stream without events")
+
+    async def short(self, base: str, samples: Samples) -> None:
+        """One non-streaming completion of one token."""
+        body = {
+            "model": FAST_MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+        }
+        t0 = time.perf_counter()
+        async with self.session.post(
+            base + "/v1/chat/completions", json=body, headers=self._headers()
+        ) as reply:
+            data = await reply.read()
+            if reply.status != HTTP_OK:
+                raise RuntimeError(f"{base}: status {reply.status}: {data[:200]!r}")
+        samples.add("call", time.perf_counter() - t0)
+
+
+@dataclass
+class Results:
+    ttft: dict[str, list[LoadResult]]
+    short: dict[str, list[LoadResult]]
+    rounds: int
+    duration_s: float
+
+
+def median_p(results: list[LoadResult], name: str, q: float) -> float:
+    return statistics.median(percentile(r.samples.get(name), q) for r in results)
+
+
+def median_rate(results: list[LoadResult]) -> float:
+    return statistics.median(r.rate for r in results)
+
+
+async def measure(args: argparse.Namespace, targets: Targets) -> Results:
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        load = Load(session)
+        ttft: dict[str, list[LoadResult]] = {"direct": [], "gateway": []}
+        short: dict[str, list[LoadResult]] = {"passthrough": [], "gateway": []}
+        bases = {
+            "direct": targets.standin,
+            "gateway": targets.gateway,
+            "passthrough": targets.passthrough,
+        }
+        for round_no in range(args.rounds):
+            for name in ("direct", "gateway"):
+                base = bases[name]
+
+                async def streamed(samples: Samples, base: str = base) -> None:
+                    await load.stream(base, samples)
+
+                result = await closed_loop(
+                    streamed,
+                    in_flight=STREAMS,
+                    warmup_s=args.warmup,
+                    duration_s=args.duration,
+                    max_ops=10_000,
+                )
+                ttft[name].append(result)
+                print(
+                    f"  round {round_no + 1} streams {name:>11}: first token p50 "
+                    f"{ms(percentile(result.samples.get('ttft'), 50))} ms",
+                    flush=True,
+                )
+            for name in ("passthrough", "gateway"):
+                base = bases[name]
+
+                async def called(samples: Samples, base: str = base) -> None:
+                    await load.short(base, samples)
+
+                result = await closed_loop(
+                    called,
+                    in_flight=SHORT_IN_FLIGHT,
+                    warmup_s=args.warmup,
+                    duration_s=args.duration,
+                    max_ops=100_000,
+                )
+                short[name].append(result)
+                print(
+                    f"  round {round_no + 1} short   {name:>11}: {result.rate:7.0f} requests/s",
+                    flush=True,
+                )
+        return Results(ttft, short, args.rounds, args.duration)
+
+
+def verdicts(res: Results) -> tuple[str, bool, bool]:
+    direct = median_p(res.ttft["direct"], "ttft", 50)
+    through = median_p(res.ttft["gateway"], "ttft", 50)
+    added = through - direct
+    ttft_ok = added <= TTFT_TARGET_S
+    proxy = median_rate(res.short["passthrough"])
+    gateway = median_rate(res.short["gateway"])
+    ratio = gateway / proxy if proxy > 0 else 0.0
+    rate_ok = ratio >= THROUGHPUT_TARGET
+    text = (
+        f"Targets: at {STREAMS} concurrent streams the gateway adds {ms(added)} ms to the "
+        f"median time to first token ({ms(through)} ms through it, {ms(direct)} ms directly), "
+        f"target ≤ {ms(TTFT_TARGET_S)} ms: {met(ttft_ok)}. Short non-streaming requests at "
+        f"{SHORT_IN_FLIGHT} in flight: {gateway:,.0f}/s through the gateway, {proxy:,.0f}/s "
+        f"through the pass-through proxy, {ratio:.0%}, target ≥ "
+        f"{THROUGHPUT_TARGET:.0%}: {met(rate_ok)}."
+    )
+    return text, ttft_ok, rate_ok
+
+
+def table(res: Results) -> str:
+    lines = [
+        "| path | load | requests/s | p50 ms | p99 ms |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for name, label in (("direct", "stand-in directly"), ("gateway", "through the gateway")):
+        rs = res.ttft[name]
+        lines.append(
+            f"| {label} | {STREAMS} streams, first token | {median_rate(rs):,.0f} | "
+            f"{ms(median_p(rs, 'ttft', 50))} | {ms(median_p(rs, 'ttft', 99))} |"
+        )
+    for name, label in (
+        ("passthrough", "pass-through proxy"),
+        ("gateway", "through the gateway"),
+    ):
+        rs = res.short[name]
+        lines.append(
+            f"| {label} | {SHORT_IN_FLIGHT} in flight, 1-token answers | "
+            f"{median_rate(rs):,.0f} | {ms(median_p(rs, 'call', 50))} | "
+            f"{ms(median_p(rs, 'call', 99))} |"
+        )
+    return "\n".join(lines)
+
+
+def section(res: Results, info: dict[str, str], args: argparse.Namespace) -> str:
+    text, _, _ = verdicts(res)
+    return "\n".join(
+        [
+            f"Command: `python -m bench.gateway` (rounds {args.rounds}, {args.duration:g} s "
+            f"per loop after {args.warmup:g} s of warm-up; medians over the rounds).",
+            "",
+            machine_lines(info),
+            "",
+            "Workload: one pool of C = 100 shared by three teams (0.5, 0.3, 0.2), requests "
+            "spread over them by share; the stand-in vLLM servers run every request at once. "
+            f"Streams: {STREAM_TOKENS} tokens at {TOKENS_PER_S:g} tokens/s, {STREAMS} in "
+            f"flight. Short requests: one token, answered at once, {SHORT_IN_FLIGHT} in "
+            "flight. The load generator, the allocator, the stand-ins, the gateway and the "
+            "proxy share the machine's cores.",
+            "",
+            table(res),
+            "",
+            text,
+        ]
+    )
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def gateway_yaml(allocator: str, standin: str, fast: str, listen: str) -> str:
+    doc = {
+        "listen": listen,
+        "metrics_listen": "",
+        "allocator": {"endpoints": [allocator], "holder": "bench-gateway"},
+        "auth": {"team_header": TEAM_HEADER},
+        "models": [
+            {"name": MODEL, "pool": POOL, "upstreams": [standin]},
+            {"name": FAST_MODEL, "pool": POOL, "upstreams": [fast]},
+        ],
+        "cost": {"unit": "tokens"},
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+async def wait_http(url: str, process: ServerProcess, timeout_s: float = 30.0) -> None:
+    """Waits until ``url`` answers 200 (bounded), or the process has ended."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if not process.alive:
+                raise RuntimeError(f"{process.args[:4]} ended:\n{process.log_tail()}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with session.get(url) as reply:
+                    if reply.status == HTTP_OK:
+                        return
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"{url} does not answer after {timeout_s}s:\n{process.log_tail()}")
+
+
+def standin_process(work: Path, model: str, tokens_per_s: float) -> ServerProcess:
+    """A stand-in vLLM server serving ``model`` with room for every request at once."""
+    address = f"127.0.0.1:{free_port()}"
+    args = [
+        sys.executable,
+        "-m",
+        "sim.standin",
+        "--listen",
+        address,
+        "--model",
+        model,
+        "--max-running",
+        "1000",
+        "--tokens-per-s",
+        str(tokens_per_s),
+    ]
+    return ServerProcess(args, address=address, log=work / f"{model}.log")
+
+
+async def run(args: argparse.Namespace) -> Results:
+    work = workdir("fairshare-bench-gateway-")
+    config = work / "pools.yaml"
+    pool = {
+        "name": POOL,
+        "capacity": 100,
+        "shares": TEAMS,
+        "degraded_mode": "fail_open",
+    }
+    config.write_text(pool_yaml([pool]), encoding="utf-8")
+    allocator = Allocator(work, config)
+    standin = standin_process(work, MODEL, TOKENS_PER_S)
+    fast = standin_process(work, FAST_MODEL, FAST_TOKENS_PER_S)
+    standin_address, fast_address = standin.address, fast.address
+    gateway_address = f"127.0.0.1:{free_port()}"
+    gateway_config = work / "gateway.yaml"
+    gateway_config.write_text(
+        gateway_yaml(
+            allocator.address,
+            f"http://{standin_address}",
+            f"http://{fast_address}",
+            gateway_address,
+        ),
+        encoding="utf-8",
+    )
+    gateway = ServerProcess(
+        [sys.executable, "-m", "cli", "gateway", "--config", str(gateway_config)],
+        address=gateway_address,
+        log=work / "gateway.log",
+    )
+    proxy_address = f"127.0.0.1:{free_port()}"
+    proxy = ServerProcess(
+        [
+            sys.executable,
+            "-m",
+            "bench.passthrough",
+            "--listen",
+            proxy_address,
+            "--upstream",
+            f"http://{fast_address}",
+        ],
+        address=proxy_address,
+        log=work / "passthrough.log",
+    )
+    processes = (allocator, standin, fast, gateway, proxy)
+    try:
+        allocator.start()
+        standin.start()
+        fast.start()
+        await wait_serving(allocator.address, process=allocator)
+        for server in (standin, fast):
+            await wait_http(f"http://{server.address}/health", server)
+        gateway.start()
+        proxy.start()
+        await wait_http(f"http://{gateway_address}/readyz", gateway)
+        await wait_passthrough(proxy_address, proxy)
+        targets = Targets(
+            standin=f"http://{standin_address}",
+            gateway=f"http://{gateway_address}",
+            passthrough=f"http://{proxy_address}",
+        )
+        return await measure(args, targets)
+    finally:
+        for process in processes:
+            with contextlib.suppress(Exception):
+                process.stop(timeout_s=10)
+            process.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def wait_passthrough(address: str, process: ServerProcess, timeout_s: float = 30.0) -> None:
+    """Waits until the proxy forwards a request (it has no health endpoint of its own)."""
+    deadline = time.monotonic() + timeout_s
+    body = json.dumps({"model": FAST_MODEL, "messages": [], "max_tokens": 1}).encode()
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if not process.alive:
+                raise RuntimeError(f"the proxy ended:\n{process.log_tail()}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with session.post(f"http://{address}/v1/chat/completions", data=body):
+                    return
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"the proxy does not answer after {timeout_s}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every loop")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per loop")
+    parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per loop")
+    parser.add_argument("--no-write", action="store_true", help="do not touch docs/")
+    args = parser.parse_args(argv)
+    info = machine()
+    for key, value in info.items():
+        print(f"{key}: {value}")
+    res = asyncio.run(run(args))
+    print()
+    print(table(res))
+    print()
+    text, _, _ = verdicts(res)
+    print(text)
+    if not args.no_write:
+        write_section(SECTION, section(res, info, args))
+        print(f"\nwrote the {SECTION!r} section of docs/benchmarks.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
