@@ -4,21 +4,27 @@ vLLM applies priorities per instance: a request waits in the heap of the instanc
 sent to, even while another instance has a free slot, and a waiting request never preempts
 a running one. Routing therefore decides how much of a pool's reservation a team really
 gets. The routers here decide from plain numbers only, so the simulator (``sim``) and a
-gateway use the same code:
+gateway can use the same code:
 
 - ``Outstanding``: what one gateway knows, the requests it sent to each upstream and that
   have not ended, counted by the vLLM priority they were sent with. The allocator could
   keep the same tally over every gateway (a global view) if gateways told it the upstream.
-- ``Router``: ``choose(priority, outstanding)`` -> the upstream's index.
+- ``Router``: ``choose(priority, outstanding, exclude)`` -> the upstream's index, or None
+  when every upstream is excluded (a gateway excludes those that refused a connection).
 - ``ROUTERS`` and ``make_router``: the routers by name: ``round-robin``, ``random``,
   ``least-outstanding`` and ``fewest-ahead`` (reservation-aware: the upstream where the
   fewest requests sent with a priority at most this one's are outstanding, so a
   within-share request goes where the fewest within-share requests could start before it;
   ties go to the upstream with the fewest outstanding requests, then at random).
 
+A gateway keeps one ``Outstanding`` and one router per route (give each replica its own
+``start`` and seed): ``choose`` with the priority the allocator granted, ``sent`` when the
+request goes upstream, ``ended`` when it ends, whatever the way (``fairshare gateway``
+does not use this module yet; the simulation's ``multi-instance`` scenario compares them).
+
 Guarantees: deterministic for a given ``random.Random``; no I/O, no clock; O(U) per choice
 for U upstreams (``fewest-ahead``: O(U x P) for P distinct priorities outstanding).
-Not guaranteed: thread safety (one router and one tally per gateway task, or a lock).
+Not guaranteed: thread safety (one event loop per router and tally, or a lock).
 """
 
 from __future__ import annotations
@@ -77,17 +83,34 @@ class Outstanding:
         return sum(n for p, n in self._by_priority[upstream].items() if p <= priority)
 
 
+NONE: Final[frozenset[int]] = frozenset()
+"""No upstream excluded."""
+
+
 class Router(Protocol):
     """Chooses the upstream of one request."""
 
-    def choose(self, priority: int, outstanding: Outstanding) -> int:
-        """The upstream's index for a request the allocator gave ``priority``."""
+    def choose(
+        self, priority: int, outstanding: Outstanding, exclude: frozenset[int] = NONE
+    ) -> int | None:
+        """The upstream's index for a request the allocator gave ``priority``.
+
+        Upstreams in ``exclude`` are never chosen; None when that leaves none.
+        """
 
 
-def _fewest(keys: Sequence[tuple[int, ...]], rng: random.Random) -> int:
-    """The index of the smallest key; ties broken at random."""
+def _candidates(outstanding: Outstanding, exclude: frozenset[int]) -> list[int]:
+    return [i for i in range(outstanding.upstreams) if i not in exclude]
+
+
+def _fewest(
+    candidates: Sequence[int], keys: Sequence[tuple[int, ...]], rng: random.Random
+) -> int | None:
+    """The candidate with the smallest key; ties broken at random; None if none."""
+    if not candidates:
+        return None
     best = min(keys)
-    ties = [i for i, key in enumerate(keys) if key == best]
+    ties = [c for c, key in zip(candidates, keys, strict=True) if key == best]
     return ties[0] if len(ties) == 1 else rng.choice(ties)
 
 
@@ -97,10 +120,16 @@ class RoundRobin:
     def __init__(self, start: int = 0) -> None:
         self._next = start
 
-    def choose(self, priority: int, outstanding: Outstanding) -> int:
-        upstream = self._next % outstanding.upstreams
-        self._next = upstream + 1
-        return upstream
+    def choose(
+        self, priority: int, outstanding: Outstanding, exclude: frozenset[int] = NONE
+    ) -> int | None:
+        n = outstanding.upstreams
+        for step in range(n):
+            upstream = (self._next + step) % n
+            if upstream not in exclude:
+                self._next = upstream + 1
+                return upstream
+        return None
 
 
 class Uniform:
@@ -109,8 +138,11 @@ class Uniform:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def choose(self, priority: int, outstanding: Outstanding) -> int:
-        return self._rng.randrange(outstanding.upstreams)
+    def choose(
+        self, priority: int, outstanding: Outstanding, exclude: frozenset[int] = NONE
+    ) -> int | None:
+        candidates = _candidates(outstanding, exclude)
+        return self._rng.choice(candidates) if candidates else None
 
 
 class LeastOutstanding:
@@ -119,9 +151,12 @@ class LeastOutstanding:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def choose(self, priority: int, outstanding: Outstanding) -> int:
-        keys = [(outstanding.total(i),) for i in range(outstanding.upstreams)]
-        return _fewest(keys, self._rng)
+    def choose(
+        self, priority: int, outstanding: Outstanding, exclude: frozenset[int] = NONE
+    ) -> int | None:
+        candidates = _candidates(outstanding, exclude)
+        keys = [(outstanding.total(i),) for i in candidates]
+        return _fewest(candidates, keys, self._rng)
 
 
 class FewestAhead:
@@ -137,12 +172,12 @@ class FewestAhead:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def choose(self, priority: int, outstanding: Outstanding) -> int:
-        keys = [
-            (outstanding.at_most(i, priority), outstanding.total(i))
-            for i in range(outstanding.upstreams)
-        ]
-        return _fewest(keys, self._rng)
+    def choose(
+        self, priority: int, outstanding: Outstanding, exclude: frozenset[int] = NONE
+    ) -> int | None:
+        candidates = _candidates(outstanding, exclude)
+        keys = [(outstanding.at_most(i, priority), outstanding.total(i)) for i in candidates]
+        return _fewest(candidates, keys, self._rng)
 
 
 ROUTERS: Final = ("round-robin", "random", "least-outstanding", "fewest-ahead")

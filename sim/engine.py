@@ -274,6 +274,7 @@ class Simulator:
             req.priority = 0
         gateway = self._gateways[req.gateway]
         instance = gateway.router.choose(req.priority, gateway.view)
+        assert instance is not None  # nothing is excluded
         req.routed_priority = req.priority
         gateway.view.sent(instance, req.priority)
         if gateway.view is not self._everyone:

@@ -101,6 +101,15 @@ def test_every_router_returns_an_upstream(name: str) -> None:
         tally.sent(upstream, i % 3)
 
 
+@pytest.mark.parametrize("name", ROUTERS)
+def test_excluded_upstreams_are_never_chosen(name: str) -> None:
+    router = make_router(name, rng=random.Random(3))
+    tally = _tally([{}, {0: 5}, {}, {0: 9}])
+    picks = {router.choose(0, tally, frozenset({0, 2})) for _ in range(20)}
+    assert picks <= {1, 3}
+    assert router.choose(0, tally, frozenset(range(4))) is None
+
+
 def test_an_unknown_router_is_refused_with_the_known_names() -> None:
     with pytest.raises(ValueError, match="round-robin"):
         make_router("power-of-two", rng=random.Random(0))
