@@ -49,6 +49,7 @@ from gateway.keys import Identity, KeysFile
 from gateway.metrics import GatewayMetrics
 from gateway.placement import Placement, place
 from gateway.redecide import Redecider, Watched
+from gateway.releases import Releases
 from gateway.upstreams import Upstreams
 
 logger = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class Proxy:
                 self.upstreams.setdefault(route, Upstreams(route.upstreams))
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
-        self._releases: set[asyncio.Task[None]] = set()
+        self.releases = Releases()
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=config.limits.upstream_connect_s,
@@ -243,7 +244,9 @@ class Proxy:
         while True:
             started = time.monotonic()
             try:
-                placement = await place(self.client, model, identity, parsed.est_tokens)
+                placement = await place(
+                    self.client, model, identity, parsed.est_tokens, self.releases
+                )
             except AllocatorError as e:
                 refusal, headers = allocator_refusal(e)
                 self.metrics.requests.labels(model.name, "", str(refusal.value.status)).inc()
@@ -274,23 +277,28 @@ class Proxy:
                 redone = True
                 self.metrics.redecided.labels(grant.pool).inc()
                 logger.info("pool %s: a fail-open request is decided again", grant.pool)
-                await asyncio.shield(grant.release(0.0))  # a disconnect does not cut it
+                await asyncio.shield(
+                    self.releases.start(grant, 0.0)
+                )  # a disconnect does not cut it
                 continue
             self.metrics.requests.labels(model.name, grant.pool, str(outcome.status)).inc()
             return response
 
     def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
-        """Releases ``grant`` in the background (the answer does not wait for it)."""
-        consumed = charge(self.config.cost, usage=outcome.usage, upstream_s=outcome.upstream_s)
+        """Releases ``grant`` in the background (the answer does not wait for it).
+
+        The release starts before anything else is done with the charge, so that nothing
+        that fails here can leave the grant counted; the charge is never negative.
+        """
+        consumed = max(
+            charge(self.config.cost, usage=outcome.usage, upstream_s=outcome.upstream_s), 0.0
+        )
+        self.releases.start(grant, consumed)
         self.metrics.charged.labels(grant.pool).inc(consumed)
-        task = asyncio.get_running_loop().create_task(grant.release(consumed))
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
 
     async def wait_releases(self) -> None:
         """Waits for the releases handed to the client library (at shutdown)."""
-        if self._releases:
-            await asyncio.gather(*self._releases, return_exceptions=True)
+        await self.releases.wait()
 
     # -- the upstream ------------------------------------------------------------------------
 
