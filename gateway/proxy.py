@@ -92,6 +92,9 @@ class Outcome:
 
     status: int = 0
     usage: Usage | None = None
+    sent: bool = False
+    """The request went to an upstream that accepted its connection (it may have started
+    on it, whatever happened next)."""
     upstream_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
@@ -324,6 +327,7 @@ class Proxy:
                 )
             upstreams.outstanding[url] += 1
             outcome.started = time.monotonic()
+            outcome.sent = True
             try:
                 response = await self.session.post(
                     url + path,
@@ -333,6 +337,7 @@ class Proxy:
                 )
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 upstreams.outstanding[url] -= 1
+                outcome.sent = False
                 self.metrics.upstream_errors.labels(url, "refused").inc()
                 logger.warning("upstream %s refused: %s; trying another", url, e)
                 tried.add(url)
@@ -379,6 +384,7 @@ class Proxy:
         headers = grant_headers(grant)
         path = PATHS[parsed.endpoint]
         opened: tuple[str, aiohttp.ClientResponse] | None = None
+        answered_error = False  # the upstream answered with an error status
         try:
             try:
                 first = self._first(placement.route, path, data, parsed, outcome)
@@ -390,6 +396,7 @@ class Proxy:
                 return error_response(e.refusal, str(e), headers=headers)
             _, upstream = opened
             outcome.status = upstream.status
+            answered_error = upstream.status != 200  # noqa: PLR2004 (HTTP OK)
             if watched is not None:
                 self.redecider.unwatch(watched)
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
@@ -406,6 +413,10 @@ class Proxy:
             raise
         finally:
             outcome.upstream_s = time.monotonic() - outcome.started
+            if outcome.usage is None and outcome.sent and not answered_error:
+                # Cut (timeout, broken, the client gone) before any usage: the upstream
+                # may have read the prompt; charge it, without completion tokens.
+                outcome.usage = Usage(prompt_tokens=parsed.prompt_tokens, completion_tokens=0)
             if opened is not None:
                 self._close(placement.route, *opened)
 

@@ -1,0 +1,217 @@
+"""gateway.proxy in one process: a fake allocator client, an aiohttp upstream whose answer
+each test scripts, the proxy served on loopback, and an aiohttp client. What each request
+was charged at its release, and what the client saw, when the upstream misbehaves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from client import ClientGrant
+from fairshare import Class
+from gateway.config import (
+    AllocatorSettings,
+    AuthSettings,
+    GatewayConfig,
+    Limits,
+    Model,
+    Route,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Proxy
+from harness.net import free_port
+
+pytestmark = pytest.mark.timeout(30)
+
+TEAM_HEADER = "x-fairshare-team"
+PROMPT = [{"role": "user", "content": "x" * 40}]
+PROMPT_TOKENS = 10 + 4  # gateway.body's estimate of PROMPT
+WAIT_S = 10.0
+"""The bound of every wait of these tests (never reached when the code is right)."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class FakeClient:
+    """Grants every acquire; records each release and its charge."""
+
+    released: list[float] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_owner_answer(self, hook: object) -> None:
+        pass
+
+    async def acquire(self, pool: str, team: str, cls: Class, est: int) -> ClientGrant:
+        grant = ClientGrant(
+            pool=pool,
+            team=team,
+            service_class=cls,
+            est_tokens=est,
+            grant_id=f"g{len(self.released)}",
+            priority=10,
+            borrowing=False,
+            saturated=False,
+            degraded=False,
+            owner="o",
+            epoch=1,
+        )
+        grant._client = self  # type: ignore[assignment]
+        return grant
+
+    async def _release(self, grant: ClientGrant, consumed: float) -> None:
+        self.released.append(consumed)
+        self.changed.set()
+
+    async def releases(self, count: int) -> list[float]:
+        """The charges once ``count`` releases were made (bounded wait)."""
+        async with asyncio.timeout(WAIT_S):
+            while len(self.released) < count:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.released
+
+
+@dataclass
+class Rig:
+    """The proxy in front of a scripted upstream."""
+
+    client: FakeClient
+    proxy: Proxy
+    url: str
+    upstream: dict[str, Handler]
+    session: aiohttp.ClientSession
+
+    async def post(self, body: dict[str, object], **headers: str) -> aiohttp.ClientResponse:
+        response = await self.session.post(
+            self.url + "/v1/chat/completions",
+            json={"model": "m", "messages": PROMPT, **body},
+            headers={TEAM_HEADER: "team-a", **headers},
+        )
+        await response.read()
+        return response
+
+
+def config_of(upstreams: tuple[str, ...], **limits: float) -> GatewayConfig:
+    return GatewayConfig(
+        allocator=AllocatorSettings(endpoints=("127.0.0.1:1",), holder="gw"),
+        models=(Model("m", Route("gpu-a", upstreams)),),
+        auth=AuthSettings(team_header=TEAM_HEADER, class_header="x-fairshare-class"),
+        limits=replace(Limits(), **limits),
+    )
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    upstream: dict[str, Handler] = {}
+
+    async def scripted(request: web.Request) -> web.StreamResponse:
+        return await upstream["handler"](request)
+
+    upstream_app = web.Application()
+    upstream_app.router.add_post("/v1/chat/completions", scripted)
+    upstream_runner, upstream_url = await serve(upstream_app)
+    client = FakeClient()
+    session = aiohttp.ClientSession(auto_decompress=False)
+    config = config_of((upstream_url,), upstream_timeout_s=0.5, upstream_connect_s=2.0)
+    proxy = Proxy(
+        config,
+        client=client,  # type: ignore[arg-type]
+        session=session,
+        keys=None,
+        metrics=GatewayMetrics(),
+    )
+    app = web.Application()
+    proxy.add_routes(app)
+    runner, url = await serve(app)
+    tester = aiohttp.ClientSession()
+    try:
+        yield Rig(client, proxy, url, upstream, tester)
+    finally:
+        await tester.close()
+        await runner.cleanup()
+        await proxy.wait_releases()
+        await session.close()
+        await upstream_runner.cleanup()
+
+
+async def stall(request: web.Request) -> web.StreamResponse:
+    """Reads the request, then answers nothing until the gateway gives up."""
+    await request.read()
+    await asyncio.sleep(WAIT_S)
+    return web.Response(status=500)
+
+
+async def test_a_non_streaming_request_that_times_out_charges_its_prompt(rig: Rig) -> None:
+    rig.upstream["handler"] = stall
+    response = await rig.post({})
+    assert response.status == 504
+    assert await rig.client.releases(1) == [PROMPT_TOKENS]
+
+
+async def test_a_stream_cut_before_its_first_chunk_charges_its_prompt(rig: Rig) -> None:
+    async def headers_then_stall(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await answer.prepare(request)
+        await asyncio.sleep(WAIT_S)
+        return answer
+
+    rig.upstream["handler"] = headers_then_stall
+    response = await rig.post({"stream": True})
+    assert response.status == 504
+    assert await rig.client.releases(1) == [PROMPT_TOKENS]
+
+
+async def test_a_client_gone_before_the_answer_charges_its_prompt(rig: Rig) -> None:
+    reached = asyncio.Event()
+
+    async def noted_stall(request: web.Request) -> web.StreamResponse:
+        reached.set()
+        return await stall(request)
+
+    rig.upstream["handler"] = noted_stall
+    posting = asyncio.ensure_future(rig.post({}))
+    async with asyncio.timeout(WAIT_S):
+        await reached.wait()
+    posting.cancel()  # the client closes its connection
+    await asyncio.wait({posting})
+    assert await rig.client.releases(1) == [PROMPT_TOKENS]
+
+
+async def test_an_upstream_error_status_charges_nothing(rig: Rig) -> None:
+    async def bad(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.json_response({"error": {"message": "no"}}, status=400)
+
+    rig.upstream["handler"] = bad
+    response = await rig.post({})
+    assert response.status == 400
+    assert await rig.client.releases(1) == [0.0]
+
+
+async def test_an_answered_request_charges_its_usage(rig: Rig) -> None:
+    async def fine(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        return web.json_response({"choices": [], "usage": usage})
+
+    rig.upstream["handler"] = fine
+    response = await rig.post({})
+    assert response.status == 200
+    assert await rig.client.releases(1) == [10.0]
+    assert json.loads(await response.read())["usage"]["completion_tokens"] == 3
