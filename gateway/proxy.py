@@ -412,7 +412,8 @@ class Proxy:
                 self.metrics.disconnects.inc()
             raise
         finally:
-            outcome.upstream_s = time.monotonic() - outcome.started
+            # No upstream accepted a connection: no upstream time to charge.
+            outcome.upstream_s = time.monotonic() - outcome.started if outcome.sent else 0.0
             if outcome.usage is None and outcome.sent and not answered_error:
                 # Cut (timeout, broken, the client gone) before any usage: the upstream
                 # may have read the prompt; charge it, without completion tokens.

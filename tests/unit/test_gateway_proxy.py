@@ -18,6 +18,7 @@ from fairshare import Class
 from gateway.config import (
     AllocatorSettings,
     AuthSettings,
+    CostSettings,
     GatewayConfig,
     Limits,
     Model,
@@ -215,3 +216,32 @@ async def test_an_answered_request_charges_its_usage(rig: Rig) -> None:
     assert response.status == 200
     assert await rig.client.releases(1) == [10.0]
     assert json.loads(await response.read())["usage"]["completion_tokens"] == 3
+
+
+async def test_an_unreachable_upstream_charges_nothing() -> None:
+    for unit in ("tokens", "seconds"):
+        client = FakeClient()
+        config = config_of((f"http://127.0.0.1:{free_port()}",))
+        config = replace(config, cost=CostSettings(unit=unit))
+        async with aiohttp.ClientSession() as session:
+            proxy = Proxy(
+                config,
+                client=client,  # type: ignore[arg-type]
+                session=session,
+                keys=None,
+                metrics=GatewayMetrics(),
+            )
+            app = web.Application()
+            proxy.add_routes(app)
+            runner, url = await serve(app)
+            try:
+                response = await session.post(
+                    url + "/v1/chat/completions",
+                    json={"model": "m", "messages": PROMPT},
+                    headers={TEAM_HEADER: "team-a"},
+                )
+                assert response.status == 502
+                assert await client.releases(1) == [0.0], unit
+            finally:
+                await runner.cleanup()
+                await proxy.wait_releases()
