@@ -169,7 +169,11 @@ class Proxy:
         return await self._tracked(request, "completions")
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        if self._identity_or_refusal(request) is None:
+        try:
+            identity = self._identity_or_refusal(request)
+        except BadClass as e:
+            return error_response(Refusal.BAD_FIELD, str(e))
+        if identity is None:
             return error_response(Refusal.UNAUTHORIZED, "a known API key or team is required")
         created = 0
         data = [

@@ -245,3 +245,14 @@ async def test_an_unreachable_upstream_charges_nothing() -> None:
             finally:
                 await runner.cleanup()
                 await proxy.wait_releases()
+
+
+async def test_listing_models_with_a_bad_class_is_a_bad_request(rig: Rig) -> None:
+    url = rig.url + "/v1/models"
+    async with rig.session.get(url, headers={TEAM_HEADER: "team-a"}) as response:
+        assert response.status == 200
+        assert [m["id"] for m in (await response.json())["data"]] == ["m"]
+    bad = {TEAM_HEADER: "team-a", "x-fairshare-class": "urgent"}
+    async with rig.session.get(url, headers=bad) as response:
+        assert response.status == 400
+        assert (await response.json())["error"]["code"] == "invalid_value"
