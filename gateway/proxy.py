@@ -487,8 +487,13 @@ class Proxy:
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
             await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         except ConnectionResetError:
-            self.metrics.disconnects.inc()  # the client went away: end here
+            # The client went away: end here. Before ``aiohttp.ClientError``, which the
+            # writer's ``ClientConnectionResetError`` also is.
+            self.metrics.disconnects.inc()
             return answer
+        except aiohttp.ClientError as e:  # the upstream connection failed otherwise
+            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         finally:
             outcome.usage = filtered.counted(parsed)
         with contextlib.suppress(ConnectionResetError):

@@ -256,3 +256,47 @@ async def test_listing_models_with_a_bad_class_is_a_bad_request(rig: Rig) -> Non
     async with rig.session.get(url, headers=bad) as response:
         assert response.status == 400
         assert (await response.json())["error"]["code"] == "invalid_value"
+
+
+BREAK = b"break-the-upstream-here"
+"""A marker in an upstream event: reading it raises ``ClientOSError`` (see below)."""
+
+
+def event(text: str) -> bytes:
+    chunk = {"object": "chat.completion.chunk", "choices": [{"delta": {"content": text}}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+async def test_a_stream_whose_upstream_connection_fails_ends_with_an_error_event(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only a payload error: any client error of the upstream connection mid-stream
+    (here an OS error while reading) ends the stream with an SSE error event."""
+    readany = aiohttp.StreamReader.readany
+
+    async def failing(self: aiohttp.StreamReader) -> bytes:
+        data = await readany(self)
+        if BREAK in data:
+            raise aiohttp.ClientOSError(104, "reset by the upstream")
+        return data
+
+    monkeypatch.setattr(aiohttp.StreamReader, "readany", failing)
+
+    async def one_then_break(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await answer.prepare(request)
+        await answer.write(event("one"))
+        await asyncio.sleep(0.05)  # two reads: the first event goes on alone
+        await answer.write(event(BREAK.decode()))
+        await asyncio.sleep(WAIT_S)
+        return answer
+
+    rig.upstream["handler"] = one_then_break
+    response = await rig.post({"stream": True})
+    body = await response.read()
+    assert response.status == 200
+    events = body.split(b"\n\n")
+    assert events[0] + b"\n\n" == event("one")
+    assert json.loads(events[1][len(b"data: ") :])["error"]["code"] == "upstream_error"
+    assert await rig.client.releases(1) == [PROMPT_TOKENS + 1]
