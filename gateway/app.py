@@ -106,6 +106,22 @@ def allocator_client(config: GatewayConfig) -> AllocatorClient:
     )
 
 
+def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
+    """The session of the upstream requests: a pool of ``limits.max_connections``.
+
+    Bodies are passed on as the upstream sent them (no decompression), so none is asked
+    for compressed: no ``Accept-Encoding`` goes out, and the upstream answers in identity.
+    """
+    connector = aiohttp.TCPConnector(
+        limit=config.limits.max_connections, limit_per_host=0, ttl_dns_cache=60
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    )
+
+
 class Gateway:
     """One running gateway: its ports, its proxy, its clients."""
 
@@ -113,12 +129,7 @@ class Gateway:
         self.config = config
         self.metrics = GatewayMetrics()
         self.client = allocator_client(config)
-        connector = aiohttp.TCPConnector(
-            limit=config.limits.max_connections, limit_per_host=0, ttl_dns_cache=60
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
+        self.session = upstream_session(config)
         self.proxy = Proxy(
             config, client=self.client, session=self.session, keys=keys, metrics=self.metrics
         )

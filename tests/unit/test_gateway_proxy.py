@@ -15,6 +15,7 @@ from aiohttp import web
 
 from client import ClientGrant
 from fairshare import Class
+from gateway.app import upstream_session
 from gateway.config import (
     AllocatorSettings,
     AuthSettings,
@@ -127,8 +128,8 @@ async def rig() -> AsyncIterator[Rig]:
     upstream_app.router.add_post("/v1/chat/completions", scripted)
     upstream_runner, upstream_url = await serve(upstream_app)
     client = FakeClient()
-    session = aiohttp.ClientSession(auto_decompress=False)
     config = config_of((upstream_url,), upstream_timeout_s=0.5, upstream_connect_s=2.0)
+    session = upstream_session(config)
     proxy = Proxy(
         config,
         client=client,  # type: ignore[arg-type]
@@ -300,3 +301,20 @@ async def test_a_stream_whose_upstream_connection_fails_ends_with_an_error_event
     assert events[0] + b"\n\n" == event("one")
     assert json.loads(events[1][len(b"data: ") :])["error"]["code"] == "upstream_error"
     assert await rig.client.releases(1) == [PROMPT_TOKENS + 1]
+
+
+async def test_answers_reach_the_client_uncompressed(rig: Rig) -> None:
+    """The gateway passes bodies on as they come and only ``content-type`` with them: an
+    upstream that compresses when asked must not be asked."""
+
+    async def compressing(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        answer = web.json_response({"choices": [], "usage": None})
+        answer.enable_compression()  # when the request accepts gzip or deflate
+        return answer
+
+    rig.upstream["handler"] = compressing
+    response = await rig.post({})
+    assert response.status == 200
+    assert "content-encoding" not in response.headers
+    assert json.loads(await response.read()) == {"choices": [], "usage": None}
