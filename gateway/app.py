@@ -52,6 +52,9 @@ READY_CACHE_S: Final = 1.0
 """How long a readiness answer of the allocator is reused."""
 READY_PROBE_S: Final = 0.5
 """How long ``/readyz`` waits for the allocator (under a kubelet probe's 1 s timeout)."""
+UPSTREAM_KEEPALIVE_S: Final = 4.0
+"""How long an idle upstream connection is kept (uvicorn, vLLM's server, closes its idle
+connections after 5 s)."""
 FLUSH_TIMEOUT_S: Final = 2.0
 """How long the client library may take to send the last releases at exit."""
 
@@ -111,9 +114,15 @@ def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
 
     Bodies are passed on as the upstream sent them (no decompression), so none is asked
     for compressed: no ``Accept-Encoding`` goes out, and the upstream answers in identity.
+    An idle connection is kept ``UPSTREAM_KEEPALIVE_S``, less than vLLM's server keeps it,
+    so the gateway seldom sends on a connection the upstream is closing (the proxy sends
+    again, once, when it does: ``gateway.proxy``).
     """
     connector = aiohttp.TCPConnector(
-        limit=config.limits.max_connections, limit_per_host=0, ttl_dns_cache=60
+        limit=config.limits.max_connections,
+        limit_per_host=0,
+        ttl_dns_cache=60,
+        keepalive_timeout=UPSTREAM_KEEPALIVE_S,
     )
     return aiohttp.ClientSession(
         connector=connector,

@@ -316,12 +316,17 @@ class Proxy:
 
         The caller ends the upstream's lease (``Upstreams.outstanding``) with ``_close``.
 
+        A connection closed before the status line (``ServerDisconnectedError``: a pooled
+        connection the upstream closed as idle) is tried again once, like a refused one but
+        on any upstream.
+
         Raises:
             UpstreamFailed: none accepted a connection, or the one that did failed or timed
-                out before its status line.
+                out before its status line (a second closed connection included).
         """
         upstreams = self.upstreams[route]
         tried: set[str] = set()
+        disconnected = False
         while True:
             url = upstreams.choose(tried)
             if url is None:
@@ -345,6 +350,19 @@ class Proxy:
                 self.metrics.upstream_errors.labels(url, "refused").inc()
                 logger.warning("upstream %s refused: %s; trying another", url, e)
                 tried.add(url)
+                continue
+            except aiohttp.ServerDisconnectedError as e:
+                # Closed before its status line: most likely a pooled connection the
+                # upstream was closing as idle when the request went out. Sent again,
+                # once, to the least busy upstream (this one included).
+                upstreams.outstanding[url] -= 1
+                self.metrics.upstream_errors.labels(url, "disconnected").inc()
+                if disconnected:
+                    raise UpstreamFailed(
+                        Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}"
+                    ) from e
+                disconnected = True
+                logger.info("upstream %s closed the connection: %r; sending again", url, e)
                 continue
             except TimeoutError as e:
                 upstreams.outstanding[url] -= 1

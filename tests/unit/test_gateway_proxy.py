@@ -318,3 +318,27 @@ async def test_answers_reach_the_client_uncompressed(rig: Rig) -> None:
     assert response.status == 200
     assert "content-encoding" not in response.headers
     assert json.loads(await response.read()) == {"choices": [], "usage": None}
+
+
+async def test_a_connection_closed_before_the_status_line_is_sent_again_once(rig: Rig) -> None:
+    """What a pooled connection the upstream closes as idle looks like: closed after the
+    request, without a status line. Sent again once; closed twice, the answer is 502."""
+    attempts: list[int] = []
+
+    async def closes(times: int, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        attempts.append(1)
+        if len(attempts) <= times:
+            assert request.transport is not None
+            request.transport.close()
+            await asyncio.sleep(WAIT_S)  # cancelled: the connection is gone
+        return web.json_response({"choices": [], "usage": None})
+
+    rig.upstream["handler"] = lambda request: closes(1, request)
+    response = await rig.post({})
+    assert (response.status, len(attempts)) == (200, 2)
+    attempts.clear()
+    rig.upstream["handler"] = lambda request: closes(2, request)
+    response = await rig.post({})
+    assert (response.status, len(attempts)) == (502, 2)
+    assert (await response.json())["error"]["code"] == "upstream_error"
