@@ -108,7 +108,7 @@ async def test_fallback_pools(tmp_path: Path) -> None:
         )
         assert moved.headers["x-fairshare-pool"] == "gpu-b"
         assert len(await stack.records("b")) == 1
-        assert stack.metric("fairshare_gateway_fallbacks_total", pool="gpu-b") == 1
+        assert await stack.metric("fairshare_gateway_fallbacks_total", pool="gpu-b") == 1
         # Now gpu-b holds a long stream too: both pools are saturated.
         hold_b = await client.chat.completions.create(
             model="m2", messages=MESSAGES, max_tokens=5000, stream=True
@@ -122,7 +122,7 @@ async def test_fallback_pools(tmp_path: Path) -> None:
             )
             assert stays.headers["x-fairshare-pool"] == pool  # kept its own pool's grant
             assert len(await stack.records(standin)) == before + 1
-        assert stack.metric("fairshare_gateway_fallbacks_total") == 1
+        assert await stack.metric("fairshare_gateway_fallbacks_total") == 1
         await hold_a.close()
         await hold_b.close()
         await eventually(lambda: _idle(stack))
