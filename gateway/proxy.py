@@ -284,9 +284,8 @@ class Proxy:
                 redone = True
                 self.metrics.redecided.labels(grant.pool).inc()
                 logger.info("pool %s: a fail-open request is decided again", grant.pool)
-                await asyncio.shield(
-                    self.releases.start(grant, 0.0)
-                )  # a disconnect does not cut it
+                # A disconnect meanwhile does not cut the release (a task of its own).
+                await asyncio.shield(self.releases.start(grant, 0.0))
                 continue
             self.metrics.requests.labels(model.name, grant.pool, str(outcome.status)).inc()
             return response
