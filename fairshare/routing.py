@@ -19,8 +19,8 @@ gateway can use the same code:
 
 A gateway keeps one ``Outstanding`` and one router per route (give each replica its own
 ``start`` and seed): ``choose`` with the priority the allocator granted, ``sent`` when the
-request goes upstream, ``ended`` when it ends, whatever the way (``fairshare gateway``
-does not use this module yet; the simulation's ``multi-instance`` scenario compares them).
+request goes upstream, ``ended`` when it ends, whatever the way (``gateway.upstreams``
+does so; the simulation's ``multi-instance`` scenario compares the routers).
 
 Guarantees: deterministic for a given ``random.Random``; no I/O, no clock; O(U) per choice
 for U upstreams (``fewest-ahead``: O(U x P) for P distinct priorities outstanding).

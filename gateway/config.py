@@ -21,10 +21,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from fairshare.routing import ROUTERS
+
 DEFAULT_LISTEN: Final = "0.0.0.0:8080"
 DEFAULT_METRICS_LISTEN: Final = "0.0.0.0:9091"
 COST_UNITS: Final = ("tokens", "seconds")
 MAX_PORT: Final = 65535
+DEFAULT_ROUTING: Final = "fewest-ahead"
+"""The router of a route whose configuration names none (docs/simulation.md)."""
 
 
 class ConfigError(ValueError):
@@ -37,6 +41,8 @@ class Route:
 
     pool: str
     upstreams: tuple[str, ...]
+    routing: str = DEFAULT_ROUTING
+    """The router choosing among ``upstreams`` (a name of ``fairshare.routing.ROUTERS``)."""
 
 
 @dataclass(frozen=True)
@@ -193,8 +199,15 @@ def _upstream(key: str, value: object) -> str:
     return url
 
 
-def _route(key: str, value: object) -> Route:
-    raw = _mapping(key, value, ("pool", "upstreams"))
+def _routing(key: str, value: object) -> str:
+    if value not in ROUTERS:
+        raise ConfigError(f"{key}: expected one of {', '.join(ROUTERS)}, got {value!r}")
+    return str(value)
+
+
+def _route(key: str, value: object, *, routing: str = DEFAULT_ROUTING) -> Route:
+    """One route; ``routing`` is its router when ``value`` names none."""
+    raw = _mapping(key, value, ("pool", "upstreams", "routing"))
     for name in ("pool", "upstreams"):
         if name not in raw:
             raise ConfigError(f"{key}.{name}: required")
@@ -202,6 +215,7 @@ def _route(key: str, value: object) -> Route:
     return Route(
         pool=_string(f"{key}.pool", raw["pool"]),
         upstreams=tuple(_upstream(f"{key}.upstreams[{i}]", u) for i, u in enumerate(upstreams)),
+        routing=_routing(f"{key}.routing", raw["routing"]) if "routing" in raw else routing,
     )
 
 
@@ -211,17 +225,20 @@ def _models(value: object) -> tuple[Model, ...]:
     models: list[Model] = []
     for i, item in enumerate(value):
         key = f"models[{i}]"
-        raw = _mapping(key, item, ("name", "pool", "upstreams", "fallback"))
+        raw = _mapping(key, item, ("name", "pool", "upstreams", "routing", "fallback"))
         if "name" not in raw:
             raise ConfigError(f"{key}.name: required")
         name = _string(f"{key}.name", raw["name"])
         if any(m.name == name for m in models):
             raise ConfigError(f"{key}.name: {name!r} is listed twice")
-        primary = _route(key, {k: raw.get(k) for k in ("pool", "upstreams")})
+        primary = _route(key, {k: raw[k] for k in ("pool", "upstreams", "routing") if k in raw})
         fallback_raw = raw.get("fallback") or []
         if not isinstance(fallback_raw, list):
             raise ConfigError(f"{key}.fallback: expected a list, got {fallback_raw!r}")
-        fallback = tuple(_route(f"{key}.fallback[{j}]", f) for j, f in enumerate(fallback_raw))
+        fallback = tuple(
+            _route(f"{key}.fallback[{j}]", f, routing=primary.routing)
+            for j, f in enumerate(fallback_raw)
+        )
         pools = [primary.pool, *(f.pool for f in fallback)]
         if len(set(pools)) != len(pools):
             raise ConfigError(f"{key}.fallback: a pool is listed twice: {pools}")

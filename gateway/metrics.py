@@ -75,6 +75,19 @@ class GatewayMetrics:
             ["upstream"],
             registry=r,
         )
+        self.upstream_in_flight = Gauge(
+            "fairshare_gateway_upstream_in_flight",
+            "Requests this gateway has outstanding on an upstream now, by pool and upstream.",
+            ["pool", "upstream"],
+            registry=r,
+        )
+        self.upstream_sent = Counter(
+            "fairshare_gateway_upstream_sent",
+            "Requests sent to an upstream, by pool, upstream and standing (within_share, "
+            "borrowing, degraded); an attempt whose connection was refused counts too.",
+            ["pool", "upstream", "standing"],
+            registry=r,
+        )
         self.charged = Counter(
             "fairshare_gateway_charged",
             "Consumption released, in the configured cost unit, by pool.",

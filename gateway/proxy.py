@@ -7,9 +7,9 @@ not) and ``GET /v1/models``. For one request:
    413), the model (404 when not configured);
 2. a grant (``gateway.placement``: the primary pool, or a fallback when it is saturated);
    ``NoOwner`` (a ``fail_closed`` pool without an owner) is 503 with ``Retry-After``;
-3. the body with the grant's ``priority`` goes to the route's upstream with the fewest
-   outstanding requests (``gateway.upstreams``); a connection that cannot be opened goes to
-   the next one;
+3. the body with the grant's ``priority`` goes to the upstream the route's router chooses
+   for that priority (``gateway.upstreams``; ``fewest-ahead`` unless configured otherwise);
+   a connection that cannot be opened goes to another one;
 4. the answer goes back with ``x-fairshare-priority``, ``-borrowing``, ``-degraded`` and
    ``-pool``: a non-streaming answer whole, with the upstream's status and body; a stream
    event by event (``gateway.body.StreamFilter``), its status line sent only when the
@@ -51,6 +51,7 @@ from gateway.placement import Placement, place
 from gateway.redecide import Redecider, Watched
 from gateway.releases import Releases
 from gateway.upstreams import Upstreams
+from gateway.upstreams import standing as upstream_standing
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,11 @@ class Outcome:
     started: float = field(default_factory=time.monotonic)
 
 
+def standing(grant: ClientGrant) -> str:
+    """How ``grant`` stands with its pool (``gateway.upstreams.STANDINGS``)."""
+    return upstream_standing(borrowing=grant.borrowing, degraded=grant.degraded)
+
+
 def grant_headers(grant: ClientGrant) -> dict[str, str]:
     """The ``x-fairshare-*`` headers of an answer."""
     return {
@@ -144,7 +150,10 @@ class Proxy:
         self.upstreams: dict[Route, Upstreams] = {}
         for model in config.models:
             for route in (model.primary, *model.fallback):
-                self.upstreams.setdefault(route, Upstreams(route.upstreams))
+                if route not in self.upstreams:
+                    self.upstreams[route] = Upstreams(
+                        route.pool, route.upstreams, routing=route.routing, metrics=metrics
+                    )
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
         self.releases = Releases()
@@ -309,11 +318,12 @@ class Proxy:
     # -- the upstream ------------------------------------------------------------------------
 
     async def _open(
-        self, route: Route, path: str, data: bytes, outcome: Outcome
+        self, placement: Placement, path: str, data: bytes, outcome: Outcome
     ) -> tuple[str, aiohttp.ClientResponse]:
-        """Sends the request to the route's least busy upstream that accepts a connection.
+        """Sends the request to the upstream the route's router chooses for the grant's
+        priority, among those that accept a connection.
 
-        The caller ends the upstream's lease (``Upstreams.outstanding``) with ``_close``.
+        The caller ends the upstream's lease (``Upstreams.sent``) with ``_close``.
 
         A connection closed before the status line (``ServerDisconnectedError``: a pooled
         connection the upstream closed as idle) is tried again once, like a refused one but
@@ -323,17 +333,18 @@ class Proxy:
             UpstreamFailed: none accepted a connection, or the one that did failed or timed
                 out before its status line (a second closed connection included).
         """
+        route, grant = placement.route, placement.grant
         upstreams = self.upstreams[route]
         tried: set[str] = set()
         disconnected = False
         while True:
-            url = upstreams.choose(tried)
+            url = upstreams.choose(grant.priority, tried)
             if url is None:
                 raise UpstreamFailed(
                     Refusal.UPSTREAM_UNREACHABLE,
                     f"no upstream of pool {route.pool} accepted a connection",
                 )
-            upstreams.outstanding[url] += 1
+            upstreams.sent(url, grant.priority, standing(grant))
             outcome.started = time.monotonic()
             outcome.sent = True
             try:
@@ -344,7 +355,7 @@ class Proxy:
                     timeout=self._timeout,
                 )
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
-                upstreams.outstanding[url] -= 1
+                upstreams.ended(url, grant.priority)
                 outcome.sent = False
                 self.metrics.upstream_errors.labels(url, "refused").inc()
                 logger.warning("upstream %s refused: %s; trying another", url, e)
@@ -353,8 +364,8 @@ class Proxy:
             except aiohttp.ServerDisconnectedError as e:
                 # Closed before its status line: most likely a pooled connection the
                 # upstream was closing as idle when the request went out. Sent again,
-                # once, to the least busy upstream (this one included).
-                upstreams.outstanding[url] -= 1
+                # once, to the upstream the router chooses (this one included).
+                upstreams.ended(url, grant.priority)
                 self.metrics.upstream_errors.labels(url, "disconnected").inc()
                 if disconnected:
                     raise UpstreamFailed(
@@ -364,28 +375,28 @@ class Proxy:
                 logger.info("upstream %s closed the connection: %r; sending again", url, e)
                 continue
             except TimeoutError as e:
-                upstreams.outstanding[url] -= 1
+                upstreams.ended(url, grant.priority)
                 self.metrics.upstream_errors.labels(url, "timeout").inc()
                 raise UpstreamFailed(
                     Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
                 ) from e
             except (aiohttp.ClientError, OSError) as e:
-                upstreams.outstanding[url] -= 1
+                upstreams.ended(url, grant.priority)
                 self.metrics.upstream_errors.labels(url, "broken").inc()
                 raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
             except BaseException:
-                upstreams.outstanding[url] -= 1
+                upstreams.ended(url, grant.priority)
                 raise
             return url, response
 
-    def _close(self, route: Route, url: str, response: aiohttp.ClientResponse) -> None:
+    def _close(self, placement: Placement, url: str, response: aiohttp.ClientResponse) -> None:
         """Ends an upstream request: a response not read to its end closes its connection,
         so the upstream aborts the request."""
         if not response.content.is_eof():
             response.close()
         else:
             response.release()
-        self.upstreams[route].outstanding[url] -= 1
+        self.upstreams[placement.route].ended(url, placement.grant.priority)
 
     async def _forward(
         self,
@@ -408,9 +419,9 @@ class Proxy:
         answered_error = False  # the upstream answered with an error status
         try:
             try:
-                first = self._first(placement.route, path, data, parsed, outcome)
+                first = self._first(placement, path, data, parsed, outcome)
                 opened, head = await _unless_signalled(
-                    first, watched, lambda url, r: self._close(placement.route, url, r)
+                    first, watched, lambda url, r: self._close(placement, url, r)
                 )
             except UpstreamFailed as e:
                 outcome.status = e.refusal.value.status
@@ -440,31 +451,31 @@ class Proxy:
                 # may have read the prompt; charge it, without completion tokens.
                 outcome.usage = Usage(prompt_tokens=parsed.prompt_tokens, completion_tokens=0)
             if opened is not None:
-                self._close(placement.route, *opened)
+                self._close(placement, *opened)
 
     async def _first(
-        self, route: Route, path: str, data: bytes, parsed: Request, outcome: Outcome
+        self, placement: Placement, path: str, data: bytes, parsed: Request, outcome: Outcome
     ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
         """Everything up to the first byte the client may see: the whole answer when not
         streaming (or on an error status), else the first chunk of the stream."""
-        url, upstream = await self._open(route, path, data, outcome)
+        url, upstream = await self._open(placement, path, data, outcome)
         try:
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
                 head = await upstream.content.readany()
             else:
                 head = await upstream.read()
         except TimeoutError as e:
-            self._close(route, url, upstream)
+            self._close(placement, url, upstream)
             self.metrics.upstream_errors.labels(url, "timeout").inc()
             raise UpstreamFailed(
                 Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
             ) from e
         except (aiohttp.ClientError, OSError) as e:
-            self._close(route, url, upstream)
+            self._close(placement, url, upstream)
             self.metrics.upstream_errors.labels(url, "broken").inc()
             raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
         except BaseException:
-            self._close(route, url, upstream)
+            self._close(placement, url, upstream)
             raise
         if upstream.status >= 500:  # noqa: PLR2004 (server errors)
             self.metrics.upstream_errors.labels(url, "status").inc()

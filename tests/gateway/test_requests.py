@@ -38,8 +38,14 @@ async def stack(tmp_path: Path, upstream_timeout_s: float) -> AsyncIterator[Stac
     def models(s: dict[str, Standin]) -> list[dict[str, object]]:
         return [
             {"name": MODEL, "pool": "gpu-a", "upstreams": [s["a"].url]},
-            # A refused connection goes to the next upstream.
-            {"name": "half-dead", "pool": "gpu-a", "upstreams": [dead, s["a"].url]},
+            # A refused connection goes to the next upstream. Round-robin, so that most
+            # requests try the dead one first (fewest-ahead breaks ties at random).
+            {
+                "name": "half-dead",
+                "pool": "gpu-a",
+                "upstreams": [dead, s["a"].url],
+                "routing": "round-robin",
+            },
             {"name": "dead", "pool": "gpu-a", "upstreams": [dead]},
         ]
 

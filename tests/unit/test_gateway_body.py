@@ -1,4 +1,4 @@
-"""gateway.body, gateway.cost and gateway.upstreams: the pure parts of the request path."""
+"""gateway.body and gateway.cost: the pure parts of the request path."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from gateway.body import (
 )
 from gateway.config import CostSettings
 from gateway.cost import charge
-from gateway.upstreams import Upstreams
 
 
 def chat(**fields: object) -> bytes:
@@ -153,19 +152,3 @@ def test_cost() -> None:
     seconds = CostSettings(unit="seconds")
     assert charge(seconds, usage=Usage(10, 3), upstream_s=1.5) == 1.5
     assert charge(seconds, usage=None, upstream_s=-1.0) == 0.0
-
-
-def test_least_outstanding_ties_in_turn() -> None:
-    ups = Upstreams(["a", "b", "c"])
-    assert [ups.choose() for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
-    with ups.lease("a"), ups.lease("b"):
-        assert ups.choose() == "c"
-        assert ups.choose() == "c"
-        with ups.lease("c"), ups.lease("c"):
-            assert ups.choose() in ("a", "b")
-    assert ups.outstanding == {"a": 0, "b": 0, "c": 0}
-    # A refused connection: the next choice leaves the tried ones out.
-    assert ups.choose(exclude={"a", "b"}) == "c"
-    assert ups.choose(exclude={"a", "b", "c"}) is None
-    with pytest.raises(ValueError):
-        Upstreams([])

@@ -120,6 +120,23 @@ def test_defaults() -> None:
             },
             "models[0].fallback",
         ),
+        (
+            {"models": [{"name": "m", "pool": "p", "upstreams": ["http://x:1"], "routing": "x"}]},
+            "models[0].routing",
+        ),
+        (
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "pool": "p",
+                        "upstreams": ["http://x:1"],
+                        "fallback": [{"pool": "q", "upstreams": ["http://y:1"], "routing": 3}],
+                    }
+                ]
+            },
+            "models[0].fallback[0].routing",
+        ),
         ({"cost": {"unit": "dollars"}}, "cost.unit"),
         ({"cost": {"prompt_weight": -1}}, "cost.prompt_weight"),
         ({"auth": {"team_header": "bad header"}}, "auth.team_header"),
@@ -133,6 +150,34 @@ def test_errors_name_the_key(change: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as raised:
         parse(data)
     assert str(raised.value).startswith(f"{key}:"), raised.value
+
+
+def test_routing_defaults_to_fewest_ahead_and_fallbacks_inherit_it() -> None:
+    def model(**routing: str) -> dict[str, object]:
+        return {
+            "name": "m",
+            "pool": "p",
+            "upstreams": ["http://x:1"],
+            "fallback": [
+                {"pool": "q", "upstreams": ["http://y:1"]},
+                {"pool": "r", "upstreams": ["http://z:1"], "routing": "random"},
+            ],
+            **routing,
+        }
+
+    allocator = {"endpoints": ["a:1"]}
+    default = parse({"allocator": allocator, "models": [model()]}).models[0]
+    assert [r.routing for r in (default.primary, *default.fallback)] == [
+        "fewest-ahead",
+        "fewest-ahead",
+        "random",
+    ]
+    chosen = parse({"allocator": allocator, "models": [model(routing="round-robin")]}).models[0]
+    assert [r.routing for r in (chosen.primary, *chosen.fallback)] == [
+        "round-robin",
+        "round-robin",
+        "random",
+    ]
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
@@ -157,3 +202,27 @@ def test_the_command_exits_2_naming_the_key(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "cost.unit" in done.stderr
+
+
+def test_the_command_exits_2_on_an_unknown_router(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "allocator": {"endpoints": ["a:1"]},
+                "models": [
+                    {"name": "m", "pool": "p", "upstreams": ["http://x:1"], "routing": "smart"}
+                ],
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "gateway", "--config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "models[0].routing" in done.stderr and "fewest-ahead" in done.stderr

@@ -149,6 +149,9 @@ async def rig() -> AsyncIterator[Rig]:
         await proxy.wait_releases()
         await session.close()
         await upstream_runner.cleanup()
+    # Every upstream request was counted until it ended, whatever way it ended.
+    for upstreams in proxy.upstreams.values():
+        assert [upstreams.in_flight(u) for u in upstreams.urls] == [0] * len(upstreams.urls)
 
 
 async def stall(request: web.Request) -> web.StreamResponse:
@@ -342,3 +345,47 @@ async def test_a_connection_closed_before_the_status_line_is_sent_again_once(rig
     response = await rig.post({})
     assert (response.status, len(attempts)) == (502, 2)
     assert (await response.json())["error"]["code"] == "upstream_error"
+
+
+async def test_a_redecided_request_ends_its_first_lease_and_takes_one_with_its_new_priority(
+    rig: Rig,
+) -> None:
+    """A fail-open request (degraded, a borrowing priority) is aborted when an owner answers
+    and sent again with its new grant: the upstream tally moves from one priority to the
+    other, never holding both."""
+    grants = iter([(21, True), (0, False)])
+    acquire = rig.client.acquire
+
+    async def degraded_first(pool: str, team: str, cls: Class, est: int) -> ClientGrant:
+        priority, degraded = next(grants)
+        grant = await acquire(pool, team, cls, est)
+        return replace(grant, priority=priority, borrowing=degraded, degraded=degraded)
+
+    rig.client.acquire = degraded_first  # type: ignore[method-assign]
+    seen: list[int] = []
+    first_arrived = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        seen.append(json.loads(await request.read())["priority"])
+        if len(seen) == 1:
+            first_arrived.set()
+            await asyncio.sleep(WAIT_S)  # cancelled: the gateway closes this request
+        return web.json_response({"choices": [], "usage": None})
+
+    rig.upstream["handler"] = answer
+    upstreams = next(iter(rig.proxy.upstreams.values()))
+    posted = asyncio.create_task(rig.post({}))
+    async with asyncio.timeout(WAIT_S):
+        await first_arrived.wait()
+    assert upstreams.outstanding.at_most(0, 21) == 1  # the degraded attempt, at 21
+    rig.proxy.redecider.owner_answered("gpu-a", 2)
+    response = await posted
+    assert (response.status, seen) == (200, [21, 0])
+    assert response.headers["x-fairshare-priority"] == "0"
+    assert upstreams.in_flight(upstreams.urls[0]) == 0
+    sent = rig.proxy.metrics.registry.get_sample_value
+    labels = {"pool": "gpu-a", "upstream": upstreams.urls[0]}
+    assert sent("fairshare_gateway_upstream_sent_total", {**labels, "standing": "degraded"}) == 1
+    assert (
+        sent("fairshare_gateway_upstream_sent_total", {**labels, "standing": "within_share"}) == 1
+    )
