@@ -17,9 +17,10 @@ loopback in this machine's processes and is stopped at the end (or on Ctrl-C):
 Every second it prints, per team, the requests in flight, how many of the requests that
 ended in the last five seconds were within the team's share and how many borrowed, the
 priorities the gateway put on them (``x-fairshare-priority``) and their median wait for a
-first token. What to see: ``b`` and ``c`` stay within their share at priority 0 and wait at most for one running
-request to end (vLLM, like the stand-in, never preempts a running request to start a
-waiting one), while ``a``, above its share, borrows at worse priorities and waits longest.
+first token. What to see: ``b`` and ``c`` stay within their share at priority 0 and wait
+at most for one running request to end (vLLM, like the stand-in, never preempts a running
+request to start a waiting one), while ``a``, above its share, borrows at worse priorities
+and waits longest.
 """
 
 from __future__ import annotations

@@ -74,6 +74,9 @@ class Outcome(Enum):
         return cls.BORROW if decision.borrowing else cls.WITHIN
 
 
+Page = tuple[str, str, bytes]
+"""An answer of an extra page on the metrics port: status line, content type, body."""
+
 UNCONFIGURED: Final = "(unconfigured)"
 """The team label of every team that is not in its pool's configured shares."""
 
@@ -175,11 +178,19 @@ class Metrics:
         """Records the latency of one forwarded call."""
         self.forward_latency.labels(method).observe(seconds)
 
-    def serve(self, address: str, *, alive: Callable[[], bool] | None = None) -> Callable[[], None]:
+    def serve(
+        self,
+        address: str,
+        *,
+        alive: Callable[[], bool] | None = None,
+        pages: Mapping[str, Callable[[], Page]] | None = None,
+    ) -> Callable[[], None]:
         """Serves ``/metrics`` and ``/healthz`` on ``host:port`` in background threads.
 
         ``/healthz`` (liveness) answers 200 when ``alive()`` is true (always, without
-        it), 503 otherwise; every other path is the metrics.
+        it), 503 otherwise; a path of ``pages`` (the status page) answers what its
+        function returns, called in the request's thread (to GET and HEAD only); every
+        other path is the metrics.
 
         Returns:
             A function that stops the HTTP server.
@@ -191,7 +202,25 @@ class Metrics:
         host = host.strip("[]")
         metrics_app = make_wsgi_app(self.registry)
 
+        extra = dict(pages or {})
+
         def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            page = extra.get(environ.get("PATH_INFO", ""))
+            if page is not None:
+                method = environ.get("REQUEST_METHOD")
+                if method not in ("GET", "HEAD"):
+                    start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+                    return [b""]
+                status, content_type, body = page()
+                start_response(
+                    status,
+                    [
+                        ("Content-Type", content_type),
+                        ("Content-Length", str(len(body))),
+                        ("Cache-Control", "no-store"),
+                    ],
+                )
+                return [] if method == "HEAD" else [body]
             if environ.get("PATH_INFO") != HEALTHZ_PATH:
                 answer: Iterable[bytes] = metrics_app(environ, start_response)
                 return answer
