@@ -117,7 +117,8 @@ header { display: flex; gap: 1.5em; align-items: baseline; padding: .8em 1.2em;
 header h1 { font-size: 1.15em; margin: 0; }
 header .meta { color: #c8cdd8; }
 #state.stale { color: #ffab91; font-weight: 600; }
-main { padding: 1em 1.2em; display: grid; gap: 1em; }
+main, #pools { display: grid; gap: 1em; }
+main { padding: 1em 1.2em; }
 section { background: var(--card); border: 1px solid var(--line); border-radius: 6px;
   padding: .8em 1em; }
 h2 { font-size: 1.05em; margin: 0 0 .4em; }
