@@ -106,6 +106,12 @@ class Metrics:
             ["pool", "team", "outcome"],
             registry=self.registry,
         )
+        self.priorities = Counter(
+            "fairshare_decision_priorities",
+            "Granted Acquire decisions by pool and the vLLM priority they carry.",
+            ["pool", "priority"],
+            registry=self.registry,
+        )
         self.decision_latency = Histogram(
             "fairshare_decision_latency_seconds",
             "Time to answer an Acquire, as the serving replica measures it.",
@@ -137,6 +143,7 @@ class Metrics:
         # decision costs a dictionary look-up, not a label resolution. They hold no more
         # than the registry itself does (one entry per label set ever used).
         self._decided: dict[tuple[str, str, Outcome], Any] = {}
+        self._prioritised: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
         self._collector = _StatusCollector(self.team_label)
         self.registry.register(self._collector)
@@ -153,13 +160,30 @@ class Metrics:
             return team
         return UNCONFIGURED
 
-    def count(self, pool: str, team: str, outcome: Outcome, seconds: float | None) -> None:
-        """Counts one decision, and its latency if given."""
+    def count(
+        self,
+        pool: str,
+        team: str,
+        outcome: Outcome,
+        seconds: float | None,
+        priority: int | None = None,
+    ) -> None:
+        """Counts one decision, its latency and the priority it grants if given.
+
+        Priorities are few (``fairshare.priority``: two per rank up to ``MAX_RANK``), so
+        their label stays bounded."""
         key = (pool, self.team_label(pool, team), outcome)
         counter = self._decided.get(key)
         if counter is None:
             counter = self._decided[key] = self.decisions.labels(pool, key[1], outcome.value)
         counter.inc()
+        if priority is not None:
+            given = self._prioritised.get((pool, priority))
+            if given is None:
+                given = self._prioritised[pool, priority] = self.priorities.labels(
+                    pool, str(priority)
+                )
+            given.inc()
         if seconds is not None:
             latency = self._latency.get(pool)
             if latency is None:
@@ -314,6 +338,23 @@ class _StatusCollector(Collector):
             families = self._cached[1]
         yield from families
 
+    def _by_label(self, view: PoolStatus) -> Iterator[tuple[str, list[float]]]:
+        """(team label, [in flight, borrowing, phantoms, usage, reserved, rank]) of a pool's
+        teams: teams that share a label (the unconfigured ones) are summed under it, and
+        their rank is the lowest of theirs."""
+        rows: dict[str, list[float]] = {}
+        for team in view.teams:
+            label = self._team_label(str(view.pool), team.team)
+            row = rows.get(label)
+            if row is None:
+                row = rows[label] = [0.0] * 5 + [float(team.rank)]
+            for i, value in enumerate(
+                (team.in_flight, team.borrowing, team.phantoms, team.usage, team.reserved)
+            ):
+                row[i] += value
+            row[5] = min(row[5], team.rank)
+        yield from rows.items()
+
     def _collect(self) -> Iterator[_Family]:
         status = self.status
         if status is None:
@@ -339,6 +380,12 @@ class _StatusCollector(Collector):
         )
         reserved = GaugeMetricFamily(
             "fairshare_reserved", "Within-share slots.", labels=team_labels
+        )
+        rank = GaugeMetricFamily(
+            "fairshare_rank",
+            "Dense rank of the team's level fairshare, 0 = least served (teams sharing a "
+            "label: the lowest); a borrower's priority grows with it.",
+            labels=team_labels,
         )
         owner = GaugeMetricFamily(
             "fairshare_owner", "1 when this replica owns the pool.", labels=["pool"]
@@ -406,21 +453,15 @@ class _StatusCollector(Collector):
             degraded.add_metric([name], float(view.degraded_decisions))
             if view.owned:
                 teams_known.add_metric([name], float(len(view.teams)))
-            # Teams that share a label (the unconfigured ones) are summed under it.
-            sums: dict[str, list[float]] = {}
-            for team in view.teams:
-                values = (team.in_flight, team.borrowing, team.phantoms, team.usage, team.reserved)
-                total = sums.setdefault(self._team_label(name, team.team), [0.0] * 5)
-                for i, value in enumerate(values):
-                    total[i] += value
-            for label, (n, borrowed, phantom, used, slots) in sums.items():
+            for label, (n, borrowed, phantom, used, slots, lowest) in self._by_label(view):
                 labels = [name, label]
                 in_flight.add_metric(labels, n)
                 borrowing.add_metric(labels, borrowed)
                 phantoms.add_metric(labels, phantom)
                 usage.add_metric(labels, used)
                 reserved.add_metric(labels, slots)
-        yield from (in_flight, borrowing, phantoms, usage, reserved, owner, epoch)
+                rank.add_metric(labels, lowest)
+        yield from (in_flight, borrowing, phantoms, usage, reserved, rank, owner, epoch)
         yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused)
         yield from (store_full, store_refused)
         yield teams_known
