@@ -18,8 +18,8 @@ What it guarantees:
 
 What it does not guarantee: one instant. Each pool is read at its own moment (a forwarded
 table comes a round trip later than the local view); the page is a picture for people,
-not an input to decisions. The age of the stored state is known to the owner only: a
-non-owner shows null for it.
+not an input to decisions. The age of the stored state is the owner's, forwarded with its
+table (null when no owner answered, or one of a version that does not send it).
 """
 
 from __future__ import annotations
@@ -65,19 +65,19 @@ async def status_report(node: StatusSource, configs: Sequence[PoolConfig]) -> Js
     local = node.status()
     tables = await asyncio.gather(*(_table(node, view) for view in local))
     pools = []
-    for view, (source, error, capacity, teams) in zip(local, tables, strict=True):
+    for view, (source, error, remote, teams) in zip(local, tables, strict=True):
         info = infos.get(view.pool)
         config = modes.get(view.pool)
         pools.append(
             {
                 "pool": view.pool,
-                "capacity": capacity if capacity is not None else _capacity(info, config),
+                "capacity": remote.capacity if remote is not None else _capacity(info, config),
                 "owner": view.owner,
                 "owner_address": info.owner_address if info is not None else "",
                 "epoch": int(view.epoch),
                 "owned_here": view.owned,
                 "degraded_mode": config.degraded_mode.value if config is not None else "",
-                "snapshot_age_s": view.snapshot_age_s if view.owned else None,
+                "snapshot_age_s": _age(view, remote),
                 "fence_left_s": view.fence_left_s,
                 "degraded_decisions": view.degraded_decisions,
                 "store_full": view.store_full,
@@ -97,8 +97,10 @@ async def status_report(node: StatusSource, configs: Sequence[PoolConfig]) -> Js
     }
 
 
-async def _table(node: StatusSource, view: PoolStatus) -> tuple[str, str, int | None, list[Json]]:
-    """(source, error, the owner's capacity if asked, the team rows) of one pool."""
+async def _table(
+    node: StatusSource, view: PoolStatus
+) -> tuple[str, str, PoolView | None, list[Json]]:
+    """(source, error, the owner's view if asked, the team rows) of one pool."""
     if view.owned:
         return "local", "", None, [_team(t) for t in view.teams]
     try:
@@ -108,7 +110,14 @@ async def _table(node: StatusSource, view: PoolStatus) -> tuple[str, str, int | 
         return "unavailable", f"the owner did not answer within {FORWARD_TIMEOUT_S:g}s", None, []
     except AllocatorError as e:
         return "unavailable", f"{type(e).__name__}: {e}", None, []
-    return "owner", "", remote.capacity, [_team(t) for t in remote.teams]
+    return "owner", "", remote, [_team(t) for t in remote.teams]
+
+
+def _age(view: PoolStatus, remote: PoolView | None) -> float | None:
+    """The lag of the pool's stored state, as its owner knows it."""
+    if view.owned:
+        return view.snapshot_age_s
+    return remote.snapshot_age_s if remote is not None else None
 
 
 def _capacity(info: PoolInfo | None, config: PoolConfig | None) -> int:
