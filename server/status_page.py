@@ -5,8 +5,9 @@ The HTTP server answers from its own threads; the report reads the node, whose s
 the event loop may touch. So a request schedules the report on the loop
 (``run_coroutine_threadsafe``) and waits at most ``REPORT_TIMEOUT_S`` for it; a loop that
 does not answer in time gets a 503, never a half-read state. Reports are kept for
-``REPORT_CACHE_S``: any number of open pages cost the loop (and the owners it forwards to)
-at most one report per that period.
+``REPORT_CACHE_S`` (a 503 too): any number of open pages cost the loop (and the owners it
+forwards to) at most one report per that period, and requests queued behind a blocked
+loop do not each wait the full timeout.
 
 The page has no external asset (it works offline and inside a cluster): inline CSS and a
 script that fetches ``api/status.json`` every ``REFRESH_MS`` and redraws. Team names come
@@ -58,7 +59,7 @@ class StatusPage:
         self._timeout_s = timeout_s
         self._cache_s = cache_s
         self._lock = threading.Lock()  # one report at a time; the others wait and reuse it
-        self._cached: tuple[float, bytes] | None = None
+        self._cached: tuple[float, Page] | None = None
 
     def pages(self) -> dict[str, Callable[[], Page]]:
         """Path -> answer, for ``Metrics.serve``."""
@@ -74,16 +75,17 @@ class StatusPage:
         with self._lock:
             now = time.monotonic()
             if self._cached is not None and now - self._cached[0] < self._cache_s:
-                return "200 OK", _JSON_TYPE, self._cached[1]
+                return self._cached[1]
             try:
-                body = self._build()
+                answer: Page = ("200 OK", _JSON_TYPE, self._build())
             except Exception as e:  # an HTTP thread must answer, whatever the cause
                 if not isinstance(e, TimeoutError):
                     logger.exception("status page: building the report failed")
                 error = json.dumps({"error": f"no status: {type(e).__name__}: {e}"}).encode()
-                return "503 Service Unavailable", _JSON_TYPE, error
-            self._cached = (time.monotonic(), body)
-            return "200 OK", _JSON_TYPE, body
+                answer = ("503 Service Unavailable", _JSON_TYPE, error)
+            # A failure is kept too: requests queued behind a blocked loop answer at once.
+            self._cached = (time.monotonic(), answer)
+            return answer
 
     def _build(self) -> bytes:
         future = asyncio.run_coroutine_threadsafe(self._report(), self._loop)
