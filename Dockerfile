@@ -19,6 +19,7 @@ COPY pyproject.toml requirements.lock README.m[d] ./
 COPY fairshare ./fairshare
 COPY wire ./wire
 COPY client ./client
+COPY gateway ./gateway
 COPY ha ./ha
 COPY server ./server
 COPY sim ./sim

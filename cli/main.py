@@ -4,6 +4,7 @@ This module parses the arguments and runs one command (its first line is the hel
 
 Commands:
     serve          run a replica (``server.app``)
+    gateway        the OpenAI-compatible proxy in front of vLLM (``gateway.app``)
     status         an sshare-like table of each pool's teams, with owner and epoch
     pools          every pool with its capacity, owner, epoch and degraded mode
     set-capacity   change a pool's capacity (admin credentials)
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fairshare", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_arguments(sub.add_parser("serve", help="run an allocator replica"))
+    from gateway.app import add_gateway_arguments
+
+    add_gateway_arguments(sub.add_parser("gateway", help="run the OpenAI-compatible gateway"))
     status = sub.add_parser("status", help="sshare-like table of each pool")
     add_client_arguments(status)
     status.add_argument("--pool", help="only this pool")
@@ -67,6 +71,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         from server.app import run
 
         return run(args)
+    if args.command == "gateway":
+        from gateway.app import run as run_gateway
+
+        return run_gateway(args)
     stream = out if out is not None else sys.stdout
     try:
         return asyncio.run(COMMANDS[args.command](args, stream))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import grpc
 from grpc import aio
@@ -48,6 +49,7 @@ class Adoption(Calls):
         grants no owner counted yet whenever an owner of the pool answers."""
         if epoch in (NO_EPOCH, DEGRADED_EPOCH):  # no owner decided or is known
             return
+        self._tell_owner_answered(pool, epoch)
         known = self._epochs.get(pool)
         self._epochs[pool] = max(epoch, known or 0)
         if known is not None and epoch <= known:
@@ -59,6 +61,26 @@ class Adoption(Calls):
         if known is None and not older:
             return
         self._spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
+
+    def on_owner_answer(self, listener: Callable[[str, int], None]) -> None:
+        """Calls ``listener(pool, epoch)`` each time an answer shows an owner of ``pool``
+        at ``epoch``: an acquire, release or adopt it decided, or ListPools naming it.
+
+        The hook a gateway uses to learn that a pool has an owner again after an outage
+        (its degraded grants are then re-reported to that owner, see the module doc). It is
+        called synchronously, on the event loop, for every such answer, so it must be cheap
+        and must not block; an exception it raises is logged and ignored. Not guaranteed:
+        that it is called at all while the client makes no calls and holds no grant (the
+        background ListPools runs only while grants are live).
+        """
+        self._owner_listeners.append(listener)
+
+    def _tell_owner_answered(self, pool: str, epoch: int) -> None:
+        for listener in self._owner_listeners:
+            try:
+                listener(pool, epoch)
+            except Exception:
+                logger.exception("pool %s: an owner-answer listener failed", pool)
 
     def _granted(self, grant: ClientGrant) -> None:
         """A new grant is live: if the last complete re-report of its pool lacked a proof

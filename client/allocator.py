@@ -41,7 +41,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc import aio
@@ -160,6 +160,7 @@ class AllocatorClient(Adoption, Backlog):
         self._route_to_owner = route_to_owner
         self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
         self._learning: asyncio.Task[None] | None = None
+        self._owner_listeners: list[Callable[[str, int], None]] = []
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------

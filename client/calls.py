@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import grpc
@@ -85,6 +85,7 @@ class Calls:
     _route_to_owner: bool
     _owners: dict[str, str]
     _learning: asyncio.Task[None] | None
+    _owner_listeners: list[Callable[[str, int], None]]
     _closed: bool
 
     def _stub(self, target: str) -> pb_grpc.AllocatorStub:

@@ -19,8 +19,8 @@ ended in the last five seconds were within the team's share and how many borrowe
 priorities the gateway put on them (``x-fairshare-priority``) and their median wait for a
 first token. What to see: ``b`` and ``c`` stay within their share at priority 0 and wait
 at most for one running request to end (vLLM, like the stand-in, never preempts a running
-request to start a waiting one), while ``a``, above its share, borrows at worse priorities
-and waits longest.
+request to start a waiting one), while ``a``, above its share, borrows at worse
+priorities and waits longest.
 """
 
 from __future__ import annotations

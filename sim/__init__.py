@@ -13,7 +13,9 @@
 - ``remote``: ``GrpcAllocator``, priorities from a running allocator over gRPC
   (``--allocator``), instead of the in-process pool.
 - ``cli``: ``fairshare simulate`` / ``python -m sim``.
+- ``standin``: a stand-in vLLM server (``python -m sim.standin``, aiohttp): the OpenAI
+  subset, a running limit in priority or fcfs order, a record of every request.
 
 Importing this package needs only ``fairshare``; plotting needs matplotlib; ``remote``
-needs the gRPC client (``client``).
+needs the gRPC client (``client``); ``standin`` needs aiohttp (the ``gateway`` extra).
 """

@@ -122,6 +122,34 @@ async def test_new_epoch_triggers_adopt_of_live_grants(config: Config) -> None:
         await server.shutdown(0)
 
 
+async def test_owner_answer_listener_hears_of_an_owner_after_an_outage(
+    config: Config, fake: FakeAllocator
+) -> None:
+    port = free_port()
+    server = await start_on(config, port, fake)
+    heard: list[tuple[str, int]] = []
+    client = AllocatorClient([f"127.0.0.1:{port}"], holder="gw", deadline_s=0.2, epoch_check_s=0.05)
+    client.on_owner_answer(lambda pool, epoch: heard.append((pool, epoch)))
+
+    def broken(pool: str, epoch: int) -> None:
+        raise RuntimeError("a listener's failure is not the client's")
+
+    client.on_owner_answer(broken)
+    try:
+        await client.acquire("gpu-a", "inst-a")
+        assert ("gpu-a", 1) in heard
+        await server.shutdown(0)
+        heard.clear()
+        degraded = await client.acquire("gpu-a", "inst-a")
+        assert degraded.degraded and heard == []  # a degraded answer names no owner
+        server = await start_on(config, port, fake)
+        # No new acquire: the background ListPools, run while grants are live, tells it.
+        await eventually(lambda: ("gpu-a", 1) in heard)
+    finally:
+        await client.close(flush_timeout_s=0.5)
+        await server.shutdown(0)
+
+
 async def serving(address: str, *, timeout_s: float = 5.0) -> None:
     """Returns once the server at ``address`` answers health SERVING (on a fresh channel)."""
     async with open_channel(address) as channel:

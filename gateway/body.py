@@ -1,0 +1,257 @@
+"""What the gateway reads from request bodies and streamed answers, and what it writes.
+
+Requests (``parse_request``): the JSON body of ``/v1/chat/completions`` or
+``/v1/completions`` must be an object with a string ``model`` and ``messages`` (a list) or
+``prompt``; ``stream`` and ``stream_options`` are checked when present. The rest of the
+body is forwarded as is (``upstream_body``) but for two fields the gateway owns:
+``priority`` (the grant's, overwriting any value the client sent) and, on a stream,
+``stream_options.include_usage: true`` (so the upstream reports what to charge).
+
+Token estimate (``estimate_prompt_tokens``), what ``est_tokens`` of an Acquire carries:
+the prompt is not tokenized (the gateway does not know the model's tokenizer); it counts
+one token per 4 characters of text, rounded up, over every message's text content (string
+contents and the ``text`` of content parts) or the prompt (a string, a list of strings, or
+token ids counted one each), plus 4 per message for the chat template. The completion part
+is ``max_completion_tokens`` or else ``max_tokens``; when the body gives neither, the
+estimate is the prompt's alone.
+
+Streams (``StreamFilter``): Server-Sent Events pass through chunk by chunk as they arrive,
+with two exceptions: an event carrying a non-null ``usage`` is read (the charge), and, when
+the client did not ask for usage itself, the usage-only chunk (``choices: []``) is dropped.
+If the stream is cut before the usage chunk, the completion tokens counted are the content
+events seen (vLLM sends one token per event unless it batches) and the prompt tokens are
+the estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Endpoint = Literal["chat", "completions"]
+
+CHARS_PER_TOKEN: Final = 4
+"""Characters of text counted as one token by the estimate."""
+TOKENS_PER_MESSAGE: Final = 4
+"""Tokens counted for each chat message's template around its content."""
+EVENT_END: Final = b"\n\n"
+DONE_EVENT: Final = b"data: [DONE]"
+
+
+class BadRequest(ValueError):
+    """The body is not a valid request; the message says why (answer 400)."""
+
+
+class BadJson(BadRequest):
+    """The body is not a JSON object at all."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens an upstream reported (or the gateway counted)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Request:
+    """One parsed request body."""
+
+    endpoint: Endpoint
+    body: dict[str, object]
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    prompt_tokens: int
+    max_tokens: int
+
+    @property
+    def est_tokens(self) -> int:
+        """Estimated prompt tokens plus the completion's bound (see the module doc)."""
+        return self.prompt_tokens + self.max_tokens
+
+
+def _text_chars(content: object) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                total += len(part["text"])
+            elif isinstance(part, str):
+                total += len(part)
+        return total
+    return 0
+
+
+def estimate_prompt_tokens(endpoint: Endpoint, body: Mapping[str, object]) -> int:
+    """The prompt's tokens, estimated (see the module doc)."""
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return 0
+        chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, Mapping))
+        return math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(
+            len(p) if isinstance(p, list) else math.ceil(_text_chars(p) / CHARS_PER_TOKEN)
+            for p in prompt
+        )
+    return math.ceil(_text_chars(prompt) / CHARS_PER_TOKEN)
+
+
+def _max_tokens(body: Mapping[str, object]) -> int:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadRequest(f"{name} must be a non-negative integer, got {value!r}")
+        return value
+    return 0
+
+
+def parse_request(raw: bytes, endpoint: Endpoint) -> Request:
+    """Reads and checks a request body.
+
+    Raises:
+        BadJson: not a JSON object.
+        BadRequest: a required field is missing or a field has the wrong type.
+    """
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadJson(f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadJson("the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required (a string)")
+    if endpoint == "chat":
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise BadRequest("'messages' is required (a non-empty list)")
+    elif "prompt" not in body:
+        raise BadRequest("'prompt' is required")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest(f"'stream' must be a boolean, got {stream!r}")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object")
+    wants_usage = bool(options and options.get("include_usage"))
+    return Request(
+        endpoint=endpoint,
+        body=body,
+        model=model,
+        stream=stream,
+        client_wants_usage=wants_usage,
+        prompt_tokens=estimate_prompt_tokens(endpoint, body),
+        max_tokens=_max_tokens(body),
+    )
+
+
+def upstream_body(request: Request, priority: int) -> bytes:
+    """The body sent upstream: the client's, with the grant's ``priority`` (overwriting the
+    client's) and, on a stream, ``stream_options.include_usage: true``."""
+    body = dict(request.body)
+    body["priority"] = priority
+    if request.stream:
+        options = dict(body.get("stream_options") or {})  # type: ignore[call-overload]
+        options["include_usage"] = True
+        body["stream_options"] = options
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def usage_of(answer: object) -> Usage | None:
+    """The ``usage`` of a decoded answer or chunk, or None when it has none."""
+    if not isinstance(answer, Mapping):
+        return None
+    usage = answer.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return Usage(prompt_tokens=prompt, completion_tokens=completion)
+
+
+def usage_of_body(raw: bytes) -> Usage | None:
+    """The ``usage`` of a non-streaming answer's body, or None (not JSON, or none)."""
+    try:
+        return usage_of(json.loads(raw))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+class StreamFilter:
+    """Passes a stream's SSE events through, reading and maybe dropping the usage chunk.
+
+    ``feed`` takes the bytes as they come from the upstream and returns those to send on
+    now (whole events only: a partial event waits for its end); ``finish`` returns what is
+    left at the end of the stream.
+    """
+
+    def __init__(self, *, keep_usage: bool) -> None:
+        self.keep_usage = keep_usage
+        self.usage: Usage | None = None
+        self.events = 0  # content events passed (an estimate of completion tokens)
+        self._partial = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes to send on for ``data`` (see the class doc)."""
+        if self._partial:
+            data = self._partial + data
+            self._partial = b""
+        end = data.rfind(EVENT_END)
+        if end < 0:
+            self._partial = data
+            return b""
+        whole, self._partial = data[: end + 2], data[end + 2 :]
+        if b'"usage"' not in whole:  # the common case: no event to look into
+            self.events += whole.count(EVENT_END) - whole.count(DONE_EVENT)
+            return whole
+        out = [self._event(event) for event in whole.split(EVENT_END)[:-1]]
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """What is left (an event the upstream did not end)."""
+        rest, self._partial = self._partial, b""
+        return rest
+
+    def _event(self, event: bytes) -> bytes:
+        kept = event + EVENT_END
+        if event.startswith(DONE_EVENT):
+            return kept
+        if not event.startswith(b"data:") or b'"usage"' not in event:
+            self.events += 1
+            return kept
+        try:
+            chunk = json.loads(event[5:])
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            self.events += 1
+            return kept
+        usage = usage_of(chunk)
+        if usage is None:
+            self.events += 1
+            return kept
+        self.usage = usage
+        usage_only = isinstance(chunk, Mapping) and not chunk.get("choices")
+        if usage_only and not self.keep_usage:
+            return b""
+        return kept
+
+    def counted(self, request: Request) -> Usage:
+        """The usage to charge: the upstream's when it sent it, else what was seen."""
+        if self.usage is not None:
+            return self.usage
+        return Usage(prompt_tokens=request.prompt_tokens, completion_tokens=self.events)

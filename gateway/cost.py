@@ -1,0 +1,28 @@
+"""What a release charges, in the configured unit (docs/gateway.md, "Cost units").
+
+- ``tokens``: ``prompt_weight × prompt_tokens + completion_weight × completion_tokens``,
+  from the upstream's ``usage``; when it sent none (a stream cut short, an error), from
+  the tokens counted so far (``gateway.body.StreamFilter.counted``) or, with nothing seen,
+  0 completion tokens and the estimated prompt.
+- ``seconds``: the upstream's wall time, from sending the request to its last byte (or to
+  the moment it was cut), whatever the tokens.
+
+A request that never reached an upstream (refused before, or re-decided) charges 0.
+"""
+
+from __future__ import annotations
+
+from gateway.body import Usage
+from gateway.config import CostSettings
+
+
+def charge(settings: CostSettings, *, usage: Usage | None, upstream_s: float) -> float:
+    """The consumption to release with."""
+    if settings.unit == "seconds":
+        return max(upstream_s, 0.0)
+    if usage is None:
+        return 0.0
+    return (
+        settings.prompt_weight * usage.prompt_tokens
+        + settings.completion_weight * usage.completion_tokens
+    )

@@ -1,0 +1,97 @@
+"""The gateway's Prometheus metrics, served on ``metrics_listen`` (``/metrics``).
+
+Labels are bounded by the configuration (models, pools, upstreams) or by fixed sets; no
+label carries a team or a request id.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+ACQUIRE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+class GatewayMetrics:
+    """Every metric of one gateway, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "fairshare_gateway_requests",
+            "Requests answered, by model, pool served from and HTTP status.",
+            ["model", "pool", "status"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "fairshare_gateway_in_flight",
+            "Requests holding a grant now, by pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.grants = Counter(
+            "fairshare_gateway_grants",
+            "Grants used, by pool and kind (within_share, borrowing, degraded).",
+            ["pool", "kind"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "fairshare_gateway_fallbacks",
+            "Requests sent to a fallback pool because the primary was saturated.",
+            ["model", "pool"],
+            registry=r,
+        )
+        self.redecided = Counter(
+            "fairshare_gateway_redecided",
+            "Fail-open requests aborted before their first byte and sent again with a "
+            "fresh decision once an owner answered.",
+            ["pool"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "fairshare_gateway_upstream_errors",
+            "Upstream failures, by upstream and kind (refused, timeout, status, broken).",
+            ["upstream", "kind"],
+            registry=r,
+        )
+        self.disconnects = Counter(
+            "fairshare_gateway_client_disconnects",
+            "Requests whose client went away before the answer ended.",
+            registry=r,
+        )
+        self.acquire_seconds = Histogram(
+            "fairshare_gateway_acquire_seconds",
+            "Time to obtain a grant (fallbacks included).",
+            buckets=ACQUIRE_BUCKETS,
+            registry=r,
+        )
+        self.priority_scheduling = Gauge(
+            "fairshare_gateway_upstream_priority_scheduling",
+            "Whether the upstream said at startup that it schedules by priority: 1 yes, "
+            "0 no (priorities are ignored there), -1 unknown (see docs/gateway.md).",
+            ["upstream"],
+            registry=r,
+        )
+        self.charged = Counter(
+            "fairshare_gateway_charged",
+            "Consumption released, in the configured cost unit, by pool.",
+            ["pool"],
+            registry=r,
+        )
+
+    def app(self) -> web.Application:
+        """The metrics port's application: ``/metrics`` and ``/healthz``."""
+
+        async def metrics(_: web.Request) -> web.Response:
+            body = generate_latest(self.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok\n")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        return app

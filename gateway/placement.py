@@ -1,0 +1,68 @@
+"""Where a request goes: the grant of its model's pool, or of a fallback pool.
+
+``place`` acquires on the model's primary pool. When that grant says the pool was
+saturated (it already had its capacity in flight) and the model lists ``fallback`` routes,
+it asks each in order with ``try_acquire`` (``try_only``): the first granted one is used
+and the primary grant released at no cost; when none is granted the primary grant is kept.
+
+Why two saturated pools never hand requests to each other: a fallback is asked with
+``try_only``, which the allocator refuses when that pool already has its capacity in
+flight, and a request placed on a fallback is never moved again (fallbacks of fallbacks
+are not followed). A degraded grant (no owner answered) is never traded: a fallback
+granted blind would be no better, and a degraded primary grant is not saturated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from client import AllocatorClient, ClientGrant
+from fairshare.errors import AllocatorError
+from gateway.config import Model, Route
+from gateway.keys import Identity
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A grant and the route (pool and upstreams) it was granted for."""
+
+    grant: ClientGrant
+    route: Route
+    fallback: bool
+
+
+async def place(
+    client: AllocatorClient, model: Model, identity: Identity, est_tokens: int
+) -> Placement:
+    """The placement of one request (see the module doc).
+
+    Raises:
+        AllocatorError: the primary acquire failed (``NoOwner`` for a ``fail_closed`` pool
+            without an owner; what the server answered otherwise). A failed fallback
+            ``try_acquire`` is logged and the next one tried.
+    """
+    grant = await client.acquire(
+        model.primary.pool, identity.team, identity.service_class, est_tokens
+    )
+    if not grant.saturated or grant.degraded or not model.fallback:
+        return Placement(grant, model.primary, fallback=False)
+    for route in model.fallback:
+        try:
+            other = await client.try_acquire(
+                route.pool, identity.team, identity.service_class, est_tokens
+            )
+        except AllocatorError as e:
+            logger.warning("fallback pool %s of %s: %r", route.pool, model.name, e)
+            continue
+        if other is None:
+            continue
+        if other.degraded:
+            await asyncio.shield(other.release(0.0))
+            continue
+        await asyncio.shield(grant.release(0.0))  # a disconnect does not cut it
+        return Placement(other, route, fallback=True)
+    return Placement(grant, model.primary, fallback=False)

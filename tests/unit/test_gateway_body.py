@@ -1,0 +1,138 @@
+"""gateway.body, gateway.cost and gateway.upstreams: the pure parts of the request path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.body import (
+    BadJson,
+    BadRequest,
+    StreamFilter,
+    Usage,
+    estimate_prompt_tokens,
+    parse_request,
+    upstream_body,
+)
+from gateway.config import CostSettings
+from gateway.cost import charge
+from gateway.upstreams import Upstreams
+
+
+def chat(**fields: object) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], **fields}
+    ).encode()
+
+
+def test_parse_and_estimate() -> None:
+    request = parse_request(chat(max_tokens=100), "chat")
+    assert request.model == "m" and not request.stream
+    assert request.prompt_tokens == 10 + 4  # 40 characters, and one message's template
+    assert request.est_tokens == 114
+    # max_completion_tokens wins over max_tokens.
+    assert parse_request(chat(max_tokens=100, max_completion_tokens=7), "chat").max_tokens == 7
+    assert parse_request(chat(), "chat").est_tokens == 14  # the prompt alone
+    parts = {"role": "user", "content": [{"type": "text", "text": "y" * 8}]}
+    assert estimate_prompt_tokens("chat", {"messages": [parts]}) == 2 + 4
+    assert estimate_prompt_tokens("completions", {"prompt": "z" * 9}) == 3
+    assert estimate_prompt_tokens("completions", {"prompt": [1, 2, 3]}) == 3
+    assert estimate_prompt_tokens("completions", {"prompt": ["abcd", "ab"]}) == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "endpoint", "error"),
+    [
+        (b"{", "chat", BadJson),
+        (b"[1]", "chat", BadJson),
+        (b"\xff", "chat", BadJson),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', "chat", BadRequest),
+        (b'{"model": "m"}', "chat", BadRequest),
+        (b'{"model": "m", "messages": []}', "chat", BadRequest),
+        (b'{"model": "m"}', "completions", BadRequest),
+        (chat(stream="yes"), "chat", BadRequest),
+        (chat(stream_options=3), "chat", BadRequest),
+        (chat(max_tokens=-1), "chat", BadRequest),
+        (chat(max_tokens="ten"), "chat", BadRequest),
+    ],
+)
+def test_bad_bodies(raw: bytes, endpoint: str, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        parse_request(raw, endpoint)  # type: ignore[arg-type]
+
+
+def test_priority_is_overwritten_and_usage_asked_for_on_streams() -> None:
+    request = parse_request(chat(priority=-100, temperature=0.5, extra={"a": 1}), "chat")
+    sent = json.loads(upstream_body(request, 21))
+    assert sent["priority"] == 21 and sent["temperature"] == 0.5 and sent["extra"] == {"a": 1}
+    assert "stream_options" not in sent  # not a stream
+    streaming = parse_request(chat(stream=True, stream_options={"other": 1}), "chat")
+    assert not streaming.client_wants_usage
+    sent = json.loads(upstream_body(streaming, 0))
+    assert sent["stream_options"] == {"other": 1, "include_usage": True}
+    assert request.body.get("priority") == -100  # the parsed body is not changed
+    asked = parse_request(chat(stream=True, stream_options={"include_usage": True}), "chat")
+    assert asked.client_wants_usage
+
+
+def sse(chunk: object) -> bytes:
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+TOKEN = {"object": "chat.completion.chunk", "choices": [{"delta": {"content": "tok "}}]}
+USAGE = {
+    "object": "chat.completion.chunk",
+    "choices": [],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+}
+STREAM = sse(TOKEN) + sse(TOKEN) + sse(USAGE) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_the_usage_chunk_is_read_and_dropped_unless_asked_for(size: int) -> None:
+    for keep in (False, True):
+        filtered = StreamFilter(keep_usage=keep)
+        out = (
+            b"".join(filtered.feed(STREAM[i : i + size]) for i in range(0, len(STREAM), size))
+            + filtered.finish()
+        )
+        expected = STREAM if keep else sse(TOKEN) + sse(TOKEN) + b"data: [DONE]\n\n"
+        assert out == expected
+        assert filtered.usage == Usage(5, 2)
+
+
+def test_a_cut_stream_counts_the_tokens_seen() -> None:
+    request = parse_request(chat(stream=True), "chat")
+    filtered = StreamFilter(keep_usage=False)
+    assert filtered.feed(sse(TOKEN) + sse(TOKEN) + sse(TOKEN)[:10]) == sse(TOKEN) * 2
+    assert filtered.counted(request) == Usage(request.prompt_tokens, 2)
+    # Chunks with "usage": null are content, passed as they are.
+    nulls = {**TOKEN, "usage": None}
+    assert filtered.feed(sse(TOKEN)[10:] + sse(nulls)) == sse(TOKEN) + sse(nulls)
+    assert filtered.counted(request) == Usage(request.prompt_tokens, 4)
+
+
+def test_cost() -> None:
+    tokens = CostSettings(unit="tokens", prompt_weight=0.5, completion_weight=2.0)
+    assert charge(tokens, usage=Usage(10, 3), upstream_s=9.0) == 11.0
+    assert charge(tokens, usage=None, upstream_s=9.0) == 0.0
+    seconds = CostSettings(unit="seconds")
+    assert charge(seconds, usage=Usage(10, 3), upstream_s=1.5) == 1.5
+    assert charge(seconds, usage=None, upstream_s=-1.0) == 0.0
+
+
+def test_least_outstanding_ties_in_turn() -> None:
+    ups = Upstreams(["a", "b", "c"])
+    assert [ups.choose() for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
+    with ups.lease("a"), ups.lease("b"):
+        assert ups.choose() == "c"
+        assert ups.choose() == "c"
+        with ups.lease("c"), ups.lease("c"):
+            assert ups.choose() in ("a", "b")
+    assert ups.outstanding == {"a": 0, "b": 0, "c": 0}
+    # A refused connection: the next choice leaves the tried ones out.
+    assert ups.choose(exclude={"a", "b"}) == "c"
+    assert ups.choose(exclude={"a", "b", "c"}) is None
+    with pytest.raises(ValueError):
+        Upstreams([])

@@ -1,0 +1,159 @@
+"""gateway.config: the keys of the issue, defaults, and errors that name the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.config import ConfigError, load, parse
+from harness.process import ROOT
+
+FULL = """
+listen: 0.0.0.0:8080
+metrics_listen: 0.0.0.0:9091
+allocator:
+  endpoints: ["allocator:50051"]
+  holder: gateway-0
+auth:
+  keys_file: /etc/fairshare/keys.yaml
+  team_header: x-fairshare-team
+  class_header: x-fairshare-class
+models:
+  - name: llama-70b
+    pool: gpu-a
+    upstreams: ["http://vllm-0:8000", "http://vllm-1:8000/"]
+    fallback:
+      - pool: gpu-shared
+        upstreams: ["http://vllm-shared-0:8000"]
+cost:
+  unit: tokens
+  prompt_weight: 1.0
+  completion_weight: 1.0
+"""
+
+
+def test_the_issue_example_reads_as_written() -> None:
+    config = parse(yaml.safe_load(FULL))
+    assert config.listen == "0.0.0.0:8080" and config.metrics_listen == "0.0.0.0:9091"
+    assert config.allocator.endpoints == ("allocator:50051",)
+    assert config.allocator.holder == "gateway-0"
+    assert config.auth.team_header == "x-fairshare-team"
+    assert config.auth.class_header == "x-fairshare-class"
+    model = config.model("llama-70b")
+    assert model is not None
+    assert model.primary.pool == "gpu-a"
+    assert model.primary.upstreams == ("http://vllm-0:8000", "http://vllm-1:8000")
+    assert [(r.pool, r.upstreams) for r in model.fallback] == [
+        ("gpu-shared", ("http://vllm-shared-0:8000",))
+    ]
+    assert (config.cost.unit, config.cost.prompt_weight) == ("tokens", 1.0)
+    assert config.model("other") is None
+
+
+def test_defaults() -> None:
+    config = parse(
+        {
+            "allocator": {"endpoints": ["a:1"]},
+            "models": [{"name": "m", "pool": "p", "upstreams": ["http://u:1"]}],
+        }
+    )
+    assert config.listen == "0.0.0.0:8080" and config.metrics_listen == "0.0.0.0:9091"
+    assert config.allocator.holder  # the host name
+    assert config.cost.unit == "tokens" and config.redecide.enabled
+    assert parse({**yaml.safe_load(FULL), "metrics_listen": ""}).metrics_listen == ""
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"listen": "nope"}, "listen"),
+        ({"metrics_listen": "host:99999"}, "metrics_listen"),
+        ({"allocator": {"holder": "x"}}, "allocator.endpoints"),
+        ({"allocator": {"endpoints": []}}, "allocator.endpoints"),
+        ({"allocator": {"endpoints": ["a:1"], "nope": 1}}, "allocator.nope"),
+        ({"models": []}, "models"),
+        ({"models": [{"name": "m", "pool": "p"}]}, "models[0].upstreams"),
+        (
+            {"models": [{"name": "m", "pool": "p", "upstreams": ["ftp://x"]}]},
+            "models[0].upstreams[0]",
+        ),
+        (
+            {"models": [{"name": "m", "pool": "p", "upstreams": ["http://x:1/v1"]}]},
+            "models[0].upstreams[0]",
+        ),
+        (
+            {
+                "models": [
+                    {"name": "m", "pool": "p", "upstreams": ["http://x:1"]},
+                    {"name": "m", "pool": "q", "upstreams": ["http://x:1"]},
+                ]
+            },
+            "models[1].name",
+        ),
+        (
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "pool": "p",
+                        "upstreams": ["http://x:1"],
+                        "fallback": [{"pool": "q"}],
+                    }
+                ]
+            },
+            "models[0].fallback[0].upstreams",
+        ),
+        (
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "pool": "p",
+                        "upstreams": ["http://x:1"],
+                        "fallback": [{"pool": "p", "upstreams": ["http://y:1"]}],
+                    }
+                ]
+            },
+            "models[0].fallback",
+        ),
+        ({"cost": {"unit": "dollars"}}, "cost.unit"),
+        ({"cost": {"prompt_weight": -1}}, "cost.prompt_weight"),
+        ({"auth": {"team_header": "bad header"}}, "auth.team_header"),
+        ({"limits": {"max_body_bytes": 0}}, "limits.max_body_bytes"),
+        ({"redecide": {"enabled": "yes"}}, "redecide.enabled"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_errors_name_the_key(change: dict[str, object], key: str) -> None:
+    data = {**yaml.safe_load(FULL), **change}
+    with pytest.raises(ConfigError) as raised:
+        parse(data)
+    assert str(raised.value).startswith(f"{key}:"), raised.value
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(bad)
+
+
+def test_the_command_exits_2_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(FULL.replace("unit: tokens", "unit: euros"))
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "gateway", "--config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "cost.unit" in done.stderr
