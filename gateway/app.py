@@ -113,6 +113,8 @@ class Gateway:
         self.config = config
         self.metrics = GatewayMetrics()
         self.client = allocator_client(config)
+        client = self.client
+        self.metrics.pending_releases.set_function(lambda: float(client.pending_releases))
         connector = aiohttp.TCPConnector(
             limit=config.limits.max_connections, limit_per_host=0, ttl_dns_cache=60
         )

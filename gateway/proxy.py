@@ -93,6 +93,8 @@ class Outcome:
     usage: Usage | None = None
     upstream_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
+    first_chunk: float | None = None
+    """When a streamed answer's first chunk came (monotonic); None when not streamed."""
 
 
 def grant_headers(grant: ClientGrant) -> dict[str, str]:
@@ -240,6 +242,7 @@ class Proxy:
         model = self.config.model(parsed.model)
         assert model is not None
         redone = False
+        arrived = time.monotonic()  # a re-decided request keeps its first arrival
         while True:
             started = time.monotonic()
             try:
@@ -277,6 +280,9 @@ class Proxy:
                 await asyncio.shield(grant.release(0.0))  # a disconnect does not cut it
                 continue
             self.metrics.requests.labels(model.name, grant.pool, str(outcome.status)).inc()
+            if outcome.first_chunk is not None:
+                waited = outcome.first_chunk - arrived
+                self.metrics.first_token.labels(grant.pool, kind).observe(waited)
             return response
 
     def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
@@ -385,6 +391,7 @@ class Proxy:
             if watched is not None:
                 self.redecider.unwatch(watched)
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
+                outcome.first_chunk = time.monotonic()
                 return await self._stream(request, parsed, upstream, head, headers, outcome)
             if not parsed.stream:
                 outcome.usage = bodies.usage_of_body(head) if upstream.status == 200 else None  # noqa: PLR2004

@@ -125,6 +125,10 @@ async def test_streaming_with_and_without_usage(stack: Stack) -> None:
     await released(stack)
     # The charge came from the usage: 4 prompt + 4 completion tokens, twice.
     assert stack.metric("fairshare_gateway_charged_total", pool="gpu-a") == pytest.approx(16.0)
+    # Both streams had a first chunk, within the team's share; nothing waits to be released.
+    first = "fairshare_gateway_time_to_first_token_seconds_count"
+    assert stack.metric(first, pool="gpu-a", kind="within") == 2
+    assert stack.metric("fairshare_gateway_pending_releases") == 0
 
 
 async def test_bad_input(stack: Stack) -> None:

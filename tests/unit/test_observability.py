@@ -39,18 +39,6 @@ GATEWAY = REPO / "gateway"
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$pool": ".*"}
 """What Grafana substitutes in the dashboard's queries, for the parser."""
 
-AWAITED_FROM_GATEWAY = {
-    "fairshare_gateway_time_to_first_token_seconds": (
-        "histogram, labels pool and kind (within_share, borrowing, degraded): seconds from "
-        "the request's arrival to its first token; FairshareTeamStarved and the dashboard"
-    ),
-    "fairshare_gateway_pending_releases": (
-        "gauge: releases the gateway's client holds because no owner took them yet "
-        "(client.pending_releases); FairsharePendingReleasesGrowing and the dashboard"
-    ),
-}
-"""Gateway metrics the dashboard and the rules use that the gateway does not export yet."""
-
 SUFFIXES = {
     "Counter": ("_total", "_created"),
     "Gauge": ("",),
@@ -133,26 +121,20 @@ def alerts() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"]]
 
 
-def check_names(where: str, expr: str, allocator_and_etcd: set[str]) -> set[str]:
-    """Parses ``expr``; fails on a name no service exports. Returns the gateway names
-    awaited from the gateway (see ``AWAITED_FROM_GATEWAY``) that it does not export."""
+def check_names(where: str, expr: str, allocator_and_etcd: set[str]) -> None:
+    """Parses ``expr``; fails on a name no service exports (a gateway name is not checked
+    while ``gateway/`` is absent)."""
     try:
         names = metric_names(expr)
     except PromQLError as e:
         pytest.fail(f"{where}: {e}\n  {expr}")
     assert names, f"{where}: selects no metric: {expr}"
     gateway = gateway_metrics()
-    awaited = set()
     for name in names:
         if name.startswith("fairshare_gateway_"):
-            if gateway is None or name in gateway:
-                continue  # not checkable yet, or exported
-            family = re.sub(r"_(bucket|sum|count|total)$", "", name)
-            assert family in AWAITED_FROM_GATEWAY, f"{where}: the gateway exports no {name}"
-            awaited.add(family)
+            assert gateway is None or name in gateway, f"{where}: the gateway exports no {name}"
         else:
             assert name in allocator_and_etcd, f"{where}: no service exports {name}"
-    return awaited
 
 
 # -- the dashboard -------------------------------------------------------------------------
@@ -302,21 +284,3 @@ def test_the_kustomization_renders_the_rule_and_the_dashboard() -> None:
     plain = rendered["ConfigMap", "fairshare-prometheus-rules"]["data"]["rules.yaml"]
     assert yaml.safe_load(plain) == yaml.safe_load(RULES.read_text(encoding="utf-8"))
     assert {doc["metadata"]["namespace"] for doc in rendered.values()} == {"fairshare"}
-
-
-def test_the_gateway_exports_what_the_dashboard_and_rules_await(
-    etcd_metrics: set[str],
-) -> None:
-    """Skipped while ``gateway/`` is absent; an expected failure that names the missing
-    metrics while the gateway does not export them yet."""
-    if gateway_metrics() is None:
-        pytest.skip("no gateway/ package here: its panels and rules are not checked")
-    exported = allocator_metrics() | etcd_metrics
-    awaited = set()
-    for title, expr in dashboard_queries():
-        awaited |= check_names(f"panel {title!r}", expr, exported)
-    for rule in alerts():
-        awaited |= check_names(f"alert {rule['alert']}", rule["expr"], exported)
-    if awaited:
-        missing = "; ".join(f"{name}: {AWAITED_FROM_GATEWAY[name]}" for name in sorted(awaited))
-        pytest.xfail(f"the gateway does not export yet: {missing}")
