@@ -203,7 +203,9 @@ function pool(p) {
     fact("owner", p.owner ? p.owner + (p.owned_here ? " (here)" : "") : "none", !p.owner),
     fact("epoch", p.epoch), fact("degraded mode", p.degraded_mode),
     fact("state written", p.snapshot_age_s === null ? "\\u2013" :
-         p.snapshot_age_s === 0 ? "current" : secs(p.snapshot_age_s) + " behind"),
+         p.snapshot_age_s < 0 ? "not yet" :
+         p.snapshot_age_s === 0 ? "current" : secs(p.snapshot_age_s) + " behind",
+         p.snapshot_age_s > 5),
     fact("degraded decisions", p.degraded_decisions, p.degraded_decisions > 0),
     fact("figures", p.source === "owner" ? "forwarded from the owner" : p.source,
          p.source === "unavailable"));
