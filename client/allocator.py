@@ -130,6 +130,7 @@ class AllocatorClient(Adoption, Backlog):
         self._targets = list(targets)
         self._credentials = credentials
         self._channels: dict[str, aio.Channel] = {}
+        self._stubs = {}
         # Gateways start on different replicas so that one hung replica stalls few.
         self._preferred = random.randrange(len(self._targets))
         self._modes: dict[str, DegradedMode] = {}
@@ -196,6 +197,7 @@ class AllocatorClient(Adoption, Backlog):
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+        self._stubs.clear()
 
     @property
     def live_grants(self) -> list[ClientGrant]:

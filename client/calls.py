@@ -59,6 +59,7 @@ class Calls:
     _targets: list[str]
     _credentials: grpc.ChannelCredentials | None
     _channels: dict[str, aio.Channel]
+    _stubs: dict[str, pb_grpc.AllocatorStub]
     _preferred: int
     _modes: dict[str, DegradedMode]
     _epochs: dict[str, int]
@@ -89,13 +90,18 @@ class Calls:
     _closed: bool
 
     def _stub(self, target: str) -> pb_grpc.AllocatorStub:
-        channel = self._channels.get(target)
-        if channel is None:
-            # Bounded reconnect backoff: a replica restarted on its address is reached
-            # again within about a second (see wire.channels).
-            channel = open_channel(target, self._credentials)
-            self._channels[target] = channel
-        return pb_grpc.AllocatorStub(channel)
+        """The stub of ``target``'s channel, both made once (a stub builds a callable per
+        method: made per call, it cost a gateway a few percent of its CPU)."""
+        stub = self._stubs.get(target)
+        if stub is None:
+            channel = self._channels.get(target)
+            if channel is None:
+                # Bounded reconnect backoff: a replica restarted on its address is reached
+                # again within about a second (see wire.channels).
+                channel = open_channel(target, self._credentials)
+                self._channels[target] = channel
+            stub = self._stubs[target] = pb_grpc.AllocatorStub(channel)
+        return stub
 
     async def _call(self, method: str, request: object, *, deadline_s: float, pool: str = "") -> T:
         """Calls ``method`` on the pool's owner first (when known), then on the targets in

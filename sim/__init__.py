@@ -1,7 +1,10 @@
 """A vLLM scheduling simulator that shows what each team gets from fairshare priorities.
 
-- ``engine``: a discrete-event model of vLLM's priority scheduler (min-heap on
-  ``(priority, arrival)``, C slots, KV-block budget with recompute preemption).
+- ``engine``: a discrete-event model of a pool of k vLLM instances (C slots in all)
+  behind gateway replicas that route with ``fairshare.routing``.
+- ``instance``: one vLLM instance's scheduler: vLLM v1's rules (heap on
+  ``(priority, arrival)``, ``max_num_seqs``, a KV-block budget whose preempted requests
+  keep their tokens), and where each was read.
 - ``model``: a request, the hardware (timing and KV cache) and the scheduling policy.
 - ``allocators``: what the scheduler asks before and after a request (FCFS, or a
   ``fairshare.Pool`` on simulated time).

@@ -128,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     markdown: Path = args.markdown or out.parent / f"{out.name}.md"
     sections = []
     results: list[ScenarioResult] = []
+    plots = 0
     for name in names:
         started = time.perf_counter()
         try:
@@ -139,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"fairshare simulate: {name}: allocator call failed: {e}", file=sys.stderr)
             return EXIT_FAILED
         images = report.write_plots(result, out)
+        plots += len(images)
         sections.append(report.section(result, images, markdown.parent))
         results.append(result)
         elapsed = time.perf_counter() - started
@@ -153,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"       {c.text}: {c.value:.3f} here, {c.other:.3f} there")
     markdown.parent.mkdir(parents=True, exist_ok=True)
     markdown.write_text(report.document(sections, _command(args)), encoding="utf-8")
-    print(f"wrote {markdown} and {sum(3 for _ in results)} plots in {out}")
+    print(f"wrote {markdown} and {plots} plots in {out}")
     if args.check and not all(r.ok for r in results):
         return 1
     return 0

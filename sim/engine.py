@@ -1,38 +1,38 @@
-"""A discrete-event model of vLLM's priority scheduler, fed by an allocator.
+"""A discrete-event model of a pool of vLLM instances behind gateways, fed by an allocator.
 
-What is modelled (vLLM's scheduler with ``--scheduling-policy priority``):
+A request is sent by one of the pool's gateways: the allocator decides its priority
+(``allocators``), the gateway's router (``fairshare.routing``) chooses the instance, and the
+instance's scheduler (``instance.Instance``: vLLM v1's rules, and where they were read) queues
+it. A pool of C slots on k instances gives each instance C / k of them (``max_num_seqs``)
+and ``kv_blocks_per_slot`` KV blocks per slot. With one instance (the default) there is
+nothing to route and the model is one vLLM scheduler with C slots.
 
-- Waiting requests sit in a min-heap on ``(priority, arrival time)``; at most C run.
-- The KV cache is a budget of blocks of ``block_tokens`` tokens. A request is admitted
-  only if its prompt's blocks fit (above a small watermark); the head of the heap that
-  does not fit blocks the others (no skipping), and a waiting request never preempts a
-  running one.
-- A running request needs one more block every ``block_tokens`` generated tokens. When
-  none is free, the running request with the largest ``(priority, arrival time)`` is
-  preempted (possibly the one that needs the block): its blocks are freed, its progress
-  is lost (recompute preemption) and it goes back to the waiting heap with its original
-  priority and arrival time. After a preemption, admission waits one scheduler step.
-- FCFS mode is the same scheduler with every priority equal.
+Each gateway routes with what it knows (``Routing``): the requests it sent itself that have
+not ended, by priority, or with ``allocator_view`` the same tally over every gateway (what
+the allocator could tell a gateway if each ``Acquire`` named its instance). Which gateway
+sends a request is drawn at random, as a load balancer in front of the gateways would.
 
 A request's service time is its prefill plus one decode step per output token; the
 decode step does not depend on the batch (C is the sustainable concurrency, so the batch
 is what the pool is sized for). Time is simulated: the allocator's clock is ``now``.
+FCFS mode is vLLM's ``fcfs`` policy: every priority is 0.
 
-Not modelled: chunked prefill, prefix caching, swapping, and routing between instances
-(a pool of several vLLM instances is modelled as one scheduler with C slots).
-
-The pieces the scheduler works with live beside it: requests, the hardware model and the
-policy in ``model``, the allocators in ``allocators``, what a run records in ``results``.
+Not modelled: network latency between gateways, instances and the allocator (a gateway's
+view is exact and current), instances that fail, and what ``instance`` lists.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fairshare import Class
+from fairshare.routing import Outstanding, Router, make_router
 from sim.allocators import Allocator
+from sim.instance import Instance
 from sim.model import Hardware, Policy, Request
 from sim.results import Run, SimResult
 
@@ -43,8 +43,32 @@ _GROW = 2
 _ADMIT = 3
 
 
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """How the gateways in front of a pool's instances choose one.
+
+    Attributes:
+        router: a name of ``fairshare.routing.ROUTERS``.
+        gateways: gateway replicas, each with its own router and its own view.
+        allocator_view: every gateway sees the requests all gateways sent (the allocator's
+            tally) instead of its own.
+        seed: seeds the routers' and the gateway draw's randomness.
+    """
+
+    router: str = "round-robin"
+    gateways: int = 1
+    allocator_view: bool = False
+    seed: int = 0
+
+
+class _Gateway:
+    def __init__(self, router: Router, view: Outstanding) -> None:
+        self.router = router
+        self.view = view
+
+
 class Simulator:
-    """vLLM's scheduler with C slots and a KV budget, in simulated time.
+    """A pool of vLLM instances with C slots in all and their KV budgets, in simulated time.
 
     Sources of requests call ``send``; ``at`` schedules a callback (workload arrivals,
     capacity changes, failovers). ``run`` processes events until the horizon.
@@ -58,20 +82,39 @@ class Simulator:
         allocator: Allocator,
         policy: Policy = Policy.PRIORITY,
         horizon_s: float,
+        instances: int = 1,
+        routing: Routing | None = None,
     ) -> None:
+        if instances < 1:
+            raise ValueError(f"a pool needs at least one instance, got {instances}")
         self.now = 0.0
         self.capacity = capacity
         self.hardware = hardware
         self.allocator = allocator
         self.policy = policy
         self.horizon_s = horizon_s
+        self.instances = [
+            Instance(i, slots, self) for i, slots in enumerate(_split(capacity, instances))
+        ]
+        routing = routing or Routing()
+        self.routing = routing
+        shared = Outstanding(instances)
+        self._gateways = [
+            _Gateway(
+                make_router(
+                    routing.router,
+                    rng=random.Random(f"{routing.seed}:router:{g}"),
+                    start=g * instances // routing.gateways,
+                ),
+                shared if routing.allocator_view else Outstanding(instances),
+            )
+            for g in range(routing.gateways)
+        ]
+        self._everyone = shared  # the allocator's tally, kept in every mode
+        self._pick_gateway = random.Random(f"{routing.seed}:gateways")
         self._events: list[tuple[float, int, int, object, int]] = []
         self._seq = itertools.count()
         self._rid = itertools.count()
-        self._waiting: list[tuple[int, float, int, Request]] = []
-        self._running: dict[int, Request] = {}
-        self._blocks_used = 0
-        self._admit_pending = False
         self._requests: list[Request] = []
         self._runs: list[Run] = []
         self._preemptions: dict[str, int] = {}
@@ -81,7 +124,7 @@ class Simulator:
 
     @property
     def kv_blocks(self) -> int | None:
-        """The KV budget in blocks (None: unlimited)."""
+        """The pool's KV budget in blocks, all instances together (None: unlimited)."""
         per_slot = self.hardware.kv_blocks_per_slot
         return None if per_slot is None else per_slot * self.capacity
 
@@ -98,7 +141,8 @@ class Simulator:
         output_tokens: int,
         on_done: Callable[[Request], None] | None = None,
     ) -> Request:
-        """A gateway sends a request now: the allocator decides, vLLM queues it."""
+        """A gateway sends a request now: the allocator decides, the router picks, vLLM
+        queues it."""
         req = Request(
             rid=next(self._rid),
             team=team,
@@ -110,63 +154,52 @@ class Simulator:
             service_s=self.hardware.service_s(prompt_tokens, output_tokens),
             on_done=on_done,
         )
-        self.allocator.admit(req)
-        if self.policy is Policy.FCFS:
-            req.priority = 0
+        req.gateway = self._pick_gateway.randrange(len(self._gateways))
         self._requests.append(req)
-        heapq.heappush(self._waiting, (req.priority, req.queued_s, req.rid, req))
-        self._admit()
+        self._decide_and_route(req)
         return req
 
     def resend(self, req: Request) -> bool:
         """The gateway aborts a request still waiting in vLLM and sends it again now.
 
-        The allocator decides it afresh; vLLM queues it as a new arrival. The request's
-        ``arrival_s`` (when the client sent it) is kept, so its wait counts from there.
+        The allocator decides it afresh, the gateway routes it afresh, and vLLM queues it as
+        a new arrival. The request's ``arrival_s`` (when the client sent it) is kept, so its
+        wait counts from there.
 
         Returns:
             False if the request is not waiting (running or finished): nothing done.
         """
-        if not any(entry[3] is req for entry in self._waiting):
+        if not self.instances[req.instance].withdraw(req):
             return False
-        self._waiting = [entry for entry in self._waiting if entry[3] is not req]
-        heapq.heapify(self._waiting)
+        self._untrack(req)
         if req.grant is not None:  # nothing ran: the old grant ends with no cost
             req.grant.release(0.0)
             req.grant = None
         req.degraded = False
-        self.allocator.admit(req)
-        if self.policy is Policy.FCFS:
-            req.priority = 0
         req.queued_s = self.now
-        heapq.heappush(self._waiting, (req.priority, req.queued_s, req.rid, req))
-        self._admit()
+        self._decide_and_route(req)
         return True
 
     def set_capacity(self, capacity: int) -> None:
-        """The pool grows or shrinks now (instances added or drained).
+        """The pool grows or shrinks now (slots added or drained on its instances).
 
-        Requests over the new C or the new KV budget are preempted, largest
+        Requests over an instance's new slots or KV budget are preempted, largest
         ``(priority, arrival)`` first, as vLLM would when an instance drains.
         """
         self.capacity = capacity
         self.allocator.set_capacity(capacity)
         self._capacity_log.append((self.now, capacity))
-        budget = self.kv_blocks
-        while self._running and (
-            len(self._running) > capacity or (budget is not None and self._blocks_used > budget)
-        ):
-            self._preempt(self._victim())
-        self._admit()
+        for inst, slots in zip(self.instances, _split(capacity, len(self.instances)), strict=True):
+            inst.resize(slots)
 
     def in_flight(self) -> list[Request]:
         """Requests sent and not finished (waiting or running), in arrival order."""
-        reqs = [entry[3] for entry in self._waiting] + list(self._running.values())
+        reqs = [r for inst in self.instances for r in (*inst.waiting(), *inst.running.values())]
         return sorted(reqs, key=lambda r: r.rid)
 
     def running(self) -> list[Request]:
         """Requests holding a slot."""
-        return list(self._running.values())
+        return [r for inst in self.instances for r in inst.running.values()]
 
     def run(self) -> SimResult:
         """Processes events up to the horizon and returns what was recorded."""
@@ -178,15 +211,20 @@ class Simulator:
             self.now = time_s
             if kind == _CALL:
                 obj()  # type: ignore[operator]
-            elif kind == _FINISH:
-                self._finish(obj, run)  # type: ignore[arg-type]
-            elif kind == _GROW:
-                self._grow(obj, run)  # type: ignore[arg-type]
+            elif kind == _ADMIT:
+                inst: Instance = obj  # type: ignore[assignment]
+                inst.admit_pending = False
+                inst.admit()
             else:
-                self._admit_pending = False
-                self._admit()
+                req: Request = obj  # type: ignore[assignment]
+                if run != req.run:
+                    continue  # the run this event belonged to was preempted
+                if kind == _FINISH:
+                    self.instances[req.instance].finish(req)
+                else:
+                    self.instances[req.instance].grow(req)
         self.now = self.horizon_s
-        for req in self._running.values():  # cut the runs in progress at the horizon
+        for req in self.running():  # cut the runs in progress at the horizon
             assert req.start_s is not None
             self._runs.append(Run(req.team, req.start_s, self.horizon_s, completed=True))
         return SimResult(
@@ -197,106 +235,60 @@ class Simulator:
             preemptions=dict(self._preemptions),
         )
 
-    # -- the scheduler ------------------------------------------------------------
+    # -- what the instances call ----------------------------------------------------
 
-    def _push(self, time_s: float, kind: int, req: Request) -> None:
-        heapq.heappush(self._events, (time_s, next(self._seq), kind, req, req.run))
+    def schedule_finish(self, time_s: float, req: Request) -> None:
+        """``req``'s current run ends at ``time_s`` unless it is preempted first."""
+        heapq.heappush(self._events, (time_s, next(self._seq), _FINISH, req, req.run))
 
-    def _prompt_blocks(self, req: Request) -> int:
-        return max(1, -(-req.prompt_tokens // self.hardware.block_tokens))
+    def schedule_grow(self, time_s: float, req: Request) -> None:
+        """``req``'s current run needs one more KV block at ``time_s``."""
+        heapq.heappush(self._events, (time_s, next(self._seq), _GROW, req, req.run))
 
-    def _admit(self) -> None:
-        """Starts waiting requests in heap order while a slot and their blocks are free."""
-        if self._admit_pending:
-            return  # a preemption happened this step: vLLM admits at the next one
-        budget = self.kv_blocks
-        waiting = self._waiting
-        while waiting and len(self._running) < self.capacity:
-            req = waiting[0][3]
-            need = self._prompt_blocks(req)
-            if budget is not None:
-                free = budget - self._blocks_used
-                reserve = int(self.hardware.watermark * budget)
-                # The head blocks everyone behind it, unless nothing runs (it could
-                # never fit otherwise).
-                if free - need < reserve and self._running:
-                    break
-            heapq.heappop(waiting)
-            self._start(req, need)
+    def schedule_admit(self, time_s: float, inst: Instance) -> None:
+        """``inst`` admits again at ``time_s`` (the step after a preemption)."""
+        heapq.heappush(self._events, (time_s, next(self._seq), _ADMIT, inst, 0))
 
-    def _start(self, req: Request, blocks: int) -> None:
-        hw = self.hardware
-        req.run += 1
-        req.start_s = self.now
-        if req.first_start_s is None:
-            req.first_start_s = self.now
-        req.blocks = blocks
-        self._blocks_used += blocks
-        self._running[req.rid] = req
-        self._push(self.now + req.service_s, _FINISH, req)
-        if self.kv_blocks is not None:
-            req.next_token = blocks * hw.block_tokens - req.prompt_tokens + 1
-            self._schedule_grow(req)
-
-    def _schedule_grow(self, req: Request) -> None:
-        if req.next_token <= req.output_tokens:
-            hw = self.hardware
-            assert req.start_s is not None
-            t = (
-                req.start_s
-                + req.prompt_tokens * hw.prefill_s_per_token
-                + req.next_token * hw.decode_s_per_token
-            )
-            self._push(t, _GROW, req)
-
-    def _grow(self, req: Request, run: int) -> None:
-        """``req`` needs one more KV block; preempt the lowest-priority runner if none."""
-        if run != req.run or req.rid not in self._running:
-            return
-        budget = self.kv_blocks
-        assert budget is not None
-        while self._blocks_used >= budget:
-            victim = self._victim()
-            self._preempt(victim)
-            if victim is req:
-                return
-        req.blocks += 1
-        self._blocks_used += 1
-        req.next_token += self.hardware.block_tokens
-        self._schedule_grow(req)
-
-    def _victim(self) -> Request:
-        """The running request with the largest (priority, arrival time)."""
-        return max(self._running.values(), key=lambda r: (r.priority, r.queued_s, r.rid))
-
-    def _preempt(self, victim: Request) -> None:
-        assert victim.start_s is not None
-        del self._running[victim.rid]
-        self._blocks_used -= victim.blocks
-        victim.blocks = 0
-        victim.run += 1
-        victim.preemptions += 1
-        self._preemptions[victim.team] = self._preemptions.get(victim.team, 0) + 1
-        self._runs.append(Run(victim.team, victim.start_s, self.now, completed=False))
-        victim.start_s = None
-        heapq.heappush(self._waiting, (victim.priority, victim.queued_s, victim.rid, victim))
-        if not self._admit_pending:
-            self._admit_pending = True
-            heapq.heappush(
-                self._events, (self.now + self.hardware.step_s, next(self._seq), _ADMIT, None, 0)
-            )
-
-    def _finish(self, req: Request, run: int) -> None:
-        if run != req.run or req.rid not in self._running:
-            return
+    def preempted(self, req: Request) -> None:
+        """Records that ``req``'s run (started at ``req.start_s``) was preempted now."""
         assert req.start_s is not None
-        del self._running[req.rid]
-        self._blocks_used -= req.blocks
-        req.blocks = 0
+        self._preemptions[req.team] = self._preemptions.get(req.team, 0) + 1
+        self._runs.append(Run(req.team, req.start_s, self.now, completed=False))
+
+    def finished(self, req: Request) -> None:
+        """``req`` finished now: the allocator and the gateway hear of it."""
+        assert req.start_s is not None
         req.finish_s = self.now
         self._runs.append(Run(req.team, req.start_s, self.now, completed=True))
-        # Cost charged at release: the GPU-seconds (slot-seconds) of the run that finished.
+        self._untrack(req)
+        # Cost charged at release: the GPU-seconds (slot-seconds) of an unpreempted run.
         self.allocator.release(req, req.service_s)
         if req.on_done is not None:
             req.on_done(req)
-        self._admit()
+
+    # -- the gateways -----------------------------------------------------------------
+
+    def _decide_and_route(self, req: Request) -> None:
+        self.allocator.admit(req)
+        if self.policy is Policy.FCFS:
+            req.priority = 0
+        gateway = self._gateways[req.gateway]
+        instance = gateway.router.choose(req.priority, gateway.view)
+        assert instance is not None  # nothing is excluded
+        req.routed_priority = req.priority
+        gateway.view.sent(instance, req.priority)
+        if gateway.view is not self._everyone:
+            self._everyone.sent(instance, req.priority)
+        self.instances[instance].enqueue(req)
+
+    def _untrack(self, req: Request) -> None:
+        gateway = self._gateways[req.gateway]
+        gateway.view.ended(req.instance, req.routed_priority)
+        if gateway.view is not self._everyone:
+            self._everyone.ended(req.instance, req.routed_priority)
+
+
+def _split(capacity: int, instances: int) -> list[int]:
+    """C slots over the instances, as evenly as possible (the first get the remainder)."""
+    base, extra = divmod(capacity, instances)
+    return [base + (1 if i < extra else 0) for i in range(instances)]

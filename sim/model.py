@@ -1,7 +1,8 @@
 """What a simulated run is made of: the scheduling policy, the hardware model, a request.
 
-``Request`` is mutable: the allocator sets its standing when it is sent, the scheduler
-(``engine.Simulator``) records its starts, preemptions and end on it.
+``Request`` is mutable: the allocator sets its standing when it is sent, the gateway its
+instance, and the instance's scheduler (``instance.Instance``) records its starts,
+preemptions and end on it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Hardware:
         decode_s_per_token: time per generated token (one decode step), in seconds.
         block_tokens: tokens per KV-cache block (vLLM's block size).
         kv_blocks_per_slot: KV blocks per unit of C; None means an unlimited cache (no
-            preemption). The pool's budget is ``kv_blocks_per_slot * C`` blocks.
+            preemption). An instance with C slots has ``kv_blocks_per_slot * C`` blocks.
         watermark: fraction of the budget kept free when admitting (vLLM's watermark).
         step_s: one scheduler step, in seconds: admission retried after a preemption.
     """
@@ -53,7 +54,7 @@ class Request:
     """One request and what happened to it.
 
     The allocator sets ``priority``, ``borrowing``, ``degraded``, ``grant`` and ``epoch``
-    when the request is sent; the scheduler fills in the rest.
+    when the request is sent; the simulator and the scheduler fill in the rest.
     """
 
     rid: int
@@ -73,9 +74,13 @@ class Request:
     start_s: float | None = None
     finish_s: float | None = None
     preemptions: int = 0
+    generated: int = 0  # output tokens kept through preemptions (re-prefilled on resume)
     blocks: int = 0
     next_token: int = 0  # output token at which the next KV block is needed
-    run: int = 0  # bumped on every start and preemption: stale events are ignored
+    run: int = 0  # bumped at every start, preemption and end: stale events are ignored
+    gateway: int = 0  # the gateway replica that sent it
+    instance: int = 0  # the vLLM instance its gateway routed it to
+    routed_priority: int = 0  # the priority its gateway counted it with
     on_done: Callable[[Request], None] | None = None
 
     @property

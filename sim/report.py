@@ -229,8 +229,54 @@ def plot_preemptions(result: ScenarioResult, path: Path) -> Path:
     ax.set_xticks(range(len(teams)), teams)
     ax.set_title(f"{result.title}: KV-cache preemptions per team")
     ax.set_xlabel("team")
-    ax.set_ylabel("preemptions (requests recomputed)")
+    ax.set_ylabel("preemptions (requests re-prefilled)")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _group_key(group: str) -> str:
+    """``k = 16`` -> ``k16``: how the figures name a group of series."""
+    return group.replace(" ", "").replace("=", "")
+
+
+def plot_series(result: ScenarioResult, path: Path) -> Path:
+    """Distributions (CDF) of ``result.series``, one panel per group.
+
+    A series labelled ``GROUP: NAME`` is drawn in the panel of GROUP; FCFS series (a name
+    starting with ``FCFS``) dashed. When the figures hold ``<group>_mean_service_s``
+    (``k = 4`` -> ``k4_mean_service_s``), a vertical line marks one mean service time.
+    """
+    groups: dict[str, list[tuple[str, list[float]]]] = {}
+    for label, values in result.series.items():
+        group, _, name = label.partition(": ")
+        groups.setdefault(group, []).append((name, values))
+    fig, axes = _subplots(len(groups))
+    floor = 0.01
+    for ax, (group, members) in zip(axes, groups.items(), strict=True):
+        for i, (name, values) in enumerate(members):
+            if not values:
+                continue
+            waits = sorted(max(floor, w) for w in values)
+            ys = [100 * (j + 1) / len(waits) for j in range(len(waits))]
+            style = "--" if name.startswith("FCFS") else "-"
+            ax.step(waits, ys, style, where="post", color=f"C{i % 10}", label=name)
+        mean_s = result.figures.get(f"{_group_key(group)}_mean_service_s")
+        if mean_s is not None:
+            ax.axvline(mean_s, color="0.3", linewidth=0.9, linestyle="-.")
+            ax.annotate(
+                "one mean service time",
+                (mean_s, 3),
+                xytext=(3, 0),
+                textcoords="offset points",
+                fontsize=7,
+                color="0.3",
+            )
+        ax.set_xscale("log")
+        ax.set_ylim(0, 101)
+        ax.set_title(f"{group}: small's within-share queueing delay, by router")
+        ax.set_ylabel("requests (%)")
+        ax.legend(fontsize=7, loc="upper left")
+    axes[-1].set_xlabel(f"queueing delay (s, log scale; below {floor} s drawn at {floor} s)")
     return _save(fig, path)
 
 
@@ -238,6 +284,8 @@ def write_plots(result: ScenarioResult, out_dir: Path) -> list[Path]:
     """Draws every plot of ``result`` into ``out_dir``; returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [plot_served(result, out_dir / f"{result.name}-served.png")]
+    if result.series:
+        paths.append(plot_series(result, out_dir / f"{result.name}-routers.png"))
     if result.wait_series:
         paths.append(plot_wait_series(result, out_dir / f"{result.name}-waits.png"))
     else:
@@ -320,6 +368,42 @@ released at the end, usage found at the start).
 """The report's last section: how to take priorities from a running allocator."""
 
 
+SCHEDULER_RULES = """\
+## Where the scheduler's rules come from, and what the model leaves out
+
+Read from vLLM v1's source (`vllm/v1/core/sched/scheduler.py` and \
+`vllm/v1/core/sched/request_queue.py`); `sim/instance.py` models one instance with them:
+
+- **Waiting queue** (`request_queue.py`): under `--scheduling-policy priority` a heap on \
+(priority, arrival time, request id) (`PriorityRequestQueue`), where a preempted request \
+goes back by that key; under `fcfs` a deque in arrival order where a preempted request goes \
+back to the front (`FCFSRequestQueue.prepend_request`).
+- **Admission** (`Scheduler.schedule`, waiting loop): from the head of the queue while \
+fewer than `max_num_seqs` requests run; it stops (`break`) at the first request whose KV \
+blocks cannot be allocated, so nothing behind it is skipped ahead.
+- **No admission in a step that preempted** (`if not preempted_reqs`: the waiting loop \
+runs only when the running loop preempted nothing); the model admits again one step \
+(20 ms) later.
+- **KV pressure** (`Scheduler.schedule`, running loop): when a running request cannot get \
+its next block, the victim is `max(running, key=(priority, arrival_time))` under \
+`priority`, the request admitted last (`running.pop()`) under `fcfs`; it may be the request \
+that needed the block. A waiting request never preempts a running one.
+- **A preempted request keeps its tokens** (`_preempt_request`): its blocks are freed, \
+`num_computed_tokens = 0`, its generated tokens stay; when it is admitted again it \
+prefills prompt and generated tokens (`num_new_tokens = request.num_tokens - \
+num_computed_tokens`), so it needs the blocks for both at once, then decodes the rest.
+
+What the model leaves out: chunked prefill and the per-step token budget \
+(`max_num_batched_tokens`; a prefill is one piece), prefix caching (a resumed request \
+recomputes all its tokens), the watermark is the model's own (1 % of the blocks kept free \
+at admission), the decode speed does not depend on the batch, requests the scheduler \
+skips for other reasons (LoRA limits, structured output, remote KV). Pools of several \
+instances: gateways see their own requests exactly and at once (no latency, no \
+instance failures), and each request goes through one of three gateways drawn at random.
+"""
+"""The report's section on the scheduler model: which rule comes from which file."""
+
+
 def document(sections: Sequence[str], command: str) -> str:
     """The whole report."""
     head = [
@@ -327,14 +411,19 @@ def document(sections: Sequence[str], command: str) -> str:
         "",
         f"Generated by `{command}` (`make simulate`); do not edit by hand.",
         "",
-        "A discrete-event model of vLLM's priority scheduler (`sim/engine.py`): "
+        "A discrete-event model of vLLM's priority scheduler (`sim/instance.py`, "
+        "`sim/engine.py`): "
         "waiting requests in a min-heap on (priority, arrival time), at most C running, a "
         "KV-cache budget (72 blocks of 16 tokens per unit of C) where a running request that "
         "needs a block preempts the running request with the largest (priority, arrival "
-        "time), which loses its progress and is recomputed later; waiting requests never "
-        "preempt running ones. Priorities come from the real `fairshare.Pool`, whose clock "
-        "is the simulated time; costs (GPU-seconds: the run's service time) are charged at "
-        "release. FCFS is the same scheduler with every priority equal. A request's service "
+        "time), which keeps the tokens it generated and prefills its prompt and them again "
+        "when it resumes; waiting requests never preempt running ones, and nothing is "
+        "admitted in a step that preempted. Pools of several instances (`multi-instance`) "
+        "give each instance its own scheduler, and gateways route between them. Priorities "
+        "come from the real `fairshare.Pool`, whose clock is the simulated time; costs "
+        "(GPU-seconds: the service time of an unpreempted run) are charged at release. FCFS "
+        "is vLLM's `fcfs` policy: a queue in arrival order, a preempted request back at its "
+        "front, the request admitted last preempted first. A request's service "
         "time is its prefill (0.1 ms per prompt token) plus 20 ms per output token; prompt "
         "and output lengths are log-normal (interactive: 600 + 200 tokens on average, "
         "batch: 1200 + 300). A *flood* is a client with a fixed number of requests "
@@ -353,4 +442,12 @@ def document(sections: Sequence[str], command: str) -> str:
         "KV cache or preemption, and records every request it received.",
         "",
     ]
-    return "\n".join(head) + "\n" + "\n".join(sections) + "\n" + LIVE_ALLOCATOR
+    return (
+        "\n".join(head)
+        + "\n"
+        + "\n".join(sections)
+        + "\n"
+        + SCHEDULER_RULES
+        + "\n"
+        + LIVE_ALLOCATOR
+    )

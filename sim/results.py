@@ -1,7 +1,9 @@
 """What a run recorded (``SimResult``) and the questions the scenarios ask of it.
 
 Times are simulated seconds. A ``Run`` is one interval a request held a slot; a request
-preempted and restarted has several, and only the last can be ``completed``.
+preempted and restarted has several, and only the last can be ``completed``. A preempted
+run's work is kept (vLLM keeps the tokens generated; the request re-prefills them when it
+resumes), so every run counts as service.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class Run:
     start_s: float
     end_s: float
     completed: bool
-    """False when the run ended in a preemption (its work is lost)."""
+    """False when the run ended in a preemption (its tokens are kept for the resume)."""
 
 
 @dataclass
@@ -75,17 +77,18 @@ class SimResult:
         return out
 
     def served_s(self, team: str, start_s: float = 0.0, end_s: float = math.inf) -> float:
-        """Slot-seconds of completed (useful) runs of ``team`` inside ``[start, end)``."""
+        """Slot-seconds of ``team``'s runs inside ``[start, end)`` (the re-prefill of a
+        resumed request included)."""
         total = 0.0
         for run in self.runs:
-            if run.team == team and run.completed:
+            if run.team == team:
                 total += max(0.0, min(run.end_s, end_s) - max(run.start_s, start_s))
         return total
 
     def served_series(
         self, teams: Sequence[str], bin_s: float
     ) -> tuple[list[float], dict[str, list[float]]]:
-        """Useful slot-seconds per team in consecutive bins of ``bin_s`` seconds.
+        """Slot-seconds served per team in consecutive bins of ``bin_s`` seconds.
 
         Returns:
             the bins' middle times and, per team, the slot-seconds served in each bin.
@@ -93,7 +96,7 @@ class SimResult:
         n = max(1, math.ceil(self.horizon_s / bin_s))
         series = {team: [0.0] * n for team in teams}
         for run in self.runs:
-            if not run.completed or run.team not in series:
+            if run.team not in series:
                 continue
             row = series[run.team]
             t = run.start_s

@@ -17,6 +17,8 @@ failover scenario builds its own owners and refuses any other fairshare side.
 - ``shared_pool``: two institutions, three teams (steady sharing against FCFS).
 - ``resize``: an elastic pool (shrink, then grow).
 - ``owner_crash``: an owner failover mid-run (in-process only).
+- ``many_instances``: pools of k vLLM instances behind three gateways, every router
+  (in-process only).
 
 This module is the registry: ``SCENARIOS`` maps each command-line name to its function.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sim.scenarios.many_instances import multi_instance
 from sim.scenarios.owner_crash import failover
 from sim.scenarios.resize import elastic
 from sim.scenarios.result import Comparison, ScenarioResult, Target
@@ -37,6 +40,7 @@ __all__ = [
     "Target",
     "elastic",
     "failover",
+    "multi_instance",
     "three_teams",
     "two_institutions",
 ]
@@ -46,6 +50,7 @@ SCENARIOS: dict[str, Callable[..., ScenarioResult]] = {
     "three-teams": three_teams,
     "elastic": elastic,
     "failover": failover,
+    "multi-instance": multi_instance,
 }
 """Command-line name -> scenario function (keyword arguments ``seed``, ``scale`` and
 ``fairshare``)."""

@@ -77,6 +77,7 @@ class ScenarioResult:
         marks: (time, label) events drawn on time axes.
         window: an interval shaded on time axes (the failover window), if any.
         wait_series: plot within-share waits against arrival time (failover).
+        series: waits drawn as distributions, one per label (see the field).
         compared: the label of the variant that ``comparisons`` set beside the checked run.
         comparisons: figures of the checked run beside the same of ``compared``.
     """
@@ -93,6 +94,9 @@ class ScenarioResult:
     wait_series: bool = False
     notes: str = ""
     """markdown: what the figures show, beyond the targets."""
+    series: dict[str, list[float]] = field(default_factory=dict)
+    """label -> waits (seconds) drawn as one distribution each (multi-instance: small's
+    within-share waits under each router); empty for the other scenarios."""
     compared: str = ""
     comparisons: list[Comparison] = field(default_factory=list)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sim.allocators import Allocator, AllocatorFactory, FcfsAllocator, PoolSpec, in_process
-from sim.engine import Simulator
+from sim.engine import Routing, Simulator
 from sim.model import Hardware, Policy
 from sim.results import SimResult
 from sim.workloads import Source, start_all
@@ -38,6 +38,11 @@ class Setup:
     """Schedules capacity changes and the like on a new simulator."""
     resizes: bool = False
     """``controls`` changes the pool's capacity (``set_capacity``)."""
+    instances: int = 1
+    """vLLM instances the capacity is split over."""
+    routing: Routing | None = None
+    """How the gateways choose an instance (``engine.Routing``; one gateway, round-robin,
+    if None)."""
 
     def spec(self) -> PoolSpec:
         """The pool the fairshare run decides on."""
@@ -68,6 +73,8 @@ def run(
         allocator=FcfsAllocator(),
         policy=policy,
         horizon_s=setup.horizon_s,
+        instances=setup.instances,
+        routing=setup.routing,
     )
     if allocator is not None:
         sim.allocator = allocator(sim)

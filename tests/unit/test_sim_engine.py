@@ -8,9 +8,12 @@ import pytest
 
 from fairshare import Class
 from sim import command, scenarios
-from sim.engine import Simulator
+from sim.allocators import SetupError
+from sim.engine import Routing, Simulator
 from sim.model import Hardware, Policy, Request
+from sim.scenarios import many_instances
 from sim.scenarios.owner_crash import FailoverAllocator
+from sim.scenarios.result import percentile
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,9 +42,9 @@ class Recording(Simulator):
 
     victims: list[str]
 
-    def _preempt(self, victim: Request) -> None:
-        self.victims.append(victim.team)
-        super()._preempt(victim)
+    def preempted(self, req: Request) -> None:
+        self.victims.append(req.team)
+        super().preempted(req)
 
 
 def _sim(
@@ -51,6 +54,8 @@ def _sim(
     hardware: Hardware = HW,
     policy: Policy = Policy.PRIORITY,
     horizon_s: float = 100.0,
+    instances: int = 1,
+    routing: Routing | None = None,
 ) -> Recording:
     sim = Recording(
         capacity=capacity,
@@ -58,6 +63,8 @@ def _sim(
         allocator=Fixed(priorities),
         policy=policy,
         horizon_s=horizon_s,
+        instances=instances,
+        routing=routing,
     )
     sim.victims = []
     return sim
@@ -117,10 +124,14 @@ def test_kv_exhaustion_preempts_the_largest_priority_then_latest_arrival() -> No
     x0 = result.requests[0]
     assert x0.preemptions == 0
     assert all(r.finish_s is not None for r in result.requests)
-    # Recompute preemption: a preempted request runs its whole service time again.
-    x2 = result.requests[2]
-    assert x2.finish_s is not None and x2.start_s is not None
-    assert x2.finish_s - x2.start_s == pytest.approx(x2.service_s)
+    # A preempted request keeps its tokens: its last run re-prefills the prompt and them,
+    # then decodes only the rest.
+    for x in result.requests[1:]:
+        assert x.preemptions >= 1 and x.finish_s is not None and x.start_s is not None
+        assert 0 < x.generated < x.output_tokens
+        assert x.finish_s - x.start_s == pytest.approx(
+            HW.service_s(x.prompt_tokens + x.generated, x.output_tokens - x.generated)
+        )
 
 
 def test_fcfs_mode_preempts_the_latest_arrival() -> None:
@@ -148,6 +159,38 @@ def test_shrinking_preempts_the_largest_priority_first() -> None:
     assert result.capacity_log == [(0.0, 3), (1.0, 1)]
 
 
+def test_the_capacity_is_split_over_the_instances() -> None:
+    sim = _sim({}, capacity=10, instances=4)
+    assert [inst.slots for inst in sim.instances] == [3, 3, 2, 2]
+    sim.set_capacity(5)
+    assert [inst.slots for inst in sim.instances] == [2, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("router", "high_starts_at"),
+    [
+        # Round-robin sends it to the busy instance: it waits for the low-priority request
+        # there (a waiting request never preempts), while the other instance is idle.
+        pytest.param("round-robin", 1.01, id="round-robin-waits-behind-a-running-borrower"),
+        pytest.param("fewest-ahead", 0.5, id="fewest-ahead-finds-the-idle-instance"),
+    ],
+)
+def test_priorities_apply_per_instance(router: str, high_starts_at: float) -> None:
+    sim = _sim(
+        {"low": 100, "short": 100, "high": 0},
+        capacity=2,
+        instances=2,
+        routing=Routing(router=router, gateways=1),
+    )
+    sim.send("low", Class.BATCH, 10, 100)  # instance 0, runs until 1.01 s
+    sim.send("short", Class.BATCH, 10, 5)  # instance 1, done at 0.06 s
+    sim.at(0.5, lambda: sim.send("high", Class.INTERACTIVE, 10, 10))
+    result = sim.run()
+    high = result.requests[2]
+    assert high.first_start_s == pytest.approx(high_starts_at)
+    assert sim.victims == []
+
+
 def test_a_run_is_deterministic_for_a_seed() -> None:
     first = scenarios.two_institutions(seed=7, scale=0.1).figures
     again = scenarios.two_institutions(seed=7, scale=0.1).figures
@@ -168,7 +211,9 @@ def test_two_institutions_meets_its_targets() -> None:
 
 
 def test_three_teams_converges_to_two_to_one() -> None:
-    result = scenarios.three_teams(scale=0.3)
+    # The full scale (3600 s, half-life 300 s), the report's: shorter runs settle 2 to 3
+    # points short of 2 : 1 since preempted requests keep their tokens.
+    result = scenarios.three_teams(scale=1.0)
     assert result.ok, _missed(result)
     assert result.figures["a_of_a_plus_b_fcfs"] == pytest.approx(0.5, abs=0.05)
 
@@ -219,6 +264,33 @@ def test_failover_re_sends_only_fail_open_requests_that_never_started() -> None:
     assert waiting.queued_s == alloc.adopted_at_s
     assert waiting.arrival_s == 1.6  # its wait still counts from when the client sent it
     assert len(result.requests) == 2
+
+
+@pytest.mark.parametrize(("k", "horizon_s"), [(4, 300.0), (16, 100.0)])
+def test_a_pool_of_instances_keeps_small_within_share_waits_under_a_service_time(
+    k: int, horizon_s: float
+) -> None:
+    """A short run of the multi-instance scenario's shipped router against FCFS."""
+    assert k in many_instances.POOLS
+    fair = many_instances.run_pool(k, many_instances.SHIPPED, horizon_s=horizon_s, seed=1)
+    fcfs = many_instances.run_pool(
+        k,
+        many_instances.Variant("least-outstanding"),
+        policy=Policy.FCFS,
+        horizon_s=horizon_s,
+        seed=1,
+    )
+    p99 = percentile(fair.waits("small", within_share=True), 99)
+    assert p99 <= fair.mean_service_s()
+    assert percentile(fcfs.waits("small", within_share=True), 99) >= 10 * p99
+    assert {r.instance for r in fair.requests} == set(range(k))
+    assert {r.gateway for r in fair.requests} == set(range(many_instances.GATEWAYS))
+
+
+def test_the_multi_instance_scenario_is_in_process_only() -> None:
+    assert scenarios.SCENARIOS["multi-instance"] is scenarios.multi_instance
+    with pytest.raises(SetupError, match="in-process only"):
+        scenarios.multi_instance(fairshare=lambda spec, sim: sim.allocator)
 
 
 def test_cli_writes_the_report_and_plots(tmp_path: Path) -> None:
