@@ -6,7 +6,8 @@ Guarantees:
   answers a retry with the same grant; when no replica answers in time it applies the
   pool's degraded mode (learnt from ``ListPools``; ``fail_open`` when unknown): a grant at
   the lowest borrowing priority marked ``degraded``, or ``NoOwner`` for ``fail_closed``.
-- An acquire it gave up on is not left counted at the owner: the request is queued and
+- An acquire it gave up on (no answer in time, or the caller cancelled it) is not left
+  counted at the owner: the request is queued and
   sent again in the background with the same request id, and the grant it names is
   released at no cost. The resends cannot storm a recovering cluster: at most
   ``resend_batch`` per ``release_retry_s``, and one probe per pool while its owner does
@@ -290,6 +291,11 @@ class AllocatorClient(Adoption, Backlog):
                 raise to_allocator_error(e, address="", pool=pool) from e
             self._abandon(request)
             return self._degraded(pool, team, service_class, est_tokens, e)
+        except asyncio.CancelledError:
+            # The owner may have decided already: resent with the same request id, the
+            # grant is found and released at no cost, instead of staying counted.
+            self._abandon(request)
+            raise
         answer = decision(r)
         known = self._epochs.get(pool, NO_EPOCH)
         self._saw_epoch(pool, answer.epoch)

@@ -10,7 +10,8 @@ Modules: ``gateway.config`` (the YAML file), ``gateway.keys`` (the API keys file
 request bodies and streamed chunks), ``gateway.cost`` (what a release charges),
 ``gateway.errors`` (the one table of error answers), ``gateway.upstreams`` (which vLLM
 server), ``gateway.placement`` (the grant, and fallback pools), ``gateway.redecide``
-(fail-open requests sent again after an outage), ``gateway.proxy`` (the request path),
+(fail-open requests sent again after an outage), ``gateway.releases`` (releases that
+outlive a cancelled request), ``gateway.proxy`` (the request path),
 ``gateway.policy`` (the upstreams' scheduling policy, checked at startup),
 ``gateway.metrics`` (Prometheus), ``gateway.app`` (startup, readiness, SIGTERM).
 

@@ -52,6 +52,9 @@ READY_CACHE_S: Final = 1.0
 """How long a readiness answer of the allocator is reused."""
 READY_PROBE_S: Final = 0.5
 """How long ``/readyz`` waits for the allocator (under a kubelet probe's 1 s timeout)."""
+UPSTREAM_KEEPALIVE_S: Final = 4.0
+"""How long an idle upstream connection is kept (uvicorn, vLLM's server, closes its idle
+connections after 5 s)."""
 FLUSH_TIMEOUT_S: Final = 2.0
 """How long the client library may take to send the last releases at exit."""
 
@@ -106,6 +109,28 @@ def allocator_client(config: GatewayConfig) -> AllocatorClient:
     )
 
 
+def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
+    """The session of the upstream requests: a pool of ``limits.max_connections``.
+
+    Bodies are passed on as the upstream sent them (no decompression), so none is asked
+    for compressed: no ``Accept-Encoding`` goes out, and the upstream answers in identity.
+    An idle connection is kept ``UPSTREAM_KEEPALIVE_S``, less than vLLM's server keeps it,
+    so the gateway seldom sends on a connection the upstream is closing (the proxy sends
+    again, once, when it does: ``gateway.proxy``).
+    """
+    connector = aiohttp.TCPConnector(
+        limit=config.limits.max_connections,
+        limit_per_host=0,
+        ttl_dns_cache=60,
+        keepalive_timeout=UPSTREAM_KEEPALIVE_S,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    )
+
+
 class Gateway:
     """One running gateway: its ports, its proxy, its clients."""
 
@@ -115,12 +140,7 @@ class Gateway:
         self.client = allocator_client(config)
         client = self.client
         self.metrics.pending_releases.set_function(lambda: float(client.pending_releases))
-        connector = aiohttp.TCPConnector(
-            limit=config.limits.max_connections, limit_per_host=0, ttl_dns_cache=60
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
+        self.session = upstream_session(config)
         self.proxy = Proxy(
             config, client=self.client, session=self.session, keys=keys, metrics=self.metrics
         )

@@ -20,13 +20,17 @@ with two exceptions: an event carrying a non-null ``usage`` is read (the charge)
 the client did not ask for usage itself, the usage-only chunk (``choices: []``) is dropped.
 If the stream is cut before the usage chunk, the completion tokens counted are the content
 events seen (vLLM sends one token per event unless it batches) and the prompt tokens are
-the estimate.
+the estimate. Lines may end with ``\n`` or ``\r\n`` (an event ends at an empty line);
+they are passed on as they came. An event not ended within ``MAX_EVENT_BYTES`` is passed on
+as it is, unread, so a stream that never frames its events still flows and the filter's
+memory stays bounded.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -37,8 +41,13 @@ CHARS_PER_TOKEN: Final = 4
 """Characters of text counted as one token by the estimate."""
 TOKENS_PER_MESSAGE: Final = 4
 """Tokens counted for each chat message's template around its content."""
-EVENT_END: Final = b"\n\n"
+EVENT_END: Final = re.compile(rb"(\r?\n\r?\n)")
+"""The end of an SSE event: an empty line, after a line ended with LF or CRLF."""
 DONE_EVENT: Final = b"data: [DONE]"
+MAX_EVENT_BYTES: Final = 1024 * 1024
+"""Bytes of one event kept for reading; a longer one is passed on unread."""
+KEPT_TAIL: Final = 3
+"""Bytes kept back when an over-long event is passed on: a part of its end (``\r\n\r``)."""
 
 
 class BadRequest(ValueError):
@@ -206,30 +215,48 @@ class StreamFilter:
         self.usage: Usage | None = None
         self.events = 0  # content events passed (an estimate of completion tokens)
         self._partial = b""
+        self._unread = False  # passing on the rest of an over-long event
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to send on for ``data`` (see the class doc)."""
         if self._partial:
             data = self._partial + data
             self._partial = b""
-        end = data.rfind(EVENT_END)
-        if end < 0:
-            self._partial = data
-            return b""
-        whole, self._partial = data[: end + 2], data[end + 2 :]
+        passed = b""
+        if self._unread:
+            found = EVENT_END.search(data)
+            if found is None:
+                return self._pass_unread(data)
+            passed, data = data[: found.end()], data[found.end() :]
+            self._unread = False
+        parts = EVENT_END.split(data)  # event, its end, event, its end, ..., the rest
+        rest = parts[-1]
+        self._partial = rest
+        tail = self._pass_unread(rest) if len(rest) > MAX_EVENT_BYTES else b""
+        whole = data[: len(data) - len(rest)]
         if b'"usage"' not in whole:  # the common case: no event to look into
-            self.events += whole.count(EVENT_END) - whole.count(DONE_EVENT)
-            return whole
-        out = [self._event(event) for event in whole.split(EVENT_END)[:-1]]
-        return b"".join(out)
+            self.events += len(parts) // 2 - whole.count(DONE_EVENT)
+            return passed + whole + tail
+        out = [self._event(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+        return passed + b"".join(out) + tail
+
+    def _pass_unread(self, data: bytes) -> bytes:
+        """Passes on an event too long to keep, but for its last bytes (they may begin its
+        end); the rest of it, up to its end, is passed on as it comes."""
+        if not self._unread:
+            self._unread = True
+            self.events += 1
+        self._partial = data[-KEPT_TAIL:]
+        return data[:-KEPT_TAIL]
 
     def finish(self) -> bytes:
         """What is left (an event the upstream did not end)."""
         rest, self._partial = self._partial, b""
         return rest
 
-    def _event(self, event: bytes) -> bytes:
-        kept = event + EVENT_END
+    def _event(self, event: bytes, end: bytes) -> bytes:
+        kept = event + end
+        event = event.lstrip(b"\r\n")  # after an extra empty line
         if event.startswith(DONE_EVENT):
             return kept
         if not event.startswith(b"data:") or b'"usage"' not in event:

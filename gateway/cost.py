@@ -1,13 +1,16 @@
 """What a release charges, in the configured unit (docs/gateway.md, "Cost units").
 
 - ``tokens``: ``prompt_weight × prompt_tokens + completion_weight × completion_tokens``,
-  from the upstream's ``usage``; when it sent none (a stream cut short, an error), from
-  the tokens counted so far (``gateway.body.StreamFilter.counted``) or, with nothing seen,
-  0 completion tokens and the estimated prompt.
+  from the upstream's ``usage``; when it sent none (a request cut short), from the tokens
+  counted so far (``gateway.body.StreamFilter.counted``) or, with nothing seen, 0
+  completion tokens and the estimated prompt (``gateway.proxy`` fills that in); a
+  ``usage`` of None charges 0.
 - ``seconds``: the upstream's wall time, from sending the request to its last byte (or to
   the moment it was cut), whatever the tokens.
 
-A request that never reached an upstream (refused before, or re-decided) charges 0.
+A request that never reached an upstream (refused before, no connection accepted, or
+re-decided) charges 0; in ``tokens``, so does one the upstream answered with an error
+status (no ``usage``).
 """
 
 from __future__ import annotations

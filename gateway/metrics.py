@@ -54,7 +54,8 @@ class GatewayMetrics:
         )
         self.upstream_errors = Counter(
             "fairshare_gateway_upstream_errors",
-            "Upstream failures, by upstream and kind (refused, timeout, status, broken).",
+            "Upstream failures, by upstream and kind (refused, disconnected, timeout, status, "
+            "broken).",
             ["upstream", "kind"],
             registry=r,
         )

@@ -22,6 +22,7 @@ from client import AllocatorClient, ClientGrant
 from fairshare.errors import AllocatorError
 from gateway.config import Model, Route
 from gateway.keys import Identity
+from gateway.releases import Releases
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,17 @@ class Placement:
 
 
 async def place(
-    client: AllocatorClient, model: Model, identity: Identity, est_tokens: int
+    client: AllocatorClient,
+    model: Model,
+    identity: Identity,
+    est_tokens: int,
+    releases: Releases,
 ) -> Placement:
     """The placement of one request (see the module doc).
+
+    Every grant this call holds and does not return is released through ``releases``,
+    also when the caller is cancelled (a client gone while a fallback is asked): the
+    release then runs on in the background, at no cost.
 
     Raises:
         AllocatorError: the primary acquire failed (``NoOwner`` for a ``fail_closed`` pool
@@ -50,19 +59,27 @@ async def place(
     )
     if not grant.saturated or grant.degraded or not model.fallback:
         return Placement(grant, model.primary, fallback=False)
-    for route in model.fallback:
-        try:
-            other = await client.try_acquire(
-                route.pool, identity.team, identity.service_class, est_tokens
-            )
-        except AllocatorError as e:
-            logger.warning("fallback pool %s of %s: %r", route.pool, model.name, e)
-            continue
-        if other is None:
-            continue
-        if other.degraded:
-            await asyncio.shield(other.release(0.0))
-            continue
-        await asyncio.shield(grant.release(0.0))  # a disconnect does not cut it
-        return Placement(other, route, fallback=True)
+    other: ClientGrant | None = None
+    try:
+        for route in model.fallback:
+            other = None
+            try:
+                other = await client.try_acquire(
+                    route.pool, identity.team, identity.service_class, est_tokens
+                )
+            except AllocatorError as e:
+                logger.warning("fallback pool %s of %s: %r", route.pool, model.name, e)
+                continue
+            if other is None:
+                continue
+            if other.degraded:
+                await asyncio.shield(releases.start(other, 0.0))
+                continue
+            await asyncio.shield(releases.start(grant, 0.0))
+            return Placement(other, route, fallback=True)
+    except BaseException:
+        for held in (grant, other):
+            if held is not None and not held.released:
+                releases.start(held, 0.0)
+        raise
     return Placement(grant, model.primary, fallback=False)

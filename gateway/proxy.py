@@ -49,6 +49,7 @@ from gateway.keys import Identity, KeysFile
 from gateway.metrics import GatewayMetrics
 from gateway.placement import Placement, place
 from gateway.redecide import Redecider, Watched
+from gateway.releases import Releases
 from gateway.upstreams import Upstreams
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,9 @@ class Outcome:
 
     status: int = 0
     usage: Usage | None = None
+    sent: bool = False
+    """The request went to an upstream that accepted its connection (it may have started
+    on it, whatever happened next)."""
     upstream_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
     first_chunk: float | None = None
@@ -145,7 +149,7 @@ class Proxy:
                 self.upstreams.setdefault(route, Upstreams(route.upstreams))
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
-        self._releases: set[asyncio.Task[None]] = set()
+        self.releases = Releases()
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=config.limits.upstream_connect_s,
@@ -167,7 +171,11 @@ class Proxy:
         return await self._tracked(request, "completions")
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        if self._identity_or_refusal(request) is None:
+        try:
+            identity = self._identity_or_refusal(request)
+        except BadClass as e:
+            return error_response(Refusal.BAD_FIELD, str(e))
+        if identity is None:
             return error_response(Refusal.UNAUTHORIZED, "a known API key or team is required")
         created = 0
         data = [
@@ -246,7 +254,9 @@ class Proxy:
         while True:
             started = time.monotonic()
             try:
-                placement = await place(self.client, model, identity, parsed.est_tokens)
+                placement = await place(
+                    self.client, model, identity, parsed.est_tokens, self.releases
+                )
             except AllocatorError as e:
                 refusal, headers = allocator_refusal(e)
                 self.metrics.requests.labels(model.name, "", str(refusal.value.status)).inc()
@@ -277,7 +287,8 @@ class Proxy:
                 redone = True
                 self.metrics.redecided.labels(grant.pool).inc()
                 logger.info("pool %s: a fail-open request is decided again", grant.pool)
-                await asyncio.shield(grant.release(0.0))  # a disconnect does not cut it
+                # A disconnect meanwhile does not cut the release (a task of its own).
+                await asyncio.shield(self.releases.start(grant, 0.0))
                 continue
             self.metrics.requests.labels(model.name, grant.pool, str(outcome.status)).inc()
             if outcome.first_chunk is not None:
@@ -286,17 +297,20 @@ class Proxy:
             return response
 
     def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
-        """Releases ``grant`` in the background (the answer does not wait for it)."""
-        consumed = charge(self.config.cost, usage=outcome.usage, upstream_s=outcome.upstream_s)
+        """Releases ``grant`` in the background (the answer does not wait for it).
+
+        The release starts before anything else is done with the charge, so that nothing
+        that fails here can leave the grant counted; the charge is never negative.
+        """
+        consumed = max(
+            charge(self.config.cost, usage=outcome.usage, upstream_s=outcome.upstream_s), 0.0
+        )
+        self.releases.start(grant, consumed)
         self.metrics.charged.labels(grant.pool).inc(consumed)
-        task = asyncio.get_running_loop().create_task(grant.release(consumed))
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
 
     async def wait_releases(self) -> None:
         """Waits for the releases handed to the client library (at shutdown)."""
-        if self._releases:
-            await asyncio.gather(*self._releases, return_exceptions=True)
+        await self.releases.wait()
 
     # -- the upstream ------------------------------------------------------------------------
 
@@ -307,12 +321,17 @@ class Proxy:
 
         The caller ends the upstream's lease (``Upstreams.outstanding``) with ``_close``.
 
+        A connection closed before the status line (``ServerDisconnectedError``: a pooled
+        connection the upstream closed as idle) is tried again once, like a refused one but
+        on any upstream.
+
         Raises:
             UpstreamFailed: none accepted a connection, or the one that did failed or timed
-                out before its status line.
+                out before its status line (a second closed connection included).
         """
         upstreams = self.upstreams[route]
         tried: set[str] = set()
+        disconnected = False
         while True:
             url = upstreams.choose(tried)
             if url is None:
@@ -322,6 +341,7 @@ class Proxy:
                 )
             upstreams.outstanding[url] += 1
             outcome.started = time.monotonic()
+            outcome.sent = True
             try:
                 response = await self.session.post(
                     url + path,
@@ -331,9 +351,23 @@ class Proxy:
                 )
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 upstreams.outstanding[url] -= 1
+                outcome.sent = False
                 self.metrics.upstream_errors.labels(url, "refused").inc()
                 logger.warning("upstream %s refused: %s; trying another", url, e)
                 tried.add(url)
+                continue
+            except aiohttp.ServerDisconnectedError as e:
+                # Closed before its status line: most likely a pooled connection the
+                # upstream was closing as idle when the request went out. Sent again,
+                # once, to the least busy upstream (this one included).
+                upstreams.outstanding[url] -= 1
+                self.metrics.upstream_errors.labels(url, "disconnected").inc()
+                if disconnected:
+                    raise UpstreamFailed(
+                        Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}"
+                    ) from e
+                disconnected = True
+                logger.info("upstream %s closed the connection: %r; sending again", url, e)
                 continue
             except TimeoutError as e:
                 upstreams.outstanding[url] -= 1
@@ -377,6 +411,7 @@ class Proxy:
         headers = grant_headers(grant)
         path = PATHS[parsed.endpoint]
         opened: tuple[str, aiohttp.ClientResponse] | None = None
+        answered_error = False  # the upstream answered with an error status
         try:
             try:
                 first = self._first(placement.route, path, data, parsed, outcome)
@@ -388,6 +423,7 @@ class Proxy:
                 return error_response(e.refusal, str(e), headers=headers)
             _, upstream = opened
             outcome.status = upstream.status
+            answered_error = upstream.status != 200  # noqa: PLR2004 (HTTP OK)
             if watched is not None:
                 self.redecider.unwatch(watched)
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
@@ -404,7 +440,12 @@ class Proxy:
                 self.metrics.disconnects.inc()
             raise
         finally:
-            outcome.upstream_s = time.monotonic() - outcome.started
+            # No upstream accepted a connection: no upstream time to charge.
+            outcome.upstream_s = time.monotonic() - outcome.started if outcome.sent else 0.0
+            if outcome.usage is None and outcome.sent and not answered_error:
+                # Cut (timeout, broken, the client gone) before any usage: the upstream
+                # may have read the prompt; charge it, without completion tokens.
+                outcome.usage = Usage(prompt_tokens=parsed.prompt_tokens, completion_tokens=0)
             if opened is not None:
                 self._close(placement.route, *opened)
 
@@ -470,8 +511,13 @@ class Proxy:
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
             await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         except ConnectionResetError:
-            self.metrics.disconnects.inc()  # the client went away: end here
+            # The client went away: end here. Before ``aiohttp.ClientError``, which the
+            # writer's ``ClientConnectionResetError`` also is.
+            self.metrics.disconnects.inc()
             return answer
+        except aiohttp.ClientError as e:  # the upstream connection failed otherwise
+            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         finally:
             outcome.usage = filtered.counted(parsed)
         with contextlib.suppress(ConnectionResetError):

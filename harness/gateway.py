@@ -71,11 +71,19 @@ class Gateway(ServerProcess):
         self.config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     def metrics_text(self) -> str:
-        """The Prometheus text of ``/metrics`` ("" without a metrics port)."""
+        """The Prometheus text of ``/metrics`` ("" without a metrics port).
+
+        It blocks up to 5 s: from a test's event loop, call ``metrics_text_async``.
+        """
         if not self.metrics_address:
             return ""
         with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as r:
             return str(r.read().decode())
+
+    async def metrics_text_async(self) -> str:
+        """``metrics_text`` in a worker thread: the caller's event loop (the SDK streams
+        of a test) runs on meanwhile."""
+        return await asyncio.to_thread(self.metrics_text)
 
 
 def _status(url: str) -> int | None:

@@ -95,11 +95,12 @@ class Stack:
             )
         return {t.team: t.in_flight for t in snapshot.teams if t.in_flight}
 
-    def metric(self, name: str, **labels: str) -> float:
-        """The value of one sample of the gateway's metrics (0 when absent)."""
+    async def metric(self, name: str, **labels: str) -> float:
+        """The value of one sample of the gateway's metrics (0 when absent); read without
+        blocking the event loop."""
         pattern = re.compile(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", re.M)
         total = 0.0
-        for found, value in pattern.findall(self.gateway.metrics_text()):
+        for found, value in pattern.findall(await self.gateway.metrics_text_async()):
             if all(f'{k}="{v}"' in found for k, v in labels.items()):
                 total += float(value)
         return total

@@ -150,7 +150,7 @@ async def test_fail_open_requests_not_started_are_decided_again(tmp_path: Path) 
             assert raw.headers["x-fairshare-priority"] == "0"
             chunks = [c async for c in raw.parse()]
             assert "".join(c.choices[0].delta.content or "" for c in chunks) == "tok tok tok"
-        assert stack.metric("fairshare_gateway_redecided_total", pool="gpu-a") == 3
+        assert await stack.metric("fairshare_gateway_redecided_total", pool="gpu-a") == 3
         # Each was decided again once only: three fail-open records, three fresh ones.
         records = await stack.records("a")
         assert sorted(r["priority"] for r in records[1:]) == [0, 0, 0, 100, 100, 100]  # type: ignore[type-var]

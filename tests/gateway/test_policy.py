@@ -38,13 +38,15 @@ async def test_each_upstream_is_asked_its_policy_at_startup(tmp_path: Path) -> N
     ) as stack:
         gauge = "fairshare_gateway_upstream_priority_scheduling"
         told = {name: standin.url for name, standin in stack.standins.items()}
-        await eventually(
-            lambda: (
-                stack.metric(gauge, upstream=told["fcfs"]) == 0
-                and stack.metric(gauge, upstream=told["priority"]) == 1
-                and stack.metric(gauge, upstream=told["silent"]) == -1
+
+        async def told_all() -> bool:
+            return (
+                await stack.metric(gauge, upstream=told["fcfs"]) == 0
+                and await stack.metric(gauge, upstream=told["priority"]) == 1
+                and await stack.metric(gauge, upstream=told["silent"]) == -1
             )
-        )
+
+        await eventually(told_all)
         log = stack.gateway.log_text()
         assert f"WARNING gateway.policy: upstream {told['fcfs']} schedules by 'fcfs'" in log
         assert f"upstream {told['priority']} schedules by priority" in log

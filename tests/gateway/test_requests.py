@@ -7,6 +7,7 @@ after each, the grant is released (the allocator counts nothing in flight).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,7 +26,13 @@ MESSAGES = [{"role": "user", "content": "one two three four"}]
 
 
 @pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+def upstream_timeout_s() -> float:
+    """The gateway's ``limits.upstream_timeout_s`` (a test may parametrize another)."""
+    return 1.5
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, upstream_timeout_s: float) -> AsyncIterator[Stack]:
     dead = f"http://127.0.0.1:{free_port()}"
 
     def models(s: dict[str, Standin]) -> list[dict[str, object]]:
@@ -48,7 +55,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         pools={"gpu-a": {"capacity": 4}},
         standins={"a": {"models": (MODEL, "half-dead", "dead"), "tokens_per_s": 200.0}},
         models=models,
-        limits={"max_body_bytes": 20_000, "upstream_timeout_s": 1.5},
+        limits={"max_body_bytes": 20_000, "upstream_timeout_s": upstream_timeout_s},
     ) as running:
         yield running
 
@@ -124,11 +131,13 @@ async def test_streaming_with_and_without_usage(stack: Stack) -> None:
     assert [r["include_usage"] for r in records] == [True, True]  # always asked upstream
     await released(stack)
     # The charge came from the usage: 4 prompt + 4 completion tokens, twice.
-    assert stack.metric("fairshare_gateway_charged_total", pool="gpu-a") == pytest.approx(16.0)
+    assert await stack.metric("fairshare_gateway_charged_total", pool="gpu-a") == pytest.approx(
+        16.0
+    )
     # Both streams had a first chunk, within the team's share; nothing waits to be released.
     first = "fairshare_gateway_time_to_first_token_seconds_count"
-    assert stack.metric(first, pool="gpu-a", kind="within") == 2
-    assert stack.metric("fairshare_gateway_pending_releases") == 0
+    assert await stack.metric(first, pool="gpu-a", kind="within") == 2
+    assert await stack.metric("fairshare_gateway_pending_releases") == 0
 
 
 async def test_bad_input(stack: Stack) -> None:
@@ -191,7 +200,7 @@ async def test_refused_connections_try_another_upstream(stack: Stack) -> None:
     with pytest.raises(openai.APIStatusError) as refused:
         await client.chat.completions.create(model="dead", messages=MESSAGES)
     assert refused.value.status_code == 502
-    assert stack.metric("fairshare_gateway_upstream_errors_total", kind="refused") >= 4
+    assert await stack.metric("fairshare_gateway_upstream_errors_total", kind="refused") >= 4
     await released(stack)
 
 
@@ -217,6 +226,17 @@ async def _disconnected(stack: Stack, count: int) -> bool:
     return sum(1 for r in records if r["disconnected"]) >= count
 
 
+async def _hung(stack: Stack) -> bool:
+    records = await stack.records("a")
+    return any(
+        r["end_s"] is None and (r["body"] or {}).get("standin_hang")  # type: ignore[union-attr]
+        for r in records
+    )
+
+
+# The gateway must not give up on the upstream before the client goes: with the fixture's
+# 1.5 s, a loaded machine could turn the client's disconnect into an upstream timeout.
+@pytest.mark.parametrize("upstream_timeout_s", [300.0])
 async def test_client_disconnect_closes_the_upstream_at_once(stack: Stack) -> None:
     client = stack.client()
     # Streaming: the client reads one chunk, then goes away.
@@ -227,14 +247,23 @@ async def test_client_disconnect_closes_the_upstream_at_once(stack: Stack) -> No
         break
     await stream.close()
     await eventually(lambda: _disconnected(stack, 1))
-    # Not streaming: the client gives up while the upstream has not answered.
-    with pytest.raises(openai.APITimeoutError):
-        await client.with_options(timeout=1.0).chat.completions.create(
+    # Not streaming: the client goes away once the upstream has the request, unanswered.
+    hanging = asyncio.ensure_future(
+        client.chat.completions.create(
             model=MODEL, messages=MESSAGES, extra_body={"standin_hang": True}
         )
+    )
+    await eventually(lambda: _hung(stack))
+    assert not hanging.done()
+    hanging.cancel()  # the SDK closes its connection
+    await asyncio.wait({hanging})
     await eventually(lambda: _disconnected(stack, 2))
     await released(stack)
-    assert stack.metric("fairshare_gateway_client_disconnects_total") == 2
-    await eventually(lambda: stack.metric("fairshare_gateway_in_flight") == 0)
+    assert await stack.metric("fairshare_gateway_client_disconnects_total") == 2
+    await eventually(lambda: _metric_is(stack, "fairshare_gateway_in_flight", 0))
     records = await stack.records("a")
     assert all(r["end_s"] is not None or r["disconnected"] for r in records)
+
+
+async def _metric_is(stack: Stack, name: str, value: float) -> bool:
+    return await stack.metric(name) == value

@@ -4,6 +4,7 @@ pools take what a saturated pool cannot, without two saturated pools trading req
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,23 @@ async def _arrived(stack: Stack, standin: str, count: int) -> bool:
     return len(await stack.records(standin)) >= count
 
 
+def _asked(record: dict[str, object]) -> str:
+    """What a request recorded by the stand-in said (its first message)."""
+    body = record["body"]
+    assert isinstance(body, dict)
+    return str(body["messages"][0]["content"])
+
+
+async def _records_by_ask(stack: Stack) -> dict[str, dict[str, object]]:
+    return {_asked(r): r for r in await stack.records("a")}
+
+
 async def test_a_flood_of_one_team_does_not_delay_another_teams_share(tmp_path: Path) -> None:
+    """Team-a floods the pool with requests that never end on their own; team-b's request,
+    within its share, then waits at the stand-in behind no borrowing request of team-a.
+    Slots are freed by the test (closing flood requests), so every assertion is about the
+    order of events, never about how long anything took."""
+
     def models(s: dict[str, Standin]) -> list[dict[str, object]]:
         return [{"name": MODEL, "pool": "gpu-a", "upstreams": [s["a"].url]}]
 
@@ -32,40 +49,104 @@ async def test_a_flood_of_one_team_does_not_delay_another_teams_share(tmp_path: 
         models=models,
     ) as stack:
         flood_client = stack.client("team-a")
-        flood = [
-            asyncio.create_task(
-                flood_client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20)
+        flood = {
+            f"flood {i}": asyncio.ensure_future(
+                flood_client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"flood {i}"}],
+                    max_tokens=5000,  # 50 s: ended by the test, not by the stand-in
+                )
             )
-            for _ in range(8)
-        ]
-        await eventually(lambda: _arrived(stack, "a", 8))
-        raw = await stack.client("team-b").chat.completions.with_raw_response.create(
-            model=MODEL, messages=MESSAGES, max_tokens=20
-        )
-        assert raw.headers["x-fairshare-priority"] == "0"
-        await asyncio.gather(*flood)
-        records = await stack.records("a")
-        late = records[-1]
-        assert late["priority"] == 0
-        # team-a got its two within-share slots, then borrowed.
-        assert sorted(r["priority"] for r in records[:8])[:2] == [0, 0]
-        assert all(p >= 10 for p in sorted(r["priority"] for r in records[:8])[2:])  # type: ignore[operator]
-        # When team-b's request arrived, the flood held both slots and six of its requests
-        # were waiting: it waited for the first slot to free and no longer (no request of
-        # the flood started between its arrival and its start), then the flood went on.
-        running_then = [
-            r
-            for r in records[:8]
-            if r["start_s"] < late["arrival_s"] <= r["end_s"]  # type: ignore[operator]
-        ]
-        assert len(running_then) == 2
-        started_before_it = [
-            r
-            for r in records[:8]
-            if late["arrival_s"] <= r["start_s"] < late["start_s"]  # type: ignore[operator]
-        ]
-        assert started_before_it == []
-        assert sum(r["start_s"] > late["start_s"] for r in records[:8]) == 6  # type: ignore[operator]
+            for i in range(8)
+        }
+        try:
+            await eventually(lambda: _arrived(stack, "a", 8))
+            await eventually(lambda: _started(stack, 2))
+            seen = await _records_by_ask(stack)
+            # team-a got its two within-share slots, then borrowed: none of its requests
+            # had ended, so the allocator counted all eight at once.
+            priorities = sorted(int(r["priority"]) for r in seen.values())  # type: ignore[call-overload]
+            assert priorities[:2] == [0, 0] and all(p >= 10 for p in priorities[2:])
+
+            late = asyncio.ensure_future(
+                stack.client("team-b").chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "team-b"}],
+                    max_tokens=20,
+                )
+            )
+            await eventually(lambda: _arrived(stack, "a", 9))
+            # Free one slot at a time (close a running flood request) until team-b's
+            # request starts: a within-share flood request waiting before it (the same
+            # priority, earlier) may take a slot first; a borrowing one may not.
+            # At most the two within-share flood requests can be ahead: the third slot
+            # freed is team-b's.
+            for closes in range(4):
+                seen = await _records_by_ask(stack)
+                if seen["team-b"]["start_s"] is not None:
+                    break
+                assert closes < 3, "team-b's request waited behind borrowing requests"
+                closed = next(a for a, r in seen.items() if a in flood and _running(r))
+                flood[closed].cancel()
+                await eventually(partial(_slot_taken_after, stack, closed))
+            raw = await late
+            assert raw.headers["x-fairshare-priority"] == "0"
+            seen = await _records_by_ask(stack)
+            mine = seen.pop("team-b")
+            assert mine["priority"] == 0 and mine["start_s"] is not None
+            # When it arrived both slots were busy with the flood...
+            assert sum(1 for r in seen.values() if _running_at(r, mine["arrival_s"])) == 2  # type: ignore[arg-type]
+            # ...and no borrowing flood request started between its arrival and its start.
+            jumped = [
+                r
+                for r in seen.values()
+                if r["start_s"] is not None
+                and mine["arrival_s"] <= r["start_s"] < mine["start_s"]  # type: ignore[operator]
+                and r["priority"] != 0
+            ]
+            assert jumped == []
+            # Once it ended, the flood went on: its slot went to a waiting flood request.
+            await eventually(lambda: _started_after(stack, mine["start_s"]))  # type: ignore[arg-type]
+        finally:
+            for task in flood.values():
+                task.cancel()
+            await asyncio.wait(flood.values())
+        await eventually(lambda: _idle_pool(stack, "gpu-a"))
+
+
+def _running(record: dict[str, object]) -> bool:
+    return record["start_s"] is not None and record["end_s"] is None
+
+
+def _running_at(record: dict[str, object], when: float) -> bool:
+    start, end = record["start_s"], record["end_s"]
+    return start is not None and start < when and (end is None or end >= when)  # type: ignore[operator]
+
+
+async def _started(stack: Stack, count: int) -> bool:
+    return sum(1 for r in await stack.records("a") if r["start_s"] is not None) >= count
+
+
+async def _slot_taken_after(stack: Stack, closed: str) -> bool:
+    """The request ``closed`` ended and a waiting request took its slot."""
+    seen = await _records_by_ask(stack)
+    end = seen[closed]["end_s"]
+    return end is not None and any(
+        r["start_s"] is not None and r["start_s"] >= end  # type: ignore[operator]
+        for r in seen.values()
+    )
+
+
+async def _started_after(stack: Stack, when: float) -> bool:
+    seen = await _records_by_ask(stack)
+    return any(
+        a != "team-b" and r["start_s"] is not None and r["start_s"] > when  # type: ignore[operator]
+        for a, r in seen.items()
+    )
+
+
+async def _idle_pool(stack: Stack, pool: str) -> bool:
+    return await stack.in_flight(pool) == {}
 
 
 async def test_fallback_pools(tmp_path: Path) -> None:
@@ -108,7 +189,7 @@ async def test_fallback_pools(tmp_path: Path) -> None:
         )
         assert moved.headers["x-fairshare-pool"] == "gpu-b"
         assert len(await stack.records("b")) == 1
-        assert stack.metric("fairshare_gateway_fallbacks_total", pool="gpu-b") == 1
+        assert await stack.metric("fairshare_gateway_fallbacks_total", pool="gpu-b") == 1
         # Now gpu-b holds a long stream too: both pools are saturated.
         hold_b = await client.chat.completions.create(
             model="m2", messages=MESSAGES, max_tokens=5000, stream=True
@@ -122,7 +203,7 @@ async def test_fallback_pools(tmp_path: Path) -> None:
             )
             assert stays.headers["x-fairshare-pool"] == pool  # kept its own pool's grant
             assert len(await stack.records(standin)) == before + 1
-        assert stack.metric("fairshare_gateway_fallbacks_total") == 1
+        assert await stack.metric("fairshare_gateway_fallbacks_total") == 1
         await hold_a.close()
         await hold_b.close()
         await eventually(lambda: _idle(stack))

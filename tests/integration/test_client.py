@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from typing import Any
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import AllocatorClient, SyncAllocatorClient
 from fairshare import Class
-from ha.api import NoOwner, UnknownPool
+from ha.api import Decision, NoOwner, UnknownPool
 from harness.net import free_port
 from server.app import RunningServer, start_server
 from server.config import Config
@@ -98,6 +99,47 @@ async def test_releases_are_buffered_until_acknowledged(config: Config) -> None:
         server = await start_on(config, port, first)
         await eventually(lambda: client.pending_releases == 0)
         assert grant.grant_id in first.released
+    finally:
+        await client.close()
+        await server.shutdown(0)
+
+
+class HeldAnswers(FakeAllocator):
+    """Decides each acquire at once but answers only when ``answer`` is set."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.answer = asyncio.Event()
+        self.decided = asyncio.Event()
+
+    async def acquire(self, **kwargs: Any) -> Decision:
+        decision = await super().acquire(**kwargs)
+        self.decided.set()
+        await self.answer.wait()
+        return decision
+
+
+async def test_a_cancelled_acquire_does_not_leave_its_grant_counted(config: Config) -> None:
+    """A caller cancelled (a client gone) after the owner decided but before its answer:
+    the acquire is resent with the same request id and the grant released at no cost."""
+    port = free_port()
+    allocator = HeldAnswers(config.pools, node_id="test-0")
+    server = await start_on(config, port, allocator)
+    client = AllocatorClient(
+        [f"127.0.0.1:{port}"], holder="gw", deadline_s=5.0, release_retry_s=0.05
+    )
+    try:
+        await client.refresh_pools()
+        acquiring = asyncio.ensure_future(client.acquire("gpu-a", "inst-a"))
+        async with asyncio.timeout(5.0):
+            await allocator.decided.wait()
+        acquiring.cancel()
+        await asyncio.wait({acquiring})
+        assert acquiring.cancelled() and len(allocator.grants) == 1
+        assert client.abandoned_acquires == 1
+        allocator.answer.set()
+        await eventually(lambda: client.abandoned_acquires == client.pending_releases == 0)
+        assert not allocator.grants and len(allocator.released) == 1
     finally:
         await client.close()
         await server.shutdown(0)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gateway.body import (
+    MAX_EVENT_BYTES,
     BadJson,
     BadRequest,
     StreamFilter,
@@ -100,6 +101,38 @@ def test_the_usage_chunk_is_read_and_dropped_unless_asked_for(size: int) -> None
         expected = STREAM if keep else sse(TOKEN) + sse(TOKEN) + b"data: [DONE]\n\n"
         assert out == expected
         assert filtered.usage == Usage(5, 2)
+
+
+def crlf(event: bytes) -> bytes:
+    return event.replace(b"\n", b"\r\n")
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_crlf_framed_events_pass_one_by_one_and_the_usage_is_read(size: int) -> None:
+    stream = crlf(sse(TOKEN) + sse(TOKEN)) + crlf(sse(USAGE)) + b"data: [DONE]\r\n\r\n"
+    filtered = StreamFilter(keep_usage=False)
+    outs = [filtered.feed(stream[i : i + size]) for i in range(0, len(stream), size)]
+    out = b"".join(outs) + filtered.finish()
+    assert out == crlf(sse(TOKEN) + sse(TOKEN)) + b"data: [DONE]\r\n\r\n"
+    assert filtered.usage == Usage(5, 2) and filtered.events == 2
+    # The first event goes on as soon as it ended, not at the end of the stream.
+    first = len(crlf(sse(TOKEN)))
+    passed_by = b"".join(outs[: (first + size - 1) // size])
+    assert passed_by.startswith(crlf(sse(TOKEN)))
+
+
+def test_an_event_never_ended_is_passed_on_within_the_bound() -> None:
+    filtered = StreamFilter(keep_usage=False)
+    blob = b"data: " + b"x" * (MAX_EVENT_BYTES // 4)
+    out = b""
+    for _ in range(8):  # twice the bound, in pieces, without an event end
+        out += filtered.feed(blob)
+        assert len(filtered._partial) <= MAX_EVENT_BYTES + len(blob)
+    assert len(out) >= 8 * len(blob) - MAX_EVENT_BYTES - len(blob)
+    # Its end, then the usage chunk: read and dropped as usual.
+    out += filtered.feed(b"\n\n" + sse(USAGE) + b"data: [DONE]\n\n") + filtered.finish()
+    assert out == blob * 8 + b"\n\n" + b"data: [DONE]\n\n"
+    assert filtered.usage == Usage(5, 2) and filtered.events == 1
 
 
 def test_a_cut_stream_counts_the_tokens_seen() -> None:

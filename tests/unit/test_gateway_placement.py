@@ -13,6 +13,7 @@ from gateway.config import Model, RedecideSettings, Route
 from gateway.keys import Identity
 from gateway.placement import place
 from gateway.redecide import Redecider
+from gateway.releases import Releases
 
 
 @dataclass
@@ -23,6 +24,12 @@ class FakeClient:
     degraded: bool = False
     in_flight: dict[str, int] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    try_gate: asyncio.Event = field(default_factory=asyncio.Event)
+    release_gate: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.try_gate.set()
+        self.release_gate.set()
 
     def _grant(self, pool: str, team: str) -> ClientGrant:
         saturated = self.in_flight.get(pool, 0) >= self.capacity[pool]
@@ -49,11 +56,13 @@ class FakeClient:
 
     async def try_acquire(self, pool: str, team: str, cls: Class, est: int) -> ClientGrant | None:
         self.calls.append(("try", pool))
+        await self.try_gate.wait()
         if self.in_flight.get(pool, 0) >= self.capacity[pool]:
             return None
         return self._grant(pool, team)
 
     async def _release(self, grant: ClientGrant, consumed: float) -> None:
+        await self.release_gate.wait()
         self.in_flight[grant.pool] -= 1
 
 
@@ -64,14 +73,14 @@ WHO = Identity("team")
 
 async def test_a_pool_with_room_keeps_its_requests() -> None:
     client = FakeClient({"a": 1, "b": 1, "c": 1})
-    placed = await place(client, M1, WHO, 0)  # type: ignore[arg-type]
+    placed = await place(client, M1, WHO, 0, Releases())  # type: ignore[arg-type]
     assert (placed.route.pool, placed.fallback) == ("a", False)
     assert client.calls == [("acquire", "a")]
 
 
 async def test_a_saturated_pool_hands_over_to_the_first_fallback_with_room() -> None:
     client = FakeClient({"a": 1, "b": 1, "c": 1}, in_flight={"a": 1, "b": 1})
-    placed = await place(client, M1, WHO, 0)  # type: ignore[arg-type]
+    placed = await place(client, M1, WHO, 0, Releases())  # type: ignore[arg-type]
     assert (placed.route.pool, placed.fallback) == ("c", True)
     assert client.calls == [("acquire", "a"), ("try", "b"), ("try", "c")]
     assert client.in_flight == {"a": 1, "b": 1, "c": 1}  # the primary grant was released
@@ -79,16 +88,46 @@ async def test_a_saturated_pool_hands_over_to_the_first_fallback_with_room() -> 
 
 async def test_two_saturated_pools_never_hand_requests_to_each_other() -> None:
     client = FakeClient({"a": 1, "b": 1}, in_flight={"a": 1, "b": 1})
-    first = await place(client, M1.__class__("m1", M1.primary, M1.fallback[:1]), WHO, 0)  # type: ignore[arg-type]
-    second = await place(client, M2, WHO, 0)  # type: ignore[arg-type]
+    first = await place(client, M1.__class__("m1", M1.primary, M1.fallback[:1]), WHO, 0, Releases())  # type: ignore[arg-type]
+    second = await place(client, M2, WHO, 0, Releases())  # type: ignore[arg-type]
     assert (first.route.pool, second.route.pool) == ("a", "b")
     assert not first.fallback and not second.fallback
 
 
 async def test_a_degraded_grant_is_never_traded() -> None:
     client = FakeClient({"a": 1, "b": 1, "c": 1}, degraded=True, in_flight={"a": 5})
-    placed = await place(client, M1, WHO, 0)  # type: ignore[arg-type]
+    placed = await place(client, M1, WHO, 0, Releases())  # type: ignore[arg-type]
     assert placed.route.pool == "a" and client.calls == [("acquire", "a")]
+
+
+async def _cancelled_when(client: FakeClient, releases: Releases, calls: int) -> None:
+    """Starts a placement of M1, cancels it once ``calls`` calls were made and it is
+    blocked, and waits until every release it started has ended."""
+    task = asyncio.ensure_future(place(client, M1, WHO, 0, releases))  # type: ignore[arg-type]
+    for _ in range(20):  # the fake client blocks only on its gates
+        await asyncio.sleep(0)
+    assert len(client.calls) == calls and not task.done()
+    task.cancel()
+    await asyncio.wait({task})
+    assert task.cancelled()
+    client.try_gate.set()
+    client.release_gate.set()
+    await releases.wait()
+
+
+async def test_a_cancel_while_a_fallback_is_asked_releases_the_primary_grant() -> None:
+    client = FakeClient({"a": 1, "b": 1, "c": 1}, in_flight={"a": 1})
+    client.try_gate.clear()
+    await _cancelled_when(client, Releases(), calls=2)
+    assert client.calls == [("acquire", "a"), ("try", "b")]
+    assert client.in_flight == {"a": 1}  # the primary grant was given back
+
+
+async def test_a_cancel_while_the_primary_is_traded_releases_both_grants() -> None:
+    client = FakeClient({"a": 1, "b": 1, "c": 1}, in_flight={"a": 1})
+    client.release_gate.clear()  # the primary's release is in flight when cancelled
+    await _cancelled_when(client, Releases(), calls=2)
+    assert client.in_flight == {"a": 1, "b": 0}
 
 
 async def test_redecide_signals_oldest_first_bounded_once() -> None:
