@@ -9,11 +9,11 @@ CONFIG ?= examples/pools.yaml
 LOCK := requirements.lock
 LOCK_VENV := build/lock-venv
 
-.PHONY: help venv lock etcd run test check deploy-check lint typecheck imports unit pytest bench proto simulate drill soak demo clean
+.PHONY: help venv lock etcd chromium run test check deploy-check lint typecheck imports unit pytest bench proto simulate drill soak demo clean
 
 help:
 	@echo "make run       set up and start a single-node allocator on $(CONFIG)"
-	@echo "make test      set up (virtualenv, dependencies, etcd) and run every check and test"
+	@echo "make test      set up (virtualenv, dependencies, etcd, chromium) and run every check and test"
 	@echo "make check     lint, format check, mypy --strict, import layers"
 	@echo "make deploy-check  the Kubernetes manifests, offline: deploy tests, kubernetes-validate"
 	@echo "make bench     run the benchmarks (writes docs/benchmarks.md)"
@@ -67,6 +67,15 @@ etcd:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server etcd-client >/dev/null; \
 	  command -v etcd >/dev/null 2>&1 || command -v /usr/bin/etcd >/dev/null 2>&1; }
 
+# Debian's chromium: the status page's test loads the page in it, headless
+# (harness/browser.py). Installed without its recommended packages.
+chromium:
+	@{ command -v chromium || command -v chromium-browser; } >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	  command -v chromium >/dev/null 2>&1; }
+
 run: venv
 	$(BIN)/fairshare serve --config $(CONFIG)
 
@@ -76,7 +85,7 @@ check: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-pytest: venv etcd
+pytest: venv etcd chromium
 	$(BIN)/pytest
 
 # The Kubernetes deployment, offline (no cluster): the deploy tests (kustomize renders
@@ -87,11 +96,11 @@ pytest: venv etcd
 # for the custom resources the tests check themselves (the Prometheus Operator's).
 DEPLOY_TESTS := tests/unit/test_deploy.py tests/integration/test_etcd_probes.py \
 	tests/integration/test_etcd_maintenance.py tests/integration/test_etcd_rejoin.py \
-	tests/unit/test_deploy_gateway.py
+	tests/unit/test_deploy_gateway.py tests/unit/test_observability.py
 DEPLOY_TARGETS := deploy deploy/overlays/external-etcd deploy/overlays/tls deploy/overlays/renamed \
-	deploy/gateway
+	deploy/gateway deploy/observability
 K8S_OLDEST := 1.29.0
-CUSTOM_KINDS := kind PodMonitor with api version monitoring.coreos.com/v1
+CUSTOM_KINDS := kind (PodMonitor|PrometheusRule) with api version monitoring.coreos.com/v1
 deploy-check: venv etcd
 	@command -v kubectl >/dev/null || { echo "deploy-check needs kubectl (its built-in kustomize renders the targets)"; exit 1; }
 	$(BIN)/pytest -q $(DEPLOY_TESTS)
@@ -102,14 +111,14 @@ deploy-check: venv etcd
 	  kubectl kustomize $$target > $$out; \
 	  for version in $(K8S_OLDEST) $$newest; do \
 	    report=$$($(BIN)/kubernetes-validate --strict --quiet -k $$version $$out 2>&1) || { echo "$$report"; exit 1; }; \
-	    left=$$(printf '%s\n' "$$report" | grep -v "$(CUSTOM_KINDS)" | grep . || true); \
+	    left=$$(printf '%s\n' "$$report" | grep -Ev "$(CUSTOM_KINDS)" | grep . || true); \
 	    if [ -n "$$left" ]; then echo "$$left"; exit 1; fi; \
 	  done; \
 	  echo "$$target: valid for Kubernetes $(K8S_OLDEST) and $$newest (strict)"; \
 	done
 
 # deploy-check has run the deploy tests already.
-test: check deploy-check
+test: check deploy-check chromium
 	$(BIN)/pytest $(addprefix --ignore=,$(DEPLOY_TESTS))
 
 # Each benchmark writes its own section of docs/benchmarks.md (about 12 minutes in all).

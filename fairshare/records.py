@@ -61,13 +61,18 @@ class AdoptResult:
 
 @dataclass(frozen=True, slots=True)
 class PoolView:
-    """A pool's team table with its owner and epoch (the Snapshot RPC)."""
+    """A pool's team table with its owner and epoch (the Snapshot RPC).
+
+    ``snapshot_age_s``: how far the owner's stored state lags its live one (as
+    ``ha.api.PoolStatus.snapshot_age_s``); None when the owner did not say.
+    """
 
     pool: PoolName
     capacity: int
     owner: NodeId
     epoch: Epoch
     teams: Sequence[TeamStat]
+    snapshot_age_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

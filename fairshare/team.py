@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fairshare.priority import Class, borrowing_priority
+
 
 @dataclass(frozen=True, slots=True)
 class TeamStat:
@@ -37,6 +39,13 @@ class TeamStat:
     level_fairshare: float
     rank: int
     phantoms: int
+
+    @property
+    def borrow_priority(self) -> int:
+        """The priority an interactive request of this team would get now if it borrowed
+        (a batch one gets one more): what ``rank`` means to vLLM. A request within the
+        team's reservation gets the within-share priority instead."""
+        return borrowing_priority(self.rank, Class.INTERACTIVE)
 
 
 class TeamState:

@@ -138,6 +138,8 @@ class Gateway:
         self.config = config
         self.metrics = GatewayMetrics()
         self.client = allocator_client(config)
+        client = self.client
+        self.metrics.pending_releases.set_function(lambda: float(client.pending_releases))
         self.session = upstream_session(config)
         self.proxy = Proxy(
             config, client=self.client, session=self.session, keys=keys, metrics=self.metrics

@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 ACQUIRE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+# A first token comes in tens of milliseconds on an idle server and minutes behind a queue.
+FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class GatewayMetrics:
@@ -86,6 +88,19 @@ class GatewayMetrics:
             "Requests sent to an upstream, by pool, upstream and standing (within_share, "
             "borrowing, degraded); an attempt whose connection was refused counts too.",
             ["pool", "upstream", "standing"],
+            registry=r,
+        )
+        self.first_token = Histogram(
+            "fairshare_gateway_time_to_first_token_seconds",
+            "Streamed requests: seconds from their arrival to the first chunk of the answer, "
+            "by pool and kind of grant (within, borrowing, degraded).",
+            ["pool", "kind"],
+            buckets=FIRST_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.pending_releases = Gauge(
+            "fairshare_gateway_pending_releases",
+            "Releases no owner has acknowledged yet, kept and retried by the client library.",
             registry=r,
         )
         self.charged = Counter(

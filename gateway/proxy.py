@@ -98,6 +98,8 @@ class Outcome:
     on it, whatever happened next)."""
     upstream_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
+    first_chunk: float | None = None
+    """When a streamed answer's first chunk came (monotonic); None when not streamed."""
 
 
 def standing(grant: ClientGrant) -> str:
@@ -257,6 +259,7 @@ class Proxy:
         model = self.config.model(parsed.model)
         assert model is not None
         redone = False
+        arrived = time.monotonic()  # a re-decided request keeps its first arrival
         while True:
             started = time.monotonic()
             try:
@@ -297,6 +300,9 @@ class Proxy:
                 await asyncio.shield(self.releases.start(grant, 0.0))
                 continue
             self.metrics.requests.labels(model.name, grant.pool, str(outcome.status)).inc()
+            if outcome.first_chunk is not None:
+                waited = outcome.first_chunk - arrived
+                self.metrics.first_token.labels(grant.pool, kind).observe(waited)
             return response
 
     def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
@@ -432,6 +438,7 @@ class Proxy:
             if watched is not None:
                 self.redecider.unwatch(watched)
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
+                outcome.first_chunk = time.monotonic()
                 return await self._stream(request, parsed, upstream, head, headers, outcome)
             if not parsed.stream:
                 outcome.usage = bodies.usage_of_body(head) if upstream.status == 200 else None  # noqa: PLR2004

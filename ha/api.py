@@ -84,6 +84,29 @@ class PoolStatus:
     grant_ids_refused: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """One replica of the cluster as this replica's cluster view sees it (for the
+    status page).
+
+    Attributes:
+        node: its node id.
+        address: the address it advertises.
+        member_for_s: how long this replica has seen its membership (its lease-bound
+            member key) without a break; -1 for this replica while it is no member.
+        pools: the pools the view routes to it (owner keys naming it), sorted.
+        lease_left_s: this replica only: seconds before it self-fences (0: fenced or no
+            lease); None for the others, whose leases only etcd knows (their member key
+            is there while their lease lives).
+    """
+
+    node: NodeId
+    address: str
+    member_for_s: float
+    pools: Sequence[PoolName]
+    lease_left_s: float | None = None
+
+
 # -- the service ----------------------------------------------------------------------------
 
 
@@ -236,6 +259,7 @@ __all__ = [
     "HeldGrant",
     "InvalidArgument",
     "LimitExceeded",
+    "MemberStatus",
     "NoOwner",
     "NodeId",
     "OutOfRange",

@@ -19,6 +19,7 @@ forgotten after ``max_request_s`` (its request cannot be running any more).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import secrets
@@ -255,7 +256,8 @@ class Router:
         name = PoolName(pool)
         owned = self._owned.get(name)
         if owned is not None and not owned.lost:
-            return owned.view()
+            # With the lag of the stored state, which only the owner knows (status page).
+            return dataclasses.replace(owned.view(), snapshot_age_s=owned.snapshot_age_s())
         if forwarded:
             raise self._wrong_epoch(name)
         return await self._to_owner(

@@ -68,8 +68,9 @@ def serve_args(
 
 class Allocator(ServerProcess):
     """One replica: ``fairshare serve`` on ``address`` (a free loopback port by default),
-    advertising it, no metrics, node id ``node``, its state in ``workdir/state-<node>`` and
-    its log in ``workdir/<node>.log``; embedded mode unless ``etcd`` names the endpoints
+    advertising it, metrics (and the status page) on ``metrics_listen`` ("": none), node
+    id ``node``, its state in ``workdir/state-<node>`` and its log in
+    ``workdir/<node>.log``; embedded mode unless ``etcd`` names the endpoints
     (comma-separated). Not started: ``start`` it (again, after a stop: same address and
     state, as a restarted pod)."""
 
@@ -83,6 +84,7 @@ class Allocator(ServerProcess):
         prefix: str | None = None,
         address: str | None = None,
         env: Mapping[str, str] | None = None,
+        metrics_listen: str = "",
     ) -> None:
         self.node = node
         self.state_dir = workdir / f"state-{node}"
@@ -91,6 +93,7 @@ class Allocator(ServerProcess):
             config,
             listen=address,
             advertise=address,
+            metrics_listen=metrics_listen,
             state_dir=self.state_dir,
             node_id=node,
             etcd=etcd,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import logging
 import pathlib
@@ -44,7 +45,7 @@ from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ha.api import Allocator, NodeId, Peers, StoreUnavailable
+from ha.api import Allocator, MemberStatus, NodeId, Peers, StoreUnavailable
 from ha.etcd import EtcdAccess
 from ha.grantkeys import GrantKeys, KeyFileError
 from ha.node import open_node
@@ -56,6 +57,8 @@ from server.intake import Intake
 from server.metrics import Metrics, event_loop_alive
 from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
+from server.status_page import StatusPage
+from server.status_report import status_report
 from server.tls_reload import peer_credentials, server_credentials
 from wire.credentials import read_token
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -98,6 +101,15 @@ class Node(Allocator, Protocol):
     def joined(self) -> bool:
         """True once the node has joined the cluster (always, once an embedded node has
         started)."""
+        ...
+
+    @property
+    def node_id(self) -> str:
+        """This replica's node id."""
+        ...
+
+    def members(self) -> list[MemberStatus]:
+        """The replicas of the cluster view, this one first (the status page)."""
         ...
 
 
@@ -315,7 +327,8 @@ async def start_server(
         config: the loaded configuration.
         node: an already opened node (tests); otherwise ``node_factory`` opens one.
         node_factory: ``ha.node.open_node`` by default.
-        serve_metrics: serve ``/metrics`` on ``config.metrics_listen`` (if set).
+        serve_metrics: serve ``/metrics``, ``/healthz`` and the status page
+            (``server.status_page``) on ``config.metrics_listen`` (if set).
 
     Returns:
         The running server; call ``shutdown`` to stop it.
@@ -373,9 +386,11 @@ async def start_server(
     await node.start()
     await server.start()
     if serve_metrics and config.metrics_listen:
+        loop = asyncio.get_running_loop()
+        page = StatusPage(loop, functools.partial(status_report, node, config.pools))
         try:
             running.stop_metrics = metrics.serve(
-                config.metrics_listen, alive=event_loop_alive(asyncio.get_running_loop())
+                config.metrics_listen, alive=event_loop_alive(loop), pages=page.pages()
             )
         except OSError as e:
             await running.shutdown(0)

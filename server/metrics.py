@@ -74,6 +74,9 @@ class Outcome(Enum):
         return cls.BORROW if decision.borrowing else cls.WITHIN
 
 
+Page = tuple[str, str, bytes]
+"""An answer of an extra page on the metrics port: status line, content type, body."""
+
 UNCONFIGURED: Final = "(unconfigured)"
 """The team label of every team that is not in its pool's configured shares."""
 
@@ -101,6 +104,12 @@ class Metrics:
             "fairshare_decisions",
             "Acquire decisions by pool, team and outcome (within, borrow, degraded, refused).",
             ["pool", "team", "outcome"],
+            registry=self.registry,
+        )
+        self.priorities = Counter(
+            "fairshare_decision_priorities",
+            "Granted Acquire decisions by pool and the vLLM priority they carry.",
+            ["pool", "priority"],
             registry=self.registry,
         )
         self.decision_latency = Histogram(
@@ -134,6 +143,7 @@ class Metrics:
         # decision costs a dictionary look-up, not a label resolution. They hold no more
         # than the registry itself does (one entry per label set ever used).
         self._decided: dict[tuple[str, str, Outcome], Any] = {}
+        self._prioritised: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
         self._collector = _StatusCollector(self.team_label)
         self.registry.register(self._collector)
@@ -150,13 +160,30 @@ class Metrics:
             return team
         return UNCONFIGURED
 
-    def count(self, pool: str, team: str, outcome: Outcome, seconds: float | None) -> None:
-        """Counts one decision, and its latency if given."""
+    def count(
+        self,
+        pool: str,
+        team: str,
+        outcome: Outcome,
+        seconds: float | None,
+        priority: int | None = None,
+    ) -> None:
+        """Counts one decision, its latency and the priority it grants if given.
+
+        Priorities are few (``fairshare.priority``: two per rank up to ``MAX_RANK``), so
+        their label stays bounded."""
         key = (pool, self.team_label(pool, team), outcome)
         counter = self._decided.get(key)
         if counter is None:
             counter = self._decided[key] = self.decisions.labels(pool, key[1], outcome.value)
         counter.inc()
+        if priority is not None:
+            given = self._prioritised.get((pool, priority))
+            if given is None:
+                given = self._prioritised[pool, priority] = self.priorities.labels(
+                    pool, str(priority)
+                )
+            given.inc()
         if seconds is not None:
             latency = self._latency.get(pool)
             if latency is None:
@@ -175,11 +202,19 @@ class Metrics:
         """Records the latency of one forwarded call."""
         self.forward_latency.labels(method).observe(seconds)
 
-    def serve(self, address: str, *, alive: Callable[[], bool] | None = None) -> Callable[[], None]:
+    def serve(
+        self,
+        address: str,
+        *,
+        alive: Callable[[], bool] | None = None,
+        pages: Mapping[str, Callable[[], Page]] | None = None,
+    ) -> Callable[[], None]:
         """Serves ``/metrics`` and ``/healthz`` on ``host:port`` in background threads.
 
         ``/healthz`` (liveness) answers 200 when ``alive()`` is true (always, without
-        it), 503 otherwise; every other path is the metrics.
+        it), 503 otherwise; a path of ``pages`` (the status page) answers what its
+        function returns, called in the request's thread (to GET and HEAD only); every
+        other path is the metrics.
 
         Returns:
             A function that stops the HTTP server.
@@ -191,7 +226,25 @@ class Metrics:
         host = host.strip("[]")
         metrics_app = make_wsgi_app(self.registry)
 
+        extra = dict(pages or {})
+
         def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            page = extra.get(environ.get("PATH_INFO", ""))
+            if page is not None:
+                method = environ.get("REQUEST_METHOD")
+                if method not in ("GET", "HEAD"):
+                    start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+                    return [b""]
+                status, content_type, body = page()
+                start_response(
+                    status,
+                    [
+                        ("Content-Type", content_type),
+                        ("Content-Length", str(len(body))),
+                        ("Cache-Control", "no-store"),
+                    ],
+                )
+                return [] if method == "HEAD" else [body]
             if environ.get("PATH_INFO") != HEALTHZ_PATH:
                 answer: Iterable[bytes] = metrics_app(environ, start_response)
                 return answer
@@ -285,6 +338,23 @@ class _StatusCollector(Collector):
             families = self._cached[1]
         yield from families
 
+    def _by_label(self, view: PoolStatus) -> Iterator[tuple[str, list[float]]]:
+        """(team label, [in flight, borrowing, phantoms, usage, reserved, rank]) of a pool's
+        teams: teams that share a label (the unconfigured ones) are summed under it, and
+        their rank is the lowest of theirs."""
+        rows: dict[str, list[float]] = {}
+        for team in view.teams:
+            label = self._team_label(str(view.pool), team.team)
+            row = rows.get(label)
+            if row is None:
+                row = rows[label] = [0.0] * 5 + [float(team.rank)]
+            for i, value in enumerate(
+                (team.in_flight, team.borrowing, team.phantoms, team.usage, team.reserved)
+            ):
+                row[i] += value
+            row[5] = min(row[5], team.rank)
+        yield from rows.items()
+
     def _collect(self) -> Iterator[_Family]:
         status = self.status
         if status is None:
@@ -310,6 +380,12 @@ class _StatusCollector(Collector):
         )
         reserved = GaugeMetricFamily(
             "fairshare_reserved", "Within-share slots.", labels=team_labels
+        )
+        rank = GaugeMetricFamily(
+            "fairshare_rank",
+            "Dense rank of the team's level fairshare, 0 = least served (teams sharing a "
+            "label: the lowest); a borrower's priority grows with it.",
+            labels=team_labels,
         )
         owner = GaugeMetricFamily(
             "fairshare_owner", "1 when this replica owns the pool.", labels=["pool"]
@@ -377,21 +453,15 @@ class _StatusCollector(Collector):
             degraded.add_metric([name], float(view.degraded_decisions))
             if view.owned:
                 teams_known.add_metric([name], float(len(view.teams)))
-            # Teams that share a label (the unconfigured ones) are summed under it.
-            sums: dict[str, list[float]] = {}
-            for team in view.teams:
-                values = (team.in_flight, team.borrowing, team.phantoms, team.usage, team.reserved)
-                total = sums.setdefault(self._team_label(name, team.team), [0.0] * 5)
-                for i, value in enumerate(values):
-                    total[i] += value
-            for label, (n, borrowed, phantom, used, slots) in sums.items():
+            for label, (n, borrowed, phantom, used, slots, lowest) in self._by_label(view):
                 labels = [name, label]
                 in_flight.add_metric(labels, n)
                 borrowing.add_metric(labels, borrowed)
                 phantoms.add_metric(labels, phantom)
                 usage.add_metric(labels, used)
                 reserved.add_metric(labels, slots)
-        yield from (in_flight, borrowing, phantoms, usage, reserved, owner, epoch)
+                rank.add_metric(labels, lowest)
+        yield from (in_flight, borrowing, phantoms, usage, reserved, rank, owner, epoch)
         yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused)
         yield from (store_full, store_refused)
         yield teams_known

@@ -203,7 +203,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             await self._fail(context, e)
         if self._metrics is not None and not forwarded:
             elapsed = time.perf_counter() - started
-            self._metrics.count(request.pool, request.team, Outcome.of(decision), elapsed)
+            given = decision.priority if decision.granted else None
+            self._metrics.count(request.pool, request.team, Outcome.of(decision), elapsed, given)
         return decision_pb(decision)
 
     async def Release(  # noqa: N802 (gRPC method name)

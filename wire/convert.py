@@ -65,6 +65,7 @@ def pool_view_pb(view: PoolView) -> pb.SnapshotResponse:
         owner=view.owner,
         epoch=view.epoch,
         teams=[team_stat_pb(stat) for stat in view.teams],
+        snapshot_age_s=view.snapshot_age_s,
     )
 
 
@@ -76,6 +77,7 @@ def pool_view(message: pb.SnapshotResponse) -> PoolView:
         NodeId(message.owner),
         Epoch(message.epoch),
         [team_stat(t) for t in message.teams],
+        message.snapshot_age_s if message.HasField("snapshot_age_s") else None,
     )
 
 

@@ -140,6 +140,10 @@ async def test_streaming_with_and_without_usage(stack: Stack) -> None:
     assert await stack.metric("fairshare_gateway_charged_total", pool="gpu-a") == pytest.approx(
         16.0
     )
+    # Both streams had a first chunk, within the team's share; nothing waits to be released.
+    first = "fairshare_gateway_time_to_first_token_seconds_count"
+    assert await stack.metric(first, pool="gpu-a", kind="within") == 2
+    assert await stack.metric("fairshare_gateway_pending_releases") == 0
 
 
 async def test_bad_input(stack: Stack) -> None:

@@ -20,6 +20,7 @@ from ha.api import (
     GrantRef,
     HeldGrant,
     InvalidArgument,
+    MemberStatus,
     NodeId,
     NoOwner,
     PoolInfo,
@@ -220,3 +221,7 @@ class FakeAllocator:
             )
             for name, p in self.pools.items()
         ]
+
+    def members(self) -> list[MemberStatus]:
+        pools = [PoolName(name) for name in sorted(self.pools)]
+        return [MemberStatus(self.node_id, self.address, 1.0, pools, lease_left_s=4.0)]

@@ -43,9 +43,13 @@ K8S_VERSIONS = ["1.29.0", kv.latest_version()]
 TARGETS = ["", "overlays/external-etcd", "overlays/tls", "overlays/renamed"]
 # The targets that deploy the bundled etcd beside the allocators.
 ETCD_TARGETS = ["", "overlays/tls", "overlays/renamed"]
-# Custom resources the validator has no schema for (components/podmonitor brings them);
-# test_podmonitors_scrape_the_metrics_ports checks them instead.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+# Custom resources the validator has no schema for (components/podmonitor and
+# observability bring them); test_podmonitors_scrape_the_metrics_ports and
+# tests/unit/test_observability.py check them instead.
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 # Secrets the operator creates (docs/deploy.md, "First install"); never in deploy/.
 OPERATOR_SECRETS = {"fairshare-admin", "fairshare-grant-keys"}
 TLS_SECRETS = {"fairshare-tls", "etcd-tls", "etcd-client-tls"}

@@ -60,3 +60,18 @@ def test_refused_ids_and_clamped_charges_are_counted_per_pool() -> None:
     text = generate_latest(Metrics(lambda: [view]).registry).decode()
     assert 'fairshare_charges_clamped_total{pool="p"} 3.0' in text
     assert 'fairshare_grant_ids_refused_total{pool="p"} 2.0' in text
+
+
+def test_granted_priorities_and_ranks_are_exported_per_pool() -> None:
+    teams = [team("a", 1, 0.0), team("stray-1", 0, 0.0), team("stray-2", 0, 0.0)]
+    teams[1] = dataclasses.replace(teams[1], rank=3)
+    teams[2] = dataclasses.replace(teams[2], rank=2)
+    metrics = Metrics(lambda: [status(teams)], teams={"p": ["a"]})
+    metrics.count("p", "a", Outcome.WITHIN, None, 0)
+    metrics.count("p", "a", Outcome.BORROW, None, 20)
+    metrics.count("p", "a", Outcome.BORROW, None, 20)
+    metrics.count("p", "a", Outcome.REFUSED, None)
+    text = generate_latest(metrics.registry).decode()
+    assert 'fairshare_decision_priorities_total{pool="p",priority="0"} 1.0' in text
+    assert 'fairshare_decision_priorities_total{pool="p",priority="20"} 2.0' in text
+    assert samples(metrics, "fairshare_rank") == {"a": 1.0, UNCONFIGURED: 2.0}

@@ -299,3 +299,13 @@ def test_level_fairshare(
 ) -> None:
     got = {s.team: s.level_fairshare for s in make_pool(shares, usage=usage).snapshot()}
     assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_snapshot_shows_the_priority_the_next_borrower_gets() -> None:
+    """``TeamStat.borrow_priority`` (the status page's column) is what ``acquire`` gives
+    the team's next borrowing request, for every rank."""
+    pool = make_pool({"a": 0.5, "b": 0.3, "c": 0.2}, usage={"a": 40.0, "b": 5.0, "c": 1.0})
+    for team in ("a", "b", "c"):
+        shown = {s.team: s.borrow_priority for s in pool.snapshot()}[team]
+        assert borrow(pool, team) == shown
+    assert len({s.borrow_priority for s in pool.snapshot()}) == 3

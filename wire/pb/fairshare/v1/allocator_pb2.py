@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61irshare/v1/allocator.proto\x12\x0c\x66\x61irshare.v1\"\xb8\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x31\n\rservice_class\x18\x03 \x01(\x0e\x32\x1a.fairshare.v1.ServiceClass\x12\x12\n\nest_tokens\x18\x04 \x01(\x03\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x10\n\x08try_only\x18\x07 \x01(\x08\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\"\x9c\x01\n\x0f\x41\x63quireResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x10\n\x08grant_id\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x11\n\tborrowing\x18\x04 \x01(\x08\x12\x11\n\tsaturated\x18\x05 \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\x06 \x01(\x08\x12\r\n\x05owner\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\"4\n\x0eReleaseRequest\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x02 \x01(\x01\"\x11\n\x0fReleaseResponse\"d\n\tHeldGrant\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x11\n\tborrowing\x18\x04 \x01(\x08\x12\x12\n\nest_tokens\x18\x05 \x01(\x03\"v\n\x0c\x41\x64optRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\'\n\x06grants\x18\x04 \x03(\x0b\x32\x17.fairshare.v1.HeldGrant\x12\x10\n\x08\x63omplete\x18\x05 \x01(\x08\"X\n\rAdoptResponse\x12\x0f\n\x07\x61\x64opted\x18\x01 \x01(\r\x12\x18\n\x10phantoms_dropped\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x1f\n\x0fSnapshotRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xc1\x01\n\x08TeamStat\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\r\n\x05share\x18\x02 \x01(\x01\x12\x10\n\x08reserved\x18\x03 \x01(\x05\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x11\n\tborrowing\x18\x05 \x01(\x05\x12\x18\n\x10in_flight_tokens\x18\x06 \x01(\x03\x12\r\n\x05usage\x18\x07 \x01(\x01\x12\x17\n\x0flevel_fairshare\x18\x08 \x01(\x01\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x10\n\x08phantoms\x18\n \x01(\x05\"w\n\x10SnapshotResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12%\n\x05teams\x18\x05 \x03(\x0b\x32\x16.fairshare.v1.TeamStat\"\x12\n\x10ListPoolsRequest\"\x92\x01\n\x08PoolInfo\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x15\n\rowner_address\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x31\n\rdegraded_mode\x18\x06 \x01(\x0e\x32\x1a.fairshare.v1.DegradedMode\":\n\x11ListPoolsResponse\x12%\n\x05pools\x18\x01 \x03(\x0b\x32\x16.fairshare.v1.PoolInfo\"4\n\x12SetCapacityRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x03\"\'\n\x13SetCapacityResponse\x12\x10\n\x08previous\x18\x01 \x01(\r\"/\n\x11SwitchoverRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"\x14\n\x12SwitchoverResponse**\n\x0cServiceClass\x12\x0f\n\x0bINTERACTIVE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01*.\n\x0c\x44\x65gradedMode\x12\r\n\tFAIL_OPEN\x10\x00\x12\x0f\n\x0b\x46\x41IL_CLOSED\x10\x01\x32\xf6\x02\n\tAllocator\x12\x46\n\x07\x41\x63quire\x12\x1c.fairshare.v1.AcquireRequest\x1a\x1d.fairshare.v1.AcquireResponse\x12\x46\n\x07Release\x12\x1c.fairshare.v1.ReleaseRequest\x1a\x1d.fairshare.v1.ReleaseResponse\x12@\n\x05\x41\x64opt\x12\x1a.fairshare.v1.AdoptRequest\x1a\x1b.fairshare.v1.AdoptResponse\x12I\n\x08Snapshot\x12\x1d.fairshare.v1.SnapshotRequest\x1a\x1e.fairshare.v1.SnapshotResponse\x12L\n\tListPools\x12\x1e.fairshare.v1.ListPoolsRequest\x1a\x1f.fairshare.v1.ListPoolsResponse2\xac\x01\n\x05\x41\x64min\x12R\n\x0bSetCapacity\x12 .fairshare.v1.SetCapacityRequest\x1a!.fairshare.v1.SetCapacityResponse\x12O\n\nSwitchover\x12\x1f.fairshare.v1.SwitchoverRequest\x1a .fairshare.v1.SwitchoverResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61irshare/v1/allocator.proto\x12\x0c\x66\x61irshare.v1\"\xb8\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x31\n\rservice_class\x18\x03 \x01(\x0e\x32\x1a.fairshare.v1.ServiceClass\x12\x12\n\nest_tokens\x18\x04 \x01(\x03\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x10\n\x08try_only\x18\x07 \x01(\x08\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\"\x9c\x01\n\x0f\x41\x63quireResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x10\n\x08grant_id\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x11\n\tborrowing\x18\x04 \x01(\x08\x12\x11\n\tsaturated\x18\x05 \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\x06 \x01(\x08\x12\r\n\x05owner\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\"4\n\x0eReleaseRequest\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x02 \x01(\x01\"\x11\n\x0fReleaseResponse\"d\n\tHeldGrant\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x11\n\tborrowing\x18\x04 \x01(\x08\x12\x12\n\nest_tokens\x18\x05 \x01(\x03\"v\n\x0c\x41\x64optRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\'\n\x06grants\x18\x04 \x03(\x0b\x32\x17.fairshare.v1.HeldGrant\x12\x10\n\x08\x63omplete\x18\x05 \x01(\x08\"X\n\rAdoptResponse\x12\x0f\n\x07\x61\x64opted\x18\x01 \x01(\r\x12\x18\n\x10phantoms_dropped\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x1f\n\x0fSnapshotRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xc1\x01\n\x08TeamStat\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\r\n\x05share\x18\x02 \x01(\x01\x12\x10\n\x08reserved\x18\x03 \x01(\x05\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x11\n\tborrowing\x18\x05 \x01(\x05\x12\x18\n\x10in_flight_tokens\x18\x06 \x01(\x03\x12\r\n\x05usage\x18\x07 \x01(\x01\x12\x17\n\x0flevel_fairshare\x18\x08 \x01(\x01\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x10\n\x08phantoms\x18\n \x01(\x05\"\xa7\x01\n\x10SnapshotResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12%\n\x05teams\x18\x05 \x03(\x0b\x32\x16.fairshare.v1.TeamStat\x12\x1b\n\x0esnapshot_age_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x11\n\x0f_snapshot_age_s\"\x12\n\x10ListPoolsRequest\"\x92\x01\n\x08PoolInfo\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x15\n\rowner_address\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x31\n\rdegraded_mode\x18\x06 \x01(\x0e\x32\x1a.fairshare.v1.DegradedMode\":\n\x11ListPoolsResponse\x12%\n\x05pools\x18\x01 \x03(\x0b\x32\x16.fairshare.v1.PoolInfo\"4\n\x12SetCapacityRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x03\"\'\n\x13SetCapacityResponse\x12\x10\n\x08previous\x18\x01 \x01(\r\"/\n\x11SwitchoverRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"\x14\n\x12SwitchoverResponse**\n\x0cServiceClass\x12\x0f\n\x0bINTERACTIVE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01*.\n\x0c\x44\x65gradedMode\x12\r\n\tFAIL_OPEN\x10\x00\x12\x0f\n\x0b\x46\x41IL_CLOSED\x10\x01\x32\xf6\x02\n\tAllocator\x12\x46\n\x07\x41\x63quire\x12\x1c.fairshare.v1.AcquireRequest\x1a\x1d.fairshare.v1.AcquireResponse\x12\x46\n\x07Release\x12\x1c.fairshare.v1.ReleaseRequest\x1a\x1d.fairshare.v1.ReleaseResponse\x12@\n\x05\x41\x64opt\x12\x1a.fairshare.v1.AdoptRequest\x1a\x1b.fairshare.v1.AdoptResponse\x12I\n\x08Snapshot\x12\x1d.fairshare.v1.SnapshotRequest\x1a\x1e.fairshare.v1.SnapshotResponse\x12L\n\tListPools\x12\x1e.fairshare.v1.ListPoolsRequest\x1a\x1f.fairshare.v1.ListPoolsResponse2\xac\x01\n\x05\x41\x64min\x12R\n\x0bSetCapacity\x12 .fairshare.v1.SetCapacityRequest\x1a!.fairshare.v1.SetCapacityResponse\x12O\n\nSwitchover\x12\x1f.fairshare.v1.SwitchoverRequest\x1a .fairshare.v1.SwitchoverResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fairshare.v1.allocator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICECLASS']._serialized_start=1522
-  _globals['_SERVICECLASS']._serialized_end=1564
-  _globals['_DEGRADEDMODE']._serialized_start=1566
-  _globals['_DEGRADEDMODE']._serialized_end=1612
+  _globals['_SERVICECLASS']._serialized_start=1571
+  _globals['_SERVICECLASS']._serialized_end=1613
+  _globals['_DEGRADEDMODE']._serialized_start=1615
+  _globals['_DEGRADEDMODE']._serialized_end=1661
   _globals['_ACQUIREREQUEST']._serialized_start=47
   _globals['_ACQUIREREQUEST']._serialized_end=231
   _globals['_ACQUIRERESPONSE']._serialized_start=234
@@ -53,24 +53,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOTREQUEST']._serialized_end=808
   _globals['_TEAMSTAT']._serialized_start=811
   _globals['_TEAMSTAT']._serialized_end=1004
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1006
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1125
-  _globals['_LISTPOOLSREQUEST']._serialized_start=1127
-  _globals['_LISTPOOLSREQUEST']._serialized_end=1145
-  _globals['_POOLINFO']._serialized_start=1148
-  _globals['_POOLINFO']._serialized_end=1294
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=1296
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=1354
-  _globals['_SETCAPACITYREQUEST']._serialized_start=1356
-  _globals['_SETCAPACITYREQUEST']._serialized_end=1408
-  _globals['_SETCAPACITYRESPONSE']._serialized_start=1410
-  _globals['_SETCAPACITYRESPONSE']._serialized_end=1449
-  _globals['_SWITCHOVERREQUEST']._serialized_start=1451
-  _globals['_SWITCHOVERREQUEST']._serialized_end=1498
-  _globals['_SWITCHOVERRESPONSE']._serialized_start=1500
-  _globals['_SWITCHOVERRESPONSE']._serialized_end=1520
-  _globals['_ALLOCATOR']._serialized_start=1615
-  _globals['_ALLOCATOR']._serialized_end=1989
-  _globals['_ADMIN']._serialized_start=1992
-  _globals['_ADMIN']._serialized_end=2164
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=1007
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1174
+  _globals['_LISTPOOLSREQUEST']._serialized_start=1176
+  _globals['_LISTPOOLSREQUEST']._serialized_end=1194
+  _globals['_POOLINFO']._serialized_start=1197
+  _globals['_POOLINFO']._serialized_end=1343
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=1345
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=1403
+  _globals['_SETCAPACITYREQUEST']._serialized_start=1405
+  _globals['_SETCAPACITYREQUEST']._serialized_end=1457
+  _globals['_SETCAPACITYRESPONSE']._serialized_start=1459
+  _globals['_SETCAPACITYRESPONSE']._serialized_end=1498
+  _globals['_SWITCHOVERREQUEST']._serialized_start=1500
+  _globals['_SWITCHOVERREQUEST']._serialized_end=1547
+  _globals['_SWITCHOVERRESPONSE']._serialized_start=1549
+  _globals['_SWITCHOVERRESPONSE']._serialized_end=1569
+  _globals['_ALLOCATOR']._serialized_start=1664
+  _globals['_ALLOCATOR']._serialized_end=2038
+  _globals['_ADMIN']._serialized_start=2041
+  _globals['_ADMIN']._serialized_end=2213
 # @@protoc_insertion_point(module_scope)

@@ -145,18 +145,20 @@ class TeamStat(_message.Message):
     def __init__(self, team: _Optional[str] = ..., share: _Optional[float] = ..., reserved: _Optional[int] = ..., in_flight: _Optional[int] = ..., borrowing: _Optional[int] = ..., in_flight_tokens: _Optional[int] = ..., usage: _Optional[float] = ..., level_fairshare: _Optional[float] = ..., rank: _Optional[int] = ..., phantoms: _Optional[int] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
-    __slots__ = ("pool", "capacity", "owner", "epoch", "teams")
+    __slots__ = ("pool", "capacity", "owner", "epoch", "teams", "snapshot_age_s")
     POOL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TEAMS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     pool: str
     capacity: int
     owner: str
     epoch: int
     teams: _containers.RepeatedCompositeFieldContainer[TeamStat]
-    def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., teams: _Optional[_Iterable[_Union[TeamStat, _Mapping]]] = ...) -> None: ...
+    snapshot_age_s: float
+    def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., teams: _Optional[_Iterable[_Union[TeamStat, _Mapping]]] = ..., snapshot_age_s: _Optional[float] = ...) -> None: ...
 
 class ListPoolsRequest(_message.Message):
     __slots__ = ()
