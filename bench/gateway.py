@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -87,6 +88,23 @@ class Targets:
     gateway: str
     passthrough: str
     """In front of the fast stand-in."""
+    pids: dict[str, int]
+    """The process of each part, for its CPU time: allocator, stand-in, gateway, proxy."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_request(
+    pids: dict[str, int], before: dict[str, float], own_before: float, ops: int
+) -> dict[str, float]:
+    """Milliseconds of CPU each process spent per request since ``before``."""
+    spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    spent["load generator"] = time.process_time() - own_before
+    return {name: 1e3 * seconds / max(ops, 1) for name, seconds in spent.items()}
 
 
 class Load:
@@ -147,6 +165,8 @@ class Results:
     short: dict[str, list[LoadResult]]
     rounds: int
     duration_s: float
+    cpu: dict[str, list[dict[str, float]]]
+    """Short requests: per path, per round, ms of CPU per request of each process."""
 
 
 def median_p(results: list[LoadResult], name: str, q: float) -> float:
@@ -164,6 +184,7 @@ async def measure(args: argparse.Namespace, targets: Targets) -> Results:
         load = Load(session)
         ttft: dict[str, list[LoadResult]] = {"direct": [], "gateway": []}
         short: dict[str, list[LoadResult]] = {"passthrough": [], "gateway": []}
+        cpu: dict[str, list[dict[str, float]]] = {"passthrough": [], "gateway": []}
         bases = {
             "direct": targets.standin,
             "gateway": targets.gateway,
@@ -195,6 +216,8 @@ async def measure(args: argparse.Namespace, targets: Targets) -> Results:
                 async def called(samples: Samples, base: str = base) -> None:
                     await load.short(base, samples)
 
+                before = {part: cpu_seconds(pid) for part, pid in targets.pids.items()}
+                own_before = time.process_time()
                 result = await closed_loop(
                     called,
                     in_flight=SHORT_IN_FLIGHT,
@@ -202,12 +225,15 @@ async def measure(args: argparse.Namespace, targets: Targets) -> Results:
                     duration_s=args.duration,
                     max_ops=100_000,
                 )
+                # Warm-up requests are in the CPU time but not in the count: divide by all.
+                done = result.ops + round(result.rate * args.warmup)
+                cpu[name].append(cpu_per_request(targets.pids, before, own_before, done))
                 short[name].append(result)
                 print(
                     f"  round {round_no + 1} short   {name:>11}: {result.rate:7.0f} requests/s",
                     flush=True,
                 )
-        return Results(ttft, short, args.rounds, args.duration)
+        return Results(ttft, short, args.rounds, args.duration, cpu)
 
 
 def verdicts(res: Results) -> tuple[str, bool, bool]:
@@ -273,8 +299,43 @@ def section(res: Results, info: dict[str, str], args: argparse.Namespace) -> str
             table(res),
             "",
             text,
+            "",
+            cpu_table(res),
+            "",
+            WHERE_THE_TIME_GOES,
         ]
     )
+
+
+def cpu_table(res: Results) -> str:
+    """CPU per short request of each process, on each path (medians over the rounds)."""
+    parts = list(res.cpu["gateway"][0])
+    lines = [
+        "| short requests: ms of CPU per request | " + " | ".join(parts) + " | all |",
+        "| --- | " + " | ".join("---:" for _ in parts) + " | ---: |",
+    ]
+    for name, label in (("passthrough", "pass-through proxy"), ("gateway", "gateway")):
+        rounds = res.cpu[name]
+        medians = [statistics.median(r[part] for r in rounds) for part in parts]
+        cells = " | ".join(f"{m:.2f}" for m in medians)
+        lines.append(f"| {label} | {cells} | {sum(medians):.2f} |")
+    return "\n".join(lines)
+
+
+WHERE_THE_TIME_GOES = (
+    "Where the time goes. Every part runs on the same two cores, so requests per second "
+    "through a path is about the cores' time divided by the CPU time one request costs "
+    "in all the processes on that path (the table above, from /proc). Through the "
+    "gateway a request also costs the allocator an Acquire and a Release (each a "
+    "grpc.aio call, and the within-share ones a durable write), and the gateway two "
+    "client calls on top of the HTTP work the proxy does: the allocator's share alone is "
+    "more than the whole pass-through path's. So the 50 % target needs a request to cost "
+    "the allocator and the gateway together about what the proxy costs, which two gRPC "
+    "calls per request in Python do not allow; batching releases (one call for many) "
+    "would remove about half the allocator's share. At 50 streams the first token waits "
+    "for the Acquire (about 1 ms alone, plus its durable write when within share) and "
+    "for the gateway's event loop, busy with the other streams' events."
+)
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -308,6 +369,16 @@ async def wait_http(url: str, process: ServerProcess, timeout_s: float = 30.0) -
                         return
             await asyncio.sleep(0.1)
     raise TimeoutError(f"{url} does not answer after {timeout_s}s:\n{process.log_tail()}")
+
+
+def pids_of(processes: dict[str, ServerProcess]) -> dict[str, int]:
+    """The process ids of started processes, by name."""
+    pids = {}
+    for name, process in processes.items():
+        if process.proc is None:
+            raise RuntimeError(f"{name} is not started")
+        pids[name] = process.proc.pid
+    return pids
 
 
 def standin_process(work: Path, model: str, tokens_per_s: float) -> ServerProcess:
@@ -389,6 +460,9 @@ async def run(args: argparse.Namespace) -> Results:
             standin=f"http://{standin_address}",
             gateway=f"http://{gateway_address}",
             passthrough=f"http://{proxy_address}",
+            pids=pids_of(
+                {"allocator": allocator, "stand-in": fast, "gateway": gateway, "proxy": proxy}
+            ),
         )
         return await measure(args, targets)
     finally:
