@@ -35,7 +35,7 @@ class GatewayMetrics:
         )
         self.grants = Counter(
             "fairshare_gateway_grants",
-            "Grants used, by pool and kind (within_share, borrowing, degraded).",
+            "Grants used, by pool and kind (within, borrowing, degraded).",
             ["pool", "kind"],
             registry=r,
         )
@@ -85,7 +85,7 @@ class GatewayMetrics:
         )
         self.upstream_sent = Counter(
             "fairshare_gateway_upstream_sent",
-            "Requests sent to an upstream, by pool, upstream and standing (within_share, "
+            "Requests sent to an upstream, by pool, upstream and standing (within, "
             "borrowing, degraded); an attempt whose connection was refused counts too.",
             ["pool", "upstream", "standing"],
             registry=r,

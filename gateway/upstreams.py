@@ -33,13 +33,13 @@ from fairshare.routing import Outstanding, make_router
 from gateway.config import DEFAULT_ROUTING
 from gateway.metrics import GatewayMetrics
 
-STANDINGS: Final = ("within_share", "borrowing", "degraded")
+STANDINGS: Final = ("within", "borrowing", "degraded")
 """How a request stood with its pool when it was sent (the label of the sent counter)."""
 
 
 def standing(*, borrowing: bool, degraded: bool) -> str:
-    """The standing of a grant: ``degraded`` (fail-open), ``borrowing`` or ``within_share``."""
-    return "degraded" if degraded else "borrowing" if borrowing else "within_share"
+    """The standing of a grant: ``degraded`` (fail-open), ``borrowing`` or ``within``."""
+    return "degraded" if degraded else "borrowing" if borrowing else "within"
 
 
 class Upstreams:
@@ -99,7 +99,7 @@ class Upstreams:
             self._metrics.upstream_in_flight.labels(self.pool, url).dec()
 
     @contextlib.contextmanager
-    def lease(self, url: str, priority: int, standing: str = "within_share") -> Iterator[None]:
+    def lease(self, url: str, priority: int, standing: str = "within") -> Iterator[None]:
         """Counts one request outstanding on ``url`` while the block runs."""
         self.sent(url, priority, standing)
         try:

@@ -165,7 +165,7 @@ async def test_a_flood_does_not_delay_another_teams_share_across_instances(
 
         url = {name: stack.standins[name].url for name in INSTANCES}
         sent = "fairshare_gateway_upstream_sent_total"
-        assert await stack.metric(sent, standing="within_share") == 2 * WITHIN
+        assert await stack.metric(sent, standing="within") == 2 * WITHIN
         assert await stack.metric(sent, standing="borrowing") == BORROWERS
         for name in INSTANCES:
             assert await stack.metric(sent, pool="gpu-a", upstream=url[name]) > 0

@@ -22,8 +22,8 @@ def _upstreams(routing: str = "fewest-ahead", metrics: GatewayMetrics | None = N
 def test_a_within_share_request_goes_where_no_within_share_request_is_ahead() -> None:
     ups = _upstreams()
     # a and b hold one within-share request each, c holds three borrowers.
-    ups.sent("a", WITHIN, "within_share")
-    ups.sent("b", WITHIN, "within_share")
+    ups.sent("a", WITHIN, "within")
+    ups.sent("b", WITHIN, "within")
     for _ in range(3):
         ups.sent("c", BORROWING, "borrowing")
     assert ups.choose(WITHIN) == "c"
@@ -46,7 +46,7 @@ def test_ended_requests_are_forgotten_and_leases_end_whatever_way() -> None:
         assert ups.in_flight("a") == 2
         raise RuntimeError
     assert [ups.in_flight(u) for u in ups.urls] == [0, 0, 0]
-    ups.sent("b", WITHIN, "within_share")
+    ups.sent("b", WITHIN, "within")
     with pytest.raises(ValueError, match="no request of priority"):
         ups.ended("b", BORROWING)  # ended with another priority than it was sent with
     ups.ended("b", WITHIN)
@@ -57,7 +57,7 @@ def test_a_redecided_request_is_counted_with_its_new_priority() -> None:
     ups = _upstreams()
     ups.sent("a", BORROWING, "degraded")  # fail-open, then decided again within its share
     ups.ended("a", BORROWING)
-    ups.sent("a", WITHIN, "within_share")
+    ups.sent("a", WITHIN, "within")
     assert ups.outstanding.at_most(0, WITHIN) == 1
     assert ups.outstanding.at_most(0, BORROWING - 1) == 1
 
@@ -89,7 +89,7 @@ def test_unknown_routing_and_no_upstream_are_errors() -> None:
 def test_metrics_follow_the_tally_and_count_by_standing() -> None:
     metrics = GatewayMetrics()
     ups = _upstreams(metrics=metrics)
-    ups.sent("a", WITHIN, "within_share")
+    ups.sent("a", WITHIN, "within")
     ups.sent("a", BORROWING, "borrowing")
     ups.sent("b", BORROWING, "degraded")
     ups.ended("a", BORROWING)
@@ -100,12 +100,12 @@ def test_metrics_follow_the_tally_and_count_by_standing() -> None:
     assert value("fairshare_gateway_upstream_in_flight", upstream="a") == 1
     assert value("fairshare_gateway_upstream_in_flight", upstream="b") == 1
     sent = "fairshare_gateway_upstream_sent_total"
-    assert value(sent, upstream="a", standing="within_share") == 1
+    assert value(sent, upstream="a", standing="within") == 1
     assert value(sent, upstream="a", standing="borrowing") == 1
     assert value(sent, upstream="b", standing="degraded") == 1
 
 
 def test_standing_of_a_grant() -> None:
-    assert standing(borrowing=False, degraded=False) == "within_share"
+    assert standing(borrowing=False, degraded=False) == "within"
     assert standing(borrowing=True, degraded=False) == "borrowing"
     assert standing(borrowing=True, degraded=True) == "degraded"
