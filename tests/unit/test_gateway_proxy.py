@@ -386,6 +386,4 @@ async def test_a_redecided_request_ends_its_first_lease_and_takes_one_with_its_n
     sent = rig.proxy.metrics.registry.get_sample_value
     labels = {"pool": "gpu-a", "upstream": upstreams.urls[0]}
     assert sent("fairshare_gateway_upstream_sent_total", {**labels, "standing": "degraded"}) == 1
-    assert (
-        sent("fairshare_gateway_upstream_sent_total", {**labels, "standing": "within"}) == 1
-    )
+    assert sent("fairshare_gateway_upstream_sent_total", {**labels, "standing": "within"}) == 1
