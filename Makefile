@@ -51,7 +51,7 @@ lock:
 	$(call new_venv,$(LOCK_VENV))
 	$(LOCK_VENV)/bin/python -m pip install --quiet \
 	  $(if $(UPGRADE),,$(addprefix -c ,$(wildcard $(LOCK)))) -e '.[server,sim,gateway,dev]'
-	{ echo "# Exact versions of every dependency of fairshare and its extras (server, sim, dev),"; \
+	{ echo "# Exact versions of every dependency of fairshare and its extras (server, sim, gateway, dev),"; \
 	  echo "# resolved by \`make lock\` for CPython $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())') on Linux."; \
 	  echo "# Install with: pip install -c $(LOCK) -e '.[server,dev]' (see docs/deploy.md)."; \
 	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable; } > $(LOCK).tmp
@@ -118,7 +118,7 @@ deploy-check: venv etcd
 	done
 
 # deploy-check has run the deploy tests already.
-test: check deploy-check chromium
+test: chromium check deploy-check
 	$(BIN)/pytest $(addprefix --ignore=,$(DEPLOY_TESTS))
 
 # Each benchmark writes its own section of docs/benchmarks.md (about 12 minutes in all).
