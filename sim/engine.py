@@ -87,6 +87,8 @@ class Simulator:
     ) -> None:
         if instances < 1:
             raise ValueError(f"a pool needs at least one instance, got {instances}")
+        if routing is not None and routing.gateways < 1:
+            raise ValueError(f"a pool needs at least one gateway, got {routing.gateways}")
         self.now = 0.0
         self.capacity = capacity
         self.hardware = hardware
@@ -186,10 +188,11 @@ class Simulator:
         Requests over an instance's new slots or KV budget are preempted, largest
         ``(priority, arrival)`` first, as vLLM would when an instance drains.
         """
+        split = _split(capacity, len(self.instances))  # refused before anything changes
         self.capacity = capacity
         self.allocator.set_capacity(capacity)
         self._capacity_log.append((self.now, capacity))
-        for inst, slots in zip(self.instances, _split(capacity, len(self.instances)), strict=True):
+        for inst, slots in zip(self.instances, split, strict=True):
             inst.resize(slots)
 
     def in_flight(self) -> list[Request]:
@@ -289,6 +292,13 @@ class Simulator:
 
 
 def _split(capacity: int, instances: int) -> list[int]:
-    """C slots over the instances, as evenly as possible (the first get the remainder)."""
+    """C slots over the instances, as evenly as possible (the first get the remainder).
+
+    Raises:
+        ValueError: several instances and fewer slots than instances: one would have none
+            and the requests routed to it would wait for ever.
+    """
+    if instances > 1 and capacity < instances:
+        raise ValueError(f"{capacity} slots cannot be split over {instances} instances")
     base, extra = divmod(capacity, instances)
     return [base + (1 if i < extra else 0) for i in range(instances)]

@@ -164,6 +164,12 @@ def test_the_capacity_is_split_over_the_instances() -> None:
     assert [inst.slots for inst in sim.instances] == [3, 3, 2, 2]
     sim.set_capacity(5)
     assert [inst.slots for inst in sim.instances] == [2, 1, 1, 1]
+    # Fewer slots than instances would leave one with none, where requests wait for ever.
+    with pytest.raises(ValueError, match="cannot be split"):
+        sim.set_capacity(3)
+    assert [inst.slots for inst in sim.instances] == [2, 1, 1, 1]
+    with pytest.raises(ValueError, match="cannot be split"):
+        _sim({}, capacity=3, instances=4)
 
 
 @pytest.mark.parametrize(
