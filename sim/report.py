@@ -435,8 +435,9 @@ def document(sections: Sequence[str], command: str) -> str:
         "means the pool granted the request inside its team's reservation (priority 0 or "
         "1); in FCFS runs the pool still records that standing, but vLLM ignores it.",
         "",
-        "The same scheduler also runs as a real server, for the gateway's tests, the demo "
-        "and its benchmark: the stand-in vLLM server `sim/standin/` (`python -m sim.standin "
+        "A scheduler with the same ordering also runs as a real server, for the gateway's "
+        "tests, the demo and its benchmark: the stand-in vLLM server `sim/standin/` "
+        "(`python -m sim.standin "
         "--listen HOST:PORT`) speaks vLLM's OpenAI subset, streams tokens at a set pace, "
         "starts requests by (priority, arrival) or by arrival under a running limit, without "
         "KV cache or preemption, and records every request it received.",
