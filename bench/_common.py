@@ -230,6 +230,12 @@ def pool_yaml(
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far, in seconds (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def workdir(prefix: str) -> Path:
     """A fresh temporary directory on the default temp file system (a disk here: the
     embedded store's fsync is then a real one)."""

@@ -34,8 +34,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
-import os
 import shutil
 import statistics
 import sys
@@ -50,6 +48,7 @@ from bench._common import (
     LoadResult,
     Samples,
     closed_loop,
+    cpu_seconds,
     machine,
     machine_lines,
     met,
@@ -59,9 +58,11 @@ from bench._common import (
     workdir,
     write_section,
 )
+from harness.http import wait_http
 from harness.net import free_port
 from harness.process import ServerProcess
 from harness.serve import Allocator, wait_serving
+from harness.standin import Standin, wait_standin
 
 SECTION = "Gateway"
 POOL = "bench-gw"
@@ -90,12 +91,6 @@ class Targets:
     """In front of the fast stand-in."""
     pids: dict[str, int]
     """The process of each part, for its CPU time: allocator, stand-in, gateway, proxy."""
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_per_request(
@@ -356,21 +351,6 @@ def gateway_yaml(allocator: str, standin: str, fast: str, listen: str) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-async def wait_http(url: str, process: ServerProcess, timeout_s: float = 30.0) -> None:
-    """Waits until ``url`` answers 200 (bounded), or the process has ended."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if not process.alive:
-                raise RuntimeError(f"{process.args[:4]} ended:\n{process.log_tail()}")
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.get(url) as reply:
-                    if reply.status == HTTP_OK:
-                        return
-            await asyncio.sleep(0.1)
-    raise TimeoutError(f"{url} does not answer after {timeout_s}s:\n{process.log_tail()}")
-
-
 def pids_of(processes: dict[str, ServerProcess]) -> dict[str, int]:
     """The process ids of started processes, by name."""
     pids = {}
@@ -381,23 +361,9 @@ def pids_of(processes: dict[str, ServerProcess]) -> dict[str, int]:
     return pids
 
 
-def standin_process(work: Path, model: str, tokens_per_s: float) -> ServerProcess:
+def standin_process(work: Path, model: str, tokens_per_s: float) -> Standin:
     """A stand-in vLLM server serving ``model`` with room for every request at once."""
-    address = f"127.0.0.1:{free_port()}"
-    args = [
-        sys.executable,
-        "-m",
-        "sim.standin",
-        "--listen",
-        address,
-        "--model",
-        model,
-        "--max-running",
-        "1000",
-        "--tokens-per-s",
-        str(tokens_per_s),
-    ]
-    return ServerProcess(args, address=address, log=work / f"{model}.log")
+    return Standin(work, models=(model,), max_running=1000, tokens_per_s=tokens_per_s, name=model)
 
 
 async def run(args: argparse.Namespace) -> Results:
@@ -451,11 +417,17 @@ async def run(args: argparse.Namespace) -> Results:
         fast.start()
         await wait_serving(allocator.address, process=allocator)
         for server in (standin, fast):
-            await wait_http(f"http://{server.address}/health", server)
+            await wait_standin(server.url, process=server)
         gateway.start()
         proxy.start()
-        await wait_http(f"http://{gateway_address}/readyz", gateway)
-        await wait_passthrough(proxy_address, proxy)
+        await wait_http(f"http://{gateway_address}/readyz", process=gateway)
+        # The proxy has no health path: it is up once it forwards a request.
+        await wait_http(
+            f"http://{proxy_address}/v1/chat/completions",
+            process=proxy,
+            post_json={"model": FAST_MODEL, "messages": [], "max_tokens": 1},
+            any_status=True,
+        )
         targets = Targets(
             standin=f"http://{standin_address}",
             gateway=f"http://{gateway_address}",
@@ -471,21 +443,6 @@ async def run(args: argparse.Namespace) -> Results:
                 process.stop(timeout_s=10)
             process.kill()
         shutil.rmtree(work, ignore_errors=True)
-
-
-async def wait_passthrough(address: str, process: ServerProcess, timeout_s: float = 30.0) -> None:
-    """Waits until the proxy forwards a request (it has no health endpoint of its own)."""
-    deadline = time.monotonic() + timeout_s
-    body = json.dumps({"model": FAST_MODEL, "messages": [], "max_tokens": 1}).encode()
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if not process.alive:
-                raise RuntimeError(f"the proxy ended:\n{process.log_tail()}")
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.post(f"http://{address}/v1/chat/completions", data=body):
-                    return
-            await asyncio.sleep(0.1)
-    raise TimeoutError(f"the proxy does not answer after {timeout_s}s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,15 @@ from pathlib import Path
 
 from grpc import aio
 
-from bench._common import machine, machine_lines, met, pool_yaml, workdir, write_section
+from bench._common import (
+    cpu_seconds,
+    machine,
+    machine_lines,
+    met,
+    pool_yaml,
+    workdir,
+    write_section,
+)
 from ha.cluster import preferred_owner
 from harness.etcd import EtcdProcess
 from harness.serve import Allocator, wait_serving
@@ -66,12 +74,6 @@ def etcd_counters(endpoint: str) -> dict[str, float]:
         if name in wanted:
             found[name] = float(value)
     return found
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def owners(address: str, nodes: list[str]) -> tuple[int, int]:

@@ -41,9 +41,11 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from harness.http import wait_http
 from harness.net import LOOPBACK, free_port
 from harness.process import ServerProcess
 from harness.serve import Allocator, wait_serving
+from harness.standin import Standin, wait_standin
 
 POOL = "demo"
 MODEL = "demo-model"
@@ -160,39 +162,6 @@ def report(views: dict[str, TeamView], elapsed: float) -> str:
     return "\n".join(lines)
 
 
-async def wait_http(url: str, process: ServerProcess, timeout_s: float = 30.0) -> None:
-    """Waits until ``url`` answers 200 (bounded), or fails if the process ended."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if not process.alive:
-                raise RuntimeError(f"{' '.join(process.args[1:4])} ended:\n{process.log_tail()}")
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.get(url) as reply:
-                    if reply.status == 200:  # noqa: PLR2004 (HTTP OK)
-                        return
-            await asyncio.sleep(0.1)
-    raise TimeoutError(f"{url} does not answer after {timeout_s}s:\n{process.log_tail()}")
-
-
-def standin(work: Path, name: str) -> ServerProcess:
-    address = f"{LOOPBACK}:{free_port()}"
-    args = [
-        sys.executable,
-        "-m",
-        "sim.standin",
-        "--listen",
-        address,
-        "--model",
-        MODEL,
-        "--max-running",
-        str(RUNNING_PER_STANDIN),
-        "--tokens-per-s",
-        str(TOKENS_PER_S),
-    ]
-    return ServerProcess(args, address=address, log=work / f"{name}.log")
-
-
 async def run(seconds: float) -> int:
     work = Path(tempfile.mkdtemp(prefix="fairshare-demo-"))
     pool = {"name": POOL, "capacity": 2 * RUNNING_PER_STANDIN, "shares": SHARES}
@@ -202,7 +171,16 @@ async def run(seconds: float) -> int:
         encoding="utf-8",
     )
     allocator = Allocator(work, config)
-    standins = [standin(work, "vllm-0"), standin(work, "vllm-1")]
+    standins = [
+        Standin(
+            work,
+            models=(MODEL,),
+            max_running=RUNNING_PER_STANDIN,
+            tokens_per_s=TOKENS_PER_S,
+            name=f"vllm-{i}",
+        )
+        for i in range(2)
+    ]
     gateway_address = f"{LOOPBACK}:{free_port()}"
     gateway_config = work / "gateway.yaml"
     gateway_config.write_text(
@@ -236,12 +214,12 @@ async def run(seconds: float) -> int:
             s.start()
         await wait_serving(allocator.address, process=allocator)
         for s in standins:
-            await wait_http(f"http://{s.address}/health", s)
+            await wait_standin(s.url, process=s)
         gateway.start()
-        await wait_http(f"http://{gateway_address}/readyz", gateway)
+        await wait_http(f"http://{gateway_address}/readyz", process=gateway)
         print(
             f"allocator {allocator.address}, stand-ins {standins[0].address} and "
-            f"{standins[1].address} (4 running each), gateway http://{gateway_address}\n"
+            f"{standins[1].address} ({RUNNING_PER_STANDIN} running each), gateway http://{gateway_address}\n"
             f"pool {POOL}: C = {2 * RUNNING_PER_STANDIN}, shares {SHARES}; in flight per "
             f"team {IN_FLIGHT}; each request streams {TOKENS[0]} to {TOKENS[1]} tokens at "
             f"{TOKENS_PER_S:g}/s\n",

@@ -13,15 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from harness.http import wait_http
 from harness.net import LOOPBACK, free_port
 from harness.process import ServerProcess
-from harness.serve import ServerExited
 
 GATEWAY = (sys.executable, "-m", "cli", "gateway")
 """How the gateway is started: the module the ``fairshare`` command runs."""
@@ -86,37 +84,13 @@ class Gateway(ServerProcess):
         return await asyncio.to_thread(self.metrics_text)
 
 
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
-
-
 async def wait_gateway(
     gateway: Gateway, *, timeout_s: float = 30.0, path: str = "/readyz", interval_s: float = 0.05
 ) -> None:
-    """Waits until ``path`` of the gateway answers 200 (see the module doc).
+    """Waits until ``path`` of the gateway answers 200 (``harness.http.wait_http``).
 
     Raises:
         ServerExited: the process ended first.
         TimeoutError: no 200 within ``timeout_s``.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = await asyncio.to_thread(_status, gateway.url + path)
-        if status == 200:  # noqa: PLR2004 (HTTP OK)
-            return
-        if gateway.proc is not None and not gateway.alive:
-            raise ServerExited(
-                f"gateway {gateway.address} exited with {gateway.proc.returncode}:\n"
-                f"{gateway.log_tail()}"
-            )
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"gateway {gateway.address} not ready after {timeout_s}s:\n{gateway.log_tail()}"
-            )
-        await asyncio.sleep(interval_s)
+    await wait_http(gateway.url + path, process=gateway, timeout_s=timeout_s, interval_s=interval_s)

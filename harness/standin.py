@@ -10,24 +10,16 @@ stand-in the same way; ``wait_standin`` waits until one answers ``GET /health``.
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
 from collections.abc import Sequence
-from http import HTTPStatus
 from pathlib import Path
 
-import aiohttp
-
+from harness.http import wait_http
 from harness.net import LOOPBACK, free_port
 from harness.process import ServerProcess
-from harness.serve import ServerExited
 
 STANDIN = (sys.executable, "-m", "sim.standin")
 """How the stand-in is started."""
-
-PROBE_TIMEOUT_S = 0.5
-"""How long one ``/health`` call may take."""
 
 
 class Standin(ServerProcess):
@@ -75,26 +67,10 @@ async def wait_standin(
     process: ServerProcess | None = None,
     interval_s: float = 0.05,
 ) -> None:
-    """Waits until ``GET {url}/health`` answers 200, asking every ``interval_s`` (a refused or
-    failed call counts as "not yet").
+    """Waits until ``GET {url}/health`` answers 200 (``harness.http.wait_http``).
 
     Raises:
         ServerExited: ``process`` ended first.
         TimeoutError: no 200 within ``timeout_s``.
     """
-    deadline = time.monotonic() + timeout_s
-    probe = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=probe) as session:
-        while True:
-            try:
-                async with session.get(f"{url}/health") as reply:
-                    if reply.status == HTTPStatus.OK:
-                        return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            if process is not None and process.proc is not None and not process.alive:
-                raise ServerExited(f"the stand-in at {url} exited:\n{process.log_tail()}")
-            if time.monotonic() > deadline:
-                tail = "" if process is None else f":\n{process.log_tail()}"
-                raise TimeoutError(f"the stand-in at {url} did not serve in {timeout_s}s{tail}")
-            await asyncio.sleep(interval_s)
+    await wait_http(f"{url}/health", process=process, timeout_s=timeout_s, interval_s=interval_s)
