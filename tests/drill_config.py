@@ -16,11 +16,8 @@ HALF_LIFE_S = 30 * 24 * 3600.0
 MAX_REQUEST_S = 6.0
 FENCE_MARGIN_S = 0.5
 RPC_TIMEOUT_S = 0.25
-KEEPALIVE_INTERVAL_S = 0.25
-STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - KEEPALIVE_INTERVAL_S
-"""The etcd stall an owner must survive with the same epoch, whatever its phase: the last
-renewal acknowledged before it may have been sent up to one renewal interval earlier
-(docs/ha.md, "Stall budget")."""
+STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - RPC_TIMEOUT_S
+"""The etcd stall an owner must survive with the same epoch (docs/ha.md)."""
 
 """The replicas' test-only wall-clock hook: a file holding seconds added to wall time."""
 
@@ -43,7 +40,7 @@ def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
         "grants": {"key_file": str(key_file)},
         "timing": {
             "lease_ttl_s": LEASE_TTL_S,
-            "keepalive_interval_s": KEEPALIVE_INTERVAL_S,
+            "keepalive_interval_s": 0.5,
             "rpc_timeout_s": RPC_TIMEOUT_S,
             "fence_margin_s": FENCE_MARGIN_S,
             "snapshot_interval_s": 0.5,
