@@ -10,17 +10,15 @@ import math
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
+from local_peers import LocalPeers
 
 from fairshare import BORROW_BASE, MAX_RANK, RANK_STEP, Class
 from ha.api import (
-    AdoptResult,
     Decision,
     Epoch,
     HeldGrant,
     NodeId,
     NoOwner,
-    PeerUnavailable,
-    PoolView,
 )
 from ha.clock import FakeClock, settle
 from ha.memorystore import MemoryStore
@@ -60,75 +58,6 @@ class FlakyStore(MemoryStore):
         if self.refuse_keepalive:
             raise StoreUnavailable("partitioned")
         return await super().keepalive(lease, timeout_s=timeout_s)
-
-
-class LocalPeers:
-    """In-process peer transport: calls the other node's methods as a forwarded call."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, Node] = {}
-        self.down: set[str] = set()
-
-    def _node(self, address: str) -> Node:
-        if address in self.down or address not in self.nodes:
-            raise PeerUnavailable(address)
-        return self.nodes[address]
-
-    async def acquire(
-        self,
-        address: str,
-        *,
-        pool: str,
-        team: str,
-        cls: Class,
-        est_tokens: int,
-        holder: str,
-        request_id: str,
-        try_only: bool,
-        epoch: Epoch,
-        timeout: float,
-    ) -> Decision:
-        return await self._node(address).acquire(
-            pool=pool,
-            team=team,
-            cls=cls,
-            est_tokens=est_tokens,
-            holder=holder,
-            request_id=request_id,
-            try_only=try_only,
-            epoch=epoch,
-            forwarded=True,
-        )
-
-    async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
-        await self._node(address).release(grant_id, consumed, forwarded=True)
-
-    async def adopt(
-        self,
-        address: str,
-        *,
-        pool: str,
-        epoch: Epoch,
-        holder: str,
-        grants: Sequence[HeldGrant],
-        complete: bool,
-        timeout: float,
-    ) -> AdoptResult:
-        return await self._node(address).adopt(
-            pool=pool, epoch=epoch, holder=holder, grants=grants, complete=complete, forwarded=True
-        )
-
-    async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
-        return await self._node(address).snapshot(pool, forwarded=True)
-
-    async def set_capacity(self, address: str, pool: str, capacity: int, timeout: float) -> int:
-        return await self._node(address).set_capacity(pool, capacity, forwarded=True)
-
-    async def switchover(self, address: str, pool: str, node: str, timeout: float) -> None:
-        await self._node(address).switchover(pool, node, forwarded=True)
-
-    async def close(self) -> None:
-        return None
 
 
 class Cluster:

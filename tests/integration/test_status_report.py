@@ -13,13 +13,13 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from local_peers import LocalPeers
 
 from fairshare import Class
-from ha.api import AdoptResult, Decision, Epoch, HeldGrant, NodeId, PoolName, PoolView
+from ha.api import NodeId, PoolName
 from ha.etcd import connect
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
@@ -36,44 +36,10 @@ TIMING = Timing(snapshot_interval_s=0.5, rebalance_settle_s=1.0)
 PLACED_WITHIN_S = 10.0
 
 
-class DirectPeers:
-    """Forwards each call to the node at the address named, marked as forwarded."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, Node] = {}
-
-    async def acquire(self, address: str, *, cls: Class, timeout: float, **call: Any) -> Decision:
-        return await self.nodes[address].acquire(cls=cls, forwarded=True, **call)
-
-    async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
-        await self.nodes[address].release(grant_id, consumed, forwarded=True)
-
-    async def adopt(
-        self,
-        address: str,
-        *,
-        pool: str,
-        epoch: Epoch,
-        holder: str,
-        grants: Sequence[HeldGrant],
-        complete: bool,
-        timeout: float,
-    ) -> AdoptResult:
-        return await self.nodes[address].adopt(
-            pool=pool, epoch=epoch, holder=holder, grants=grants, complete=complete, forwarded=True
-        )
-
-    async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
-        return await self.nodes[address].snapshot(pool, forwarded=True)
-
-    def __getattr__(self, name: str) -> Any:
-        raise AssertionError(f"unexpected peers.{name}")
-
-
 @pytest.mark.etcd
 async def test_a_non_owner_shows_the_owners_live_figures(etcd_endpoints: list[str]) -> None:
     prefix = f"/status-{uuid.uuid4().hex[:8]}"
-    peers = DirectPeers()
+    peers = LocalPeers()
     nodes = []
     for i in range(2):
         store = await connect(etcd_endpoints, rpc_timeout_s=TIMING.rpc_timeout_s, seed=i)
