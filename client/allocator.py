@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -80,6 +82,7 @@ class AllocatorClient(Adoption, Backlog):
         flush_concurrency: int = 8,
         max_abandoned: int = 1_000,
         resend_batch: int = 16,
+        calls_in_flight: int = 2,
     ) -> None:
         """Creates the client; channels connect lazily.
 
@@ -108,6 +111,9 @@ class AllocatorClient(Adoption, Backlog):
                 oldest is dropped (``dropped_abandoned``), with one warning per episode.
             resend_batch: most acquires given up on resent per ``release_retry_s``, so a
                 recovering cluster is not met by a burst of them.
+            calls_in_flight: most Acquire (and, apart, Release) calls of one pool out at
+                once; those that come meanwhile wait for one to end and leave together in
+                one batched call (``client.calls``). 1 batches most, and adds most wait.
 
         Raises:
             ValueError: no targets, a deadline <= 0, or a bound < 1.
@@ -122,6 +128,7 @@ class AllocatorClient(Adoption, Backlog):
             "max_abandoned": max_abandoned,
             "resend_batch": resend_batch,
             "release_batch": release_batch,
+            "calls_in_flight": calls_in_flight,
         }
         for name, bound in bounds.items():
             if bound < 1:
@@ -164,6 +171,9 @@ class AllocatorClient(Adoption, Backlog):
         self._learning: asyncio.Task[None] | None = None
         self._owner_listeners: list[Callable[[str, int], None]] = []
         self._closed = False
+        self._calls_in_flight = calls_in_flight
+        self._unbatched_until = -math.inf
+        self._acquires, self._releases = self._batches()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -195,6 +205,8 @@ class AllocatorClient(Adoption, Backlog):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._acquires.close()
+        await self._releases.close()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -283,9 +295,7 @@ class AllocatorClient(Adoption, Backlog):
             try_only=try_only,
         )
         try:
-            r: pb.AcquireResponse = await self._call(
-                "Acquire", request, deadline_s=self.deadline_s, pool=pool
-            )
+            r = await self._decide(request)
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise to_allocator_error(e, address="", pool=pool) from e
@@ -326,6 +336,33 @@ class AllocatorClient(Adoption, Backlog):
             self._granted(grant)
         self._ensure_watcher()
         return grant
+
+    async def _decide(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
+        """One Acquire, batched with others of its pool, answered within ``deadline_s``.
+
+        An item refused with a retryable status (its pool's owner not reached by the
+        replica that answered the batch) is sent again alone, for the time left.
+
+        Raises:
+            aio.AioRpcError: the call failed (``DEADLINE_EXCEEDED`` when no answer came in
+                time).
+        """
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await self._acquires.submit(request.pool, request)
+        except aio.AioRpcError as e:
+            left = self.deadline_s - (time.monotonic() - start)
+            if e.code() not in RETRYABLE or left <= 0:
+                raise
+        except TimeoutError:
+            raise aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                aio.Metadata(),
+                aio.Metadata(),
+                f"no answer within {self.deadline_s}s",
+            ) from None
+        return await self._call("Acquire", request, deadline_s=left, pool=request.pool)
 
     def _degraded(
         self, pool: str, team: str, service_class: Class, est_tokens: int, error: Exception

@@ -123,11 +123,8 @@ class Backlog(Calls):
     async def _send_release(self, grant_id: str, consumed: float) -> bool:
         """One release attempt; True when it is settled (acknowledged or hopeless)."""
         try:
-            await self._call(
-                "Release",
-                pb.ReleaseRequest(grant_id=grant_id, consumed=consumed),
-                deadline_s=self.deadline_s,
-                pool=pool_of(grant_id),
+            await self._releases.submit(
+                pool_of(grant_id), pb.ReleaseRequest(grant_id=grant_id, consumed=consumed)
             )
         except aio.AioRpcError as e:
             if e.code() in RETRYABLE:

@@ -7,6 +7,14 @@ that answered last, retrying ``UNAVAILABLE`` and deadline expiries (``RETRYABLE`
 the caller's deadline; one attempt takes at most a third of it, so a replica that hangs
 leaves time to try another.
 
+Acquires and releases of one pool go through ``client.batches``: while
+``calls_in_flight`` calls of a kind are out for the pool, the ones that arrive meanwhile
+leave together in one ``AcquireMany`` or ``ReleaseMany`` call, each item answered as it
+would be alone (a refused item comes back as the failed call it stands for,
+``wire.errors.item_failure``). A lone call goes out at once as the plain call. A replica
+that lacks the batched methods (an older version, ``UNIMPLEMENTED``) gets plain calls side
+by side for ``UNBATCHED_FOR_S``.
+
 Non-guarantees: a call that is not retryable fails at once, with the server's status; the
 caller maps it (``wire.errors.to_allocator_error``).
 """
@@ -17,8 +25,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Final, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
 from grpc import aio
@@ -30,8 +38,11 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from client.batches import Batches
+from fairshare.limits import MAX_BATCH_ITEMS
 from fairshare.modes import DegradedMode
 from wire.channels import open_channel
+from wire.errors import item_failure
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -44,6 +55,11 @@ T = TypeVar("T")
 
 RETRYABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 """The status codes a call is retried on (on the next target, within its deadline)."""
+
+
+UNBATCHED_FOR_S: Final = 60.0
+"""How long the client sends plain calls after a replica answered a batched one
+``UNIMPLEMENTED`` (it runs a version without them) before it tries batches again."""
 
 
 def retryable(error: BaseException) -> bool:
@@ -88,6 +104,10 @@ class Calls:
     _learning: asyncio.Task[None] | None
     _owner_listeners: list[Callable[[str, int], None]]
     _closed: bool
+    _acquires: Batches[pb.AcquireRequest, pb.AcquireResponse]
+    _releases: Batches[pb.ReleaseRequest, pb.ReleaseResponse]
+    _unbatched_until: float
+    _calls_in_flight: int
 
     def _stub(self, target: str) -> pb_grpc.AllocatorStub:
         """The stub of ``target``'s channel, both made once (a stub builds a callable per
@@ -144,6 +164,77 @@ class Calls:
                 self._preferred = index % len(self._targets)
                 return response
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    # -- batched calls -------------------------------------------------------------------------
+
+    def _batches(
+        self,
+    ) -> tuple[
+        Batches[pb.AcquireRequest, pb.AcquireResponse],
+        Batches[pb.ReleaseRequest, pb.ReleaseResponse],
+    ]:
+        """The client's batches of acquires and releases, keyed by pool."""
+        return (
+            Batches(self._acquire_many, in_flight=self._calls_in_flight, max_items=MAX_BATCH_ITEMS),
+            Batches(self._release_many, in_flight=self._calls_in_flight, max_items=MAX_BATCH_ITEMS),
+        )
+
+    async def _acquire_many(
+        self, pool: str, requests: list[pb.AcquireRequest]
+    ) -> list[pb.AcquireResponse | BaseException]:
+        """Sends one list of ``pool``'s Acquires: one alone as Acquire, else as AcquireMany."""
+        if len(requests) == 1 or time.monotonic() < self._unbatched_until:
+            return await self._each("Acquire", requests, pool)
+        batch = pb.AcquireManyRequest(holder=self.holder, requests=requests)
+        try:
+            answer: pb.AcquireManyResponse = await self._call(
+                "AcquireMany", batch, deadline_s=self.deadline_s, pool=pool
+            )
+        except aio.AioRpcError as e:
+            if e.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._unbatch("AcquireMany")
+            return await self._each("Acquire", requests, pool)
+        return [
+            item_failure(o.error) if o.HasField("error") else o.response for o in answer.outcomes
+        ]
+
+    async def _release_many(
+        self, pool: str, releases: list[pb.ReleaseRequest]
+    ) -> list[pb.ReleaseResponse | BaseException]:
+        """Sends one list of ``pool``'s Releases: one alone as Release, else as ReleaseMany."""
+        if len(releases) == 1 or time.monotonic() < self._unbatched_until:
+            return await self._each("Release", releases, pool)
+        batch = pb.ReleaseManyRequest(holder=self.holder, releases=releases)
+        try:
+            answer: pb.ReleaseManyResponse = await self._call(
+                "ReleaseMany", batch, deadline_s=self.deadline_s, pool=pool
+            )
+        except aio.AioRpcError as e:
+            if e.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._unbatch("ReleaseMany")
+            return await self._each("Release", releases, pool)
+        done = pb.ReleaseResponse()
+        return [item_failure(o.error) if o.HasField("error") else done for o in answer.outcomes]
+
+    async def _each(self, method: str, requests: Sequence[object], pool: str) -> list[Any]:
+        """``method`` called once per request, side by side; each result or error in its
+        place."""
+        calls = [
+            self._call(method, r, deadline_s=self.deadline_s, pool=pool)  # type: ignore[var-annotated]
+            for r in requests
+        ]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    def _unbatch(self, method: str) -> None:
+        if time.monotonic() >= self._unbatched_until:
+            logger.info(
+                "a replica does not know %s (an older version): plain calls for %gs",
+                method,
+                UNBATCHED_FOR_S,
+            )
+        self._unbatched_until = time.monotonic() + UNBATCHED_FOR_S
 
     def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
         if self._closed:

@@ -16,6 +16,8 @@ MAX_GRANT_ID_BYTES: Final = 2048
 numbers and room for an authentication tag."""
 MAX_ADOPT_GRANTS: Final = 4096
 """Most grants one Adopt may re-report; a holder with more sends several."""
+MAX_BATCH_ITEMS: Final = 256
+"""Most requests one AcquireMany, or releases one ReleaseMany, may carry."""
 MAX_EST_TOKENS: Final = 2**32
 """Largest ``est_tokens`` of one request. Billions of requests at this size still sum
 below 2**63, so a team's in-flight tokens always fit the wire's int64."""

@@ -14,6 +14,7 @@ own state too, whatever its metadata: it is decided at that epoch or refused.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ from fairshare.errors import (
 from fairshare.ids import ANY_EPOCH, Epoch, GrantRef
 from fairshare.limits import (
     MAX_ADOPT_GRANTS,
+    MAX_BATCH_ITEMS,
     MAX_EST_TOKENS,
     MAX_GRANT_ID_BYTES,
     MAX_NAME_BYTES,
@@ -52,7 +54,7 @@ from wire.convert import (
     required_epoch,
     service_class,
 )
-from wire.errors import abort
+from wire.errors import abort, item_error
 from wire.metadata import is_forwarded
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -107,6 +109,13 @@ def _check_tokens(field: str, est_tokens: int) -> None:
 
 def _check_grant_id(field: str, grant_id: str) -> None:
     _check_name(field, grant_id, limit=MAX_GRANT_ID_BYTES)
+
+
+def _check_batch(field: str, items: int) -> None:
+    if items > MAX_BATCH_ITEMS:
+        raise LimitExceeded(
+            "max_batch_items", f"{items} {field} in one call, at most {MAX_BATCH_ITEMS}"
+        )
 
 
 def _bound_to(holder: str, identities: Sequence[str]) -> bool:
@@ -164,18 +173,66 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             return _forwarded(context), None  # a replica forwarding or re-reporting
         return False, identities
 
-    async def _fail(self, context: aio.ServicerContext, error: AllocatorError) -> NoReturn:
-        """Aborts with the mapped status, counting a limit met in the metrics."""
+    def _limited(self, error: AllocatorError) -> None:
+        """Counts a limit met in the metrics."""
         if isinstance(error, LimitExceeded) and self._metrics is not None:
             self._metrics.count_limited(error.limit)
+
+    async def _fail(self, context: aio.ServicerContext, error: AllocatorError) -> NoReturn:
+        """Aborts with the mapped status, counting a limit met in the metrics."""
+        self._limited(error)
         await abort(context, error)
 
     async def Acquire(  # noqa: N802 (gRPC method name)
         self, request: pb.AcquireRequest, context: aio.ServicerContext
     ) -> pb.AcquireResponse:
         """Decides one request (see the proto for the fields)."""
-        started = time.perf_counter()
         forwarded, identities = self._caller(context)
+        try:
+            return await self._acquire(request, forwarded, identities)
+        except AllocatorError as e:
+            await self._fail(context, e)
+
+    async def AcquireMany(  # noqa: N802 (gRPC method name)
+        self, request: pb.AcquireManyRequest, context: aio.ServicerContext
+    ) -> pb.AcquireManyResponse:
+        """Decides each request as ``Acquire`` would, all at once; a request refused is
+        answered with its error in its place, the others are decided all the same.
+
+        Refused as a whole (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) only when the batch
+        itself is bad: more than ``MAX_BATCH_ITEMS`` requests, or a holder the caller may
+        not act as.
+        """
+        forwarded, identities = self._caller(context)
+        try:
+            _check_batch("requests", len(request.requests))
+            _check_name("holder", request.holder, empty=True)
+            _check_holder("holder", request.holder, identities)
+        except AllocatorError as e:
+            await self._fail(context, e)
+
+        async def one(item: pb.AcquireRequest) -> pb.AcquireOutcome:
+            try:
+                if item.holder != request.holder:
+                    raise InvalidArgument("holder", "differs from the batch's holder")
+                response = await self._acquire(item, forwarded, identities)
+            except AllocatorError as e:
+                self._limited(e)
+                return pb.AcquireOutcome(error=item_error(e))
+            return pb.AcquireOutcome(response=response)
+
+        outcomes = await asyncio.gather(*(one(item) for item in request.requests))
+        return pb.AcquireManyResponse(outcomes=outcomes)
+
+    async def _acquire(
+        self, request: pb.AcquireRequest, forwarded: bool, identities: list[str] | None
+    ) -> pb.AcquireResponse:
+        """Checks and decides one Acquire, counting it in the metrics.
+
+        Raises:
+            AllocatorError: the request is refused (its field, its pool, no owner...).
+        """
+        started = time.perf_counter()
         try:
             _check_name("holder", request.holder, empty=True)
             _check_holder("holder", request.holder, identities)
@@ -197,10 +254,10 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 # An Acquire naming an epoch must be decided at it, whoever sends it.
                 forwarded=forwarded or required is not None,
             )
-        except AllocatorError as e:
-            if isinstance(e, NoOwner) and self._metrics is not None and not forwarded:
+        except NoOwner:
+            if self._metrics is not None and not forwarded:
                 self._metrics.count(request.pool, request.team, Outcome.REFUSED, None)
-            await self._fail(context, e)
+            raise
         if self._metrics is not None and not forwarded:
             elapsed = time.perf_counter() - started
             given = decision.priority if decision.granted else None
@@ -211,17 +268,51 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self, request: pb.ReleaseRequest, context: aio.ServicerContext
     ) -> pb.ReleaseResponse:
         """Ends a grant; non-finite or negative consumption counts as 0 (not an error)."""
-        consumed = request.consumed if math.isfinite(request.consumed) else 0.0
         forwarded, identities = self._caller(context)
         try:
-            _check_grant_id("grant_id", request.grant_id)
-            if identities is not None:
-                holder = GrantRef.decode(request.grant_id).holder
-                _check_holder("grant_id", holder, identities)
-            await self._allocator.release(request.grant_id, consumed, forwarded=forwarded)
+            await self._release(request, forwarded, identities)
         except AllocatorError as e:
             await self._fail(context, e)
         return pb.ReleaseResponse()
+
+    async def ReleaseMany(  # noqa: N802 (gRPC method name)
+        self, request: pb.ReleaseManyRequest, context: aio.ServicerContext
+    ) -> pb.ReleaseManyResponse:
+        """Ends each grant as ``Release`` would, all at once; a release refused is
+        answered with its error in its place. Refused as a whole only for more than
+        ``MAX_BATCH_ITEMS`` releases."""
+        forwarded, identities = self._caller(context)
+        try:
+            _check_batch("releases", len(request.releases))
+            _check_name("holder", request.holder, empty=True)
+        except AllocatorError as e:
+            await self._fail(context, e)
+
+        async def one(item: pb.ReleaseRequest) -> pb.ReleaseOutcome:
+            try:
+                await self._release(item, forwarded, identities)
+            except AllocatorError as e:
+                self._limited(e)
+                return pb.ReleaseOutcome(error=item_error(e))
+            return pb.ReleaseOutcome()
+
+        outcomes = await asyncio.gather(*(one(item) for item in request.releases))
+        return pb.ReleaseManyResponse(outcomes=outcomes)
+
+    async def _release(
+        self, request: pb.ReleaseRequest, forwarded: bool, identities: list[str] | None
+    ) -> None:
+        """Checks and ends one grant.
+
+        Raises:
+            AllocatorError: the release is refused (a bad id, its pool unknown...).
+        """
+        consumed = request.consumed if math.isfinite(request.consumed) else 0.0
+        _check_grant_id("grant_id", request.grant_id)
+        if identities is not None:
+            holder = GrantRef.decode(request.grant_id).holder
+            _check_holder("grant_id", holder, identities)
+        await self._allocator.release(request.grant_id, consumed, forwarded=forwarded)
 
     async def Adopt(  # noqa: N802 (gRPC method name)
         self, request: pb.AdoptRequest, context: aio.ServicerContext

@@ -53,6 +53,7 @@ from wire.metadata import (
     Metadata,
     as_dict,
 )
+from wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +229,27 @@ async def abort(context: aio.ServicerContext, error: AllocatorError) -> NoReturn
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
 
+def item_error(error: AllocatorError) -> pb.ItemError:
+    """One refused item of a batched call: what ``abort`` would have answered it with."""
+    return pb.ItemError(
+        code=status_code(error).value[0],
+        message=str(error),
+        metadata=dict(error_metadata(error)),
+    )
+
+
+_BY_NUMBER: Final[Mapping[int, grpc.StatusCode]] = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def item_failure(item: pb.ItemError) -> aio.AioRpcError:
+    """A refused item of a batched call as the failed call it stands for, so that every
+    caller handles it as it handles a refused unbatched call (``to_allocator_error``,
+    ``RETRYABLE``). An unknown code counts as ``UNKNOWN``."""
+    code = _BY_NUMBER.get(item.code, grpc.StatusCode.UNKNOWN)
+    trailing_metadata = aio.Metadata(*sorted(item.metadata.items()))
+    return aio.AioRpcError(code, aio.Metadata(), trailing_metadata, item.message)
+
+
 def trailing(error: aio.AioRpcError) -> dict[str, str]:
     """The trailing metadata of a failed call as a dict (last value wins)."""
     return as_dict(error.trailing_metadata())
@@ -261,6 +283,8 @@ __all__ = [
     "Row",
     "abort",
     "error_metadata",
+    "item_error",
+    "item_failure",
     "status_code",
     "to_allocator_error",
     "trailing",

@@ -74,6 +74,65 @@ class ReleaseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ItemError(_message.Message):
+    __slots__ = ("code", "message", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AcquireManyRequest(_message.Message):
+    __slots__ = ("holder", "requests")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    requests: _containers.RepeatedCompositeFieldContainer[AcquireRequest]
+    def __init__(self, holder: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[AcquireRequest, _Mapping]]] = ...) -> None: ...
+
+class AcquireOutcome(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: AcquireResponse
+    error: ItemError
+    def __init__(self, response: _Optional[_Union[AcquireResponse, _Mapping]] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ...) -> None: ...
+
+class AcquireManyResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[AcquireOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[AcquireOutcome, _Mapping]]] = ...) -> None: ...
+
+class ReleaseManyRequest(_message.Message):
+    __slots__ = ("holder", "releases")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    releases: _containers.RepeatedCompositeFieldContainer[ReleaseRequest]
+    def __init__(self, holder: _Optional[str] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ...) -> None: ...
+
+class ReleaseOutcome(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: ItemError
+    def __init__(self, error: _Optional[_Union[ItemError, _Mapping]] = ...) -> None: ...
+
+class ReleaseManyResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[ReleaseOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[ReleaseOutcome, _Mapping]]] = ...) -> None: ...
+
 class HeldGrant(_message.Message):
     __slots__ = ("grant_id", "team", "priority", "borrowing", "est_tokens")
     GRANT_ID_FIELD_NUMBER: _ClassVar[int]

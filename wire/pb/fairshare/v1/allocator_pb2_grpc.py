@@ -46,6 +46,16 @@ class AllocatorStub:
                 request_serializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.AcquireMany = channel.unary_unary(
+                '/fairshare.v1.Allocator/AcquireMany',
+                request_serializer=fairshare_dot_v1_dot_allocator__pb2.AcquireManyRequest.SerializeToString,
+                response_deserializer=fairshare_dot_v1_dot_allocator__pb2.AcquireManyResponse.FromString,
+                _registered_method=True)
+        self.ReleaseMany = channel.unary_unary(
+                '/fairshare.v1.Allocator/ReleaseMany',
+                request_serializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseManyRequest.SerializeToString,
+                response_deserializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseManyResponse.FromString,
+                _registered_method=True)
         self.Adopt = channel.unary_unary(
                 '/fairshare.v1.Allocator/Adopt',
                 request_serializer=fairshare_dot_v1_dot_allocator__pb2.AdoptRequest.SerializeToString,
@@ -77,6 +87,21 @@ class AllocatorServicer:
 
     def Release(self, request, context):
         """Ends a grant; idempotent (a retried release never charges twice).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcquireMany(self, request, context):
+        """Several Acquires of one holder in one call, each decided and answered on its own,
+        exactly as the Acquire it carries would be. Saves a busy gateway a call per request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseMany(self, request, context):
+        """Several Releases in one call, each answered on its own, as Release would be.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,6 +140,16 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseRequest.FromString,
                     response_serializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'AcquireMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireMany,
+                    request_deserializer=fairshare_dot_v1_dot_allocator__pb2.AcquireManyRequest.FromString,
+                    response_serializer=fairshare_dot_v1_dot_allocator__pb2.AcquireManyResponse.SerializeToString,
+            ),
+            'ReleaseMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseMany,
+                    request_deserializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseManyRequest.FromString,
+                    response_serializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseManyResponse.SerializeToString,
             ),
             'Adopt': grpc.unary_unary_rpc_method_handler(
                     servicer.Adopt,
@@ -188,6 +223,60 @@ class Allocator:
             '/fairshare.v1.Allocator/Release',
             fairshare_dot_v1_dot_allocator__pb2.ReleaseRequest.SerializeToString,
             fairshare_dot_v1_dot_allocator__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairshare.v1.Allocator/AcquireMany',
+            fairshare_dot_v1_dot_allocator__pb2.AcquireManyRequest.SerializeToString,
+            fairshare_dot_v1_dot_allocator__pb2.AcquireManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairshare.v1.Allocator/ReleaseMany',
+            fairshare_dot_v1_dot_allocator__pb2.ReleaseManyRequest.SerializeToString,
+            fairshare_dot_v1_dot_allocator__pb2.ReleaseManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
