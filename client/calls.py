@@ -183,17 +183,9 @@ class Calls:
         self, pool: str, requests: list[pb.AcquireRequest]
     ) -> list[pb.AcquireResponse | BaseException]:
         """Sends one list of ``pool``'s Acquires: one alone as Acquire, else as AcquireMany."""
-        if len(requests) == 1 or time.monotonic() < self._unbatched_until:
-            return await self._each("Acquire", requests, pool)
         batch = pb.AcquireManyRequest(holder=self.holder, requests=requests)
-        try:
-            answer: pb.AcquireManyResponse = await self._call(
-                "AcquireMany", batch, deadline_s=self.deadline_s, pool=pool
-            )
-        except aio.AioRpcError as e:
-            if e.code() is not grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            self._unbatch("AcquireMany")
+        answer = await self._batched("AcquireMany", batch, len(requests), pool)
+        if answer is None:
             return await self._each("Acquire", requests, pool)
         return [
             item_failure(o.error) if o.HasField("error") else o.response for o in answer.outcomes
@@ -203,20 +195,25 @@ class Calls:
         self, pool: str, releases: list[pb.ReleaseRequest]
     ) -> list[pb.ReleaseResponse | BaseException]:
         """Sends one list of ``pool``'s Releases: one alone as Release, else as ReleaseMany."""
-        if len(releases) == 1 or time.monotonic() < self._unbatched_until:
-            return await self._each("Release", releases, pool)
         batch = pb.ReleaseManyRequest(holder=self.holder, releases=releases)
-        try:
-            answer: pb.ReleaseManyResponse = await self._call(
-                "ReleaseMany", batch, deadline_s=self.deadline_s, pool=pool
-            )
-        except aio.AioRpcError as e:
-            if e.code() is not grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            self._unbatch("ReleaseMany")
+        answer = await self._batched("ReleaseMany", batch, len(releases), pool)
+        if answer is None:
             return await self._each("Release", releases, pool)
         done = pb.ReleaseResponse()
         return [item_failure(o.error) if o.HasField("error") else done for o in answer.outcomes]
+
+    async def _batched(self, method: str, batch: Any, items: int, pool: str) -> Any | None:
+        """The answer to ``batch`` sent as ``method``; None when its items should go as
+        plain calls instead: a lone item, or a replica without ``method`` (recently)."""
+        if items == 1 or time.monotonic() < self._unbatched_until:
+            return None
+        try:
+            return await self._call(method, batch, deadline_s=self.deadline_s, pool=pool)
+        except aio.AioRpcError as e:
+            if e.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+        self._unbatch(method)
+        return None
 
     async def _each(self, method: str, requests: Sequence[object], pool: str) -> list[Any]:
         """``method`` called once per request, side by side; each result or error in its
