@@ -126,14 +126,26 @@ Op = Callable[[Samples], Awaitable[None]]
 
 
 async def closed_loop(
-    op: Op, *, in_flight: int, warmup_s: float, duration_s: float, max_ops: int
+    op: Op,
+    *,
+    in_flight: int,
+    warmup_s: float,
+    duration_s: float,
+    max_ops: int,
+    stagger_s: float = 0.0,
 ) -> LoadResult:
     """``in_flight`` workers run ``op`` back to back; counts the ops that complete within
-    the measured window (after the warm-up). Bounded by ``max_ops`` per worker and by time."""
+    the measured window (after the warm-up). Bounded by ``max_ops`` per worker and by time.
+
+    ``stagger_s`` spreads the workers' first ops evenly over that many seconds (keep it
+    within the warm-up), as independent clients would arrive: ops of one length, started
+    together, would otherwise keep arriving in bursts of ``in_flight``."""
     samples = Samples()
     stop = asyncio.Event()
 
-    async def worker() -> None:
+    async def worker(number: int) -> None:
+        if stagger_s > 0:
+            await asyncio.sleep(stagger_s * number / in_flight)
         for _ in range(max_ops):
             if stop.is_set():
                 return
@@ -141,7 +153,7 @@ async def closed_loop(
             if samples.on:
                 samples.ops += 1
 
-    tasks = [asyncio.create_task(worker()) for _ in range(in_flight)]
+    tasks = [asyncio.create_task(worker(number)) for number in range(in_flight)]
     try:
         await asyncio.sleep(warmup_s)
         samples.on = True
