@@ -268,17 +268,18 @@ class Proxy:
                 )
             except AllocatorError as e:
                 refusal, headers = allocator_refusal(e)
-                self.metrics.requests.labels(model.name, "", str(refusal.value.status)).inc()
+                self.metrics.requests_by(model.name, "", str(refusal.value.status)).inc()
                 return error_response(refusal, f"the allocator refused: {e}", headers=headers)
             self.metrics.acquire_seconds.observe(time.monotonic() - started)
             grant = placement.grant
             kind = "degraded" if grant.degraded else "borrowing" if grant.borrowing else "within"
-            self.metrics.grants.labels(grant.pool, kind).inc()
+            self.metrics.grants_by(grant.pool, kind).inc()
             if placement.fallback:
-                self.metrics.fallbacks.labels(model.name, grant.pool).inc()
+                self.metrics.fallbacks_by(model.name, grant.pool).inc()
             watched = self.redecider.watch(grant.pool) if grant.degraded and not redone else None
             outcome = Outcome()
-            self.metrics.in_flight.labels(grant.pool).inc()
+            in_flight = self.metrics.in_flight_by(grant.pool)
+            in_flight.inc()
             redecided = False
             try:
                 response = await self._forward(request, parsed, placement, watched, outcome)
@@ -287,7 +288,7 @@ class Proxy:
             finally:
                 if watched is not None:
                     self.redecider.unwatch(watched)
-                self.metrics.in_flight.labels(grant.pool).dec()
+                in_flight.dec()
                 if not redecided:
                     self._release(grant, outcome)
             if redecided:
@@ -299,10 +300,10 @@ class Proxy:
                 # A disconnect meanwhile does not cut the release (a task of its own).
                 await asyncio.shield(self.releases.start(grant, 0.0))
                 continue
-            self.metrics.requests.labels(model.name, grant.pool, str(outcome.status)).inc()
+            self.metrics.requests_by(model.name, grant.pool, str(outcome.status)).inc()
             if outcome.first_chunk is not None:
                 waited = outcome.first_chunk - arrived
-                self.metrics.first_token.labels(grant.pool, kind).observe(waited)
+                self.metrics.first_token_by(grant.pool, kind).observe(waited)
             return response
 
     def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
@@ -315,7 +316,7 @@ class Proxy:
             charge(self.config.cost, usage=outcome.usage, upstream_s=outcome.upstream_s), 0.0
         )
         self.releases.start(grant, consumed)
-        self.metrics.charged.labels(grant.pool).inc(consumed)
+        self.metrics.charged_by(grant.pool).inc(consumed)
 
     async def wait_releases(self) -> None:
         """Waits for the releases handed to the client library (at shutdown)."""
