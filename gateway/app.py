@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -57,6 +58,8 @@ UPSTREAM_KEEPALIVE_S: Final = 4.0
 connections after 5 s)."""
 FLUSH_TIMEOUT_S: Final = 2.0
 """How long the client library may take to send the last releases at exit."""
+GC_YOUNG_THRESHOLD: Final = 10_000
+"""Net allocations between two collections of the youngest generation (CPython: 700)."""
 
 
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
@@ -246,8 +249,25 @@ class Gateway:
         logger.info("gateway stopped")
 
 
+def tune_gc() -> None:
+    """Makes the cyclic garbage collector cost less per request; called once serving.
+
+    Every request leaves reference cycles behind (those of its two allocator calls), so
+    the collector runs every few requests. ``gc.freeze`` moves what startup left alive
+    (modules, configuration, clients) out of its sight, so a full collection no longer
+    walks it; the youngest generation is collected every ``GC_YOUNG_THRESHOLD`` net
+    allocations, so fewer objects of requests still in flight are promoted and walked
+    again by the older generations. Nothing is kept longer than that: cycles are still
+    collected, in batches of at most a few milliseconds. Frozen objects that later become
+    cyclic garbage are never collected (startup's objects live as long as the process).
+    """
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 async def serve(config: GatewayConfig, *, keys: KeysFile | None) -> None:
-    """Runs the gateway until SIGTERM or SIGINT."""
+    """Runs the gateway until SIGTERM or SIGINT (with the collector tuned: ``tune_gc``)."""
     gateway = Gateway(config, keys=keys)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -255,6 +275,7 @@ async def serve(config: GatewayConfig, *, keys: KeysFile | None) -> None:
         loop.add_signal_handler(sig, stopping.set)
     try:
         await gateway.start()
+        tune_gc()
         await stopping.wait()
     finally:
         await gateway.stop()

@@ -5,7 +5,10 @@ Requests (``parse_request``): the JSON body of ``/v1/chat/completions`` or
 ``prompt``; ``stream`` and ``stream_options`` are checked when present. The rest of the
 body is forwarded as is (``upstream_body``) but for two fields the gateway owns:
 ``priority`` (the grant's, overwriting any value the client sent) and, on a stream,
-``stream_options.include_usage: true`` (so the upstream reports what to charge).
+``stream_options.include_usage: true`` (so the upstream reports what to charge). When
+only ``priority`` is to be added (not a stream, no ``priority`` sent, a UTF-8 body), it is
+appended to the client's bytes, which are not serialized again (a large prompt would cost
+more to encode than to parse); otherwise the body is encoded anew from the parsed object.
 
 Token estimate (``estimate_prompt_tokens``), what ``est_tokens`` of an Acquire carries:
 the prompt is not tokenized (the gateway does not know the model's tokenizer); it counts
@@ -77,6 +80,8 @@ class Request:
     client_wants_usage: bool
     prompt_tokens: int
     max_tokens: int
+    raw: bytes = b""
+    """The body as the client sent it (empty: unknown, ``upstream_body`` encodes anew)."""
 
     @property
     def est_tokens(self) -> int:
@@ -166,12 +171,19 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Request:
         client_wants_usage=wants_usage,
         prompt_tokens=estimate_prompt_tokens(endpoint, body),
         max_tokens=_max_tokens(body),
+        raw=raw,
     )
 
 
 def upstream_body(request: Request, priority: int) -> bytes:
     """The body sent upstream: the client's, with the grant's ``priority`` (overwriting the
-    client's) and, on a stream, ``stream_options.include_usage: true``."""
+    client's) and, on a stream, ``stream_options.include_usage: true``.
+
+    Guaranteed: it decodes to the parsed body with those fields set (see the module doc
+    for when the client's bytes are kept).
+    """
+    if _appendable(request):
+        return request.raw.rstrip()[:-1] + b',"priority":%d}' % priority
     body = dict(request.body)
     body["priority"] = priority
     if request.stream:
@@ -179,6 +191,19 @@ def upstream_body(request: Request, priority: int) -> bytes:
         options["include_usage"] = True
         body["stream_options"] = options
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _appendable(request: Request) -> bool:
+    """Whether ``priority`` may be appended to the client's bytes: nothing else changes and
+    they are UTF-8 (``json.loads`` also takes UTF-16 and UTF-32, and a BOM). The parse
+    checked that they are one JSON object with a member (``model``), so they end with
+    ``}`` after JSON whitespace, which ``bytes.rstrip`` removes."""
+    return (
+        bool(request.raw)
+        and not request.stream
+        and "priority" not in request.body
+        and json.detect_encoding(request.raw) == "utf-8"
+    )
 
 
 def usage_of(answer: object) -> Usage | None:

@@ -6,6 +6,8 @@ label carries a team or a request id.
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -13,6 +15,29 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 ACQUIRE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 # A first token comes in tens of milliseconds on an idle server and minutes behind a queue.
 FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Children(Generic[M]):
+    """The children of one labelled metric, each looked up once per label values.
+
+    ``metric.labels(...)`` checks its values and takes a lock on every call; the request
+    path calls it several times a request. Guaranteed: ``children(*values)`` is the child
+    ``metric.labels(*values)`` gave (nothing in the gateway removes a child, so it stays
+    the one exposed). A child appears in ``/metrics`` at its first use, as with
+    ``labels``. Bounded as the labels are (by the configuration or fixed sets).
+    """
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class GatewayMetrics:
@@ -109,6 +134,15 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+        # The children the request path uses, by label values (see ``Children``).
+        self.requests_by = Children(self.requests)
+        self.in_flight_by = Children(self.in_flight)
+        self.grants_by = Children(self.grants)
+        self.fallbacks_by = Children(self.fallbacks)
+        self.upstream_in_flight_by = Children(self.upstream_in_flight)
+        self.upstream_sent_by = Children(self.upstream_sent)
+        self.first_token_by = Children(self.first_token)
+        self.charged_by = Children(self.charged)
 
     def app(self) -> web.Application:
         """The metrics port's application: ``/metrics`` and ``/healthz``."""

@@ -41,7 +41,7 @@ from client import AllocatorClient, ClientGrant, NoOwner
 from fairshare.errors import AllocatorError, InvalidArgument, LimitExceeded, PermissionDenied
 from gateway import body as bodies
 from gateway.body import BadJson, BadRequest, Endpoint, Request, StreamFilter, Usage
-from gateway.config import GatewayConfig, Route
+from gateway.config import GatewayConfig, Model, Route
 from gateway.cost import charge
 from gateway.errors import Refusal, error_response, sse_error_event
 from gateway.identity import BadClass, identify
@@ -149,8 +149,11 @@ class Proxy:
         self.metrics = metrics
         self.redecider = Redecider(config.redecide)
         client.on_owner_answer(self.redecider.owner_answered)
+        self._by_name: dict[str, Model] = {}
+        """The configured models by name (the first, were a name listed twice)."""
         self.upstreams: dict[Route, Upstreams] = {}
         for model in config.models:
+            self._by_name.setdefault(model.name, model)
             for route in (model.primary, *model.fallback):
                 if route not in self.upstreams:
                     self.upstreams[route] = Upstreams(
@@ -211,13 +214,15 @@ class Proxy:
 
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         try:
-            identity, parsed = await self._admit(request, endpoint)
+            identity, parsed, model = await self._admit(request, endpoint)
         except Refused as e:
             return error_response(e.refusal, str(e))
-        return await self._decide_and_forward(request, parsed, identity)
+        return await self._decide_and_forward(request, parsed, model, identity)
 
-    async def _admit(self, request: web.Request, endpoint: Endpoint) -> tuple[Identity, Request]:
-        """The caller's identity and the checked body.
+    async def _admit(
+        self, request: web.Request, endpoint: Endpoint
+    ) -> tuple[Identity, Request, Model]:
+        """The caller's identity, the checked body and its model.
 
         Raises:
             Refused: 401, 400, 413 or 404, as the module doc says.
@@ -229,16 +234,15 @@ class Proxy:
         if identity is None:
             raise Refused(Refusal.UNAUTHORIZED, "a known API key or team is required")
         limit = self.config.limits.max_body_bytes
-        too_large = Refused(Refusal.TOO_LARGE, f"the body is larger than {limit} bytes")
         if request.content_length is not None and request.content_length > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
         try:
             while chunk := await request.content.read(READ_CHUNK):
                 size += len(chunk)
                 if size > limit:
-                    raise too_large
+                    raise _too_large(limit)
                 chunks.append(chunk)
         except (aiohttp.ClientError, OSError) as e:
             raise Refused(Refusal.BAD_JSON, f"the body could not be read: {e}") from e
@@ -249,15 +253,14 @@ class Proxy:
             raise Refused(Refusal.BAD_JSON, str(e)) from e
         except BadRequest as e:
             raise Refused(Refusal.BAD_FIELD, str(e)) from e
-        if self.config.model(parsed.model) is None:
+        model = self._by_name.get(parsed.model)
+        if model is None:
             raise Refused(Refusal.UNKNOWN_MODEL, f"the model {parsed.model!r} does not exist")
-        return identity, parsed
+        return identity, parsed, model
 
     async def _decide_and_forward(
-        self, request: web.Request, parsed: Request, identity: Identity
+        self, request: web.Request, parsed: Request, model: Model, identity: Identity
     ) -> web.StreamResponse:
-        model = self.config.model(parsed.model)
-        assert model is not None
         redone = False
         arrived = time.monotonic()  # a re-decided request keeps its first arrival
         while True:
@@ -268,17 +271,18 @@ class Proxy:
                 )
             except AllocatorError as e:
                 refusal, headers = allocator_refusal(e)
-                self.metrics.requests.labels(model.name, "", str(refusal.value.status)).inc()
+                self.metrics.requests_by(model.name, "", str(refusal.value.status)).inc()
                 return error_response(refusal, f"the allocator refused: {e}", headers=headers)
             self.metrics.acquire_seconds.observe(time.monotonic() - started)
             grant = placement.grant
             kind = "degraded" if grant.degraded else "borrowing" if grant.borrowing else "within"
-            self.metrics.grants.labels(grant.pool, kind).inc()
+            self.metrics.grants_by(grant.pool, kind).inc()
             if placement.fallback:
-                self.metrics.fallbacks.labels(model.name, grant.pool).inc()
+                self.metrics.fallbacks_by(model.name, grant.pool).inc()
             watched = self.redecider.watch(grant.pool) if grant.degraded and not redone else None
             outcome = Outcome()
-            self.metrics.in_flight.labels(grant.pool).inc()
+            in_flight = self.metrics.in_flight_by(grant.pool)
+            in_flight.inc()
             redecided = False
             try:
                 response = await self._forward(request, parsed, placement, watched, outcome)
@@ -287,7 +291,7 @@ class Proxy:
             finally:
                 if watched is not None:
                     self.redecider.unwatch(watched)
-                self.metrics.in_flight.labels(grant.pool).dec()
+                in_flight.dec()
                 if not redecided:
                     self._release(grant, outcome)
             if redecided:
@@ -299,10 +303,10 @@ class Proxy:
                 # A disconnect meanwhile does not cut the release (a task of its own).
                 await asyncio.shield(self.releases.start(grant, 0.0))
                 continue
-            self.metrics.requests.labels(model.name, grant.pool, str(outcome.status)).inc()
+            self.metrics.requests_by(model.name, grant.pool, str(outcome.status)).inc()
             if outcome.first_chunk is not None:
                 waited = outcome.first_chunk - arrived
-                self.metrics.first_token.labels(grant.pool, kind).observe(waited)
+                self.metrics.first_token_by(grant.pool, kind).observe(waited)
             return response
 
     def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
@@ -315,7 +319,7 @@ class Proxy:
             charge(self.config.cost, usage=outcome.usage, upstream_s=outcome.upstream_s), 0.0
         )
         self.releases.start(grant, consumed)
-        self.metrics.charged.labels(grant.pool).inc(consumed)
+        self.metrics.charged_by(grant.pool).inc(consumed)
 
     async def wait_releases(self) -> None:
         """Waits for the releases handed to the client library (at shutdown)."""
@@ -534,6 +538,10 @@ class Proxy:
         with contextlib.suppress(ConnectionResetError):
             await answer.write_eof()
         return answer
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(Refusal.TOO_LARGE, f"the body is larger than {limit} bytes")
 
 
 async def _write_quietly(answer: web.StreamResponse, data: bytes) -> None:

@@ -85,8 +85,8 @@ class Upstreams:
         """A request with ``priority`` goes to ``url`` (``standing``: one of ``STANDINGS``)."""
         self.outstanding.sent(self._index[url], priority)
         if self._metrics is not None:
-            self._metrics.upstream_in_flight.labels(self.pool, url).inc()
-            self._metrics.upstream_sent.labels(self.pool, url, standing).inc()
+            self._metrics.upstream_in_flight_by(self.pool, url).inc()
+            self._metrics.upstream_sent_by(self.pool, url, standing).inc()
 
     def ended(self, url: str, priority: int) -> None:
         """A request ``sent`` to ``url`` with ``priority`` ended, whatever the way.
@@ -96,7 +96,7 @@ class Upstreams:
         """
         self.outstanding.ended(self._index[url], priority)
         if self._metrics is not None:
-            self._metrics.upstream_in_flight.labels(self.pool, url).dec()
+            self._metrics.upstream_in_flight_by(self.pool, url).dec()
 
     @contextlib.contextmanager
     def lease(self, url: str, priority: int, standing: str = "within") -> Iterator[None]:

@@ -76,6 +76,27 @@ def test_priority_is_overwritten_and_usage_asked_for_on_streams() -> None:
     assert asked.client_wants_usage
 
 
+@pytest.mark.parametrize(
+    ("raw", "kept"),
+    [
+        (b'{"model": "m", "messages": [{"content": "\xc3\xa9t\xc3\xa9"}], "n": 1} \r\n', True),
+        (chat(priority=3), False),  # the client's priority is overwritten
+        (chat(stream=True), False),  # include_usage is added
+        (chat().decode().encode("utf-16"), False),  # only UTF-8 is appended to
+        (b"\xef\xbb\xbf" + chat(), False),  # nor with a BOM
+    ],
+)
+def test_the_body_sent_is_the_parsed_one_with_the_priority(raw: bytes, kept: bool) -> None:
+    request = parse_request(raw, "chat")
+    sent = upstream_body(request, -7)
+    assert json.loads(sent)["priority"] == -7
+    expected = dict(request.body, priority=-7)
+    if request.stream:
+        expected["stream_options"] = {"include_usage": True}
+    assert json.loads(sent) == expected
+    assert sent.startswith(raw.rstrip()[:-1]) is kept  # the client's bytes, unchanged
+
+
 def sse(chunk: object) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
