@@ -163,8 +163,11 @@ class Pool:
     def acquire(self, team: str, cls: Class = Class.INTERACTIVE, est_tokens: int = 0) -> Grant:
         """Counts a new request of ``team`` in flight and returns its standing.
 
-        The request is within share iff the team's in-flight count (grants and live
-        phantoms) before it is below the team's reservation; it borrows otherwise.
+        The request is within share iff the team's within-share count before it is
+        below the team's reservation: its within-share grants in flight plus its live
+        phantoms whose standing is within share or unknown. Borrowers do not use up the
+        reservation, so a team that keeps more than its reservation in flight holds
+        exactly its reservation within share once warm. It borrows otherwise.
         ``saturated`` tells whether the pool already had C or more in flight.
 
         Raises:
@@ -216,12 +219,15 @@ class Pool:
 
     # -- phantoms, usage and capacity -----------------------------------------------
 
-    def add_phantoms(self, team: str, n: int, until: float) -> None:
+    def add_phantoms(self, team: str, n: int, until: float, *, borrowing: bool = False) -> None:
         """Counts ``n`` requests of ``team`` in flight until wall time ``until``.
 
         Phantoms have no grant: they stand for requests that may still run but that
-        nobody can release. ``n <= 0`` or ``until <= now`` does nothing; expired phantoms
-        stop counting by themselves.
+        nobody can release. ``borrowing`` is their standing when it is known to be
+        borrowing; otherwise (within share, or unknown) they count in the team's
+        within-share count, the safe side: new requests can only borrow more because of
+        them. ``n <= 0`` or ``until <= now`` does nothing; expired phantoms stop counting
+        by themselves.
         """
         if n <= 0 or not team:
             return
@@ -231,26 +237,33 @@ class Pool:
             if not until > now:  # also refuses NaN
                 return
             state = self._team(team)
-            in_order = not state.phantoms or until >= state.phantoms[-1]
-            state.phantoms.extend([until] * n)
+            phantoms = state.phantom_list(bool(borrowing))
+            in_order = not phantoms or until >= phantoms[-1]
+            phantoms.extend([until] * n)
             if not in_order:
-                state.phantoms.sort()
+                phantoms.sort()
             self._phantoms += n
-            self._next_expiry = min(self._next_expiry, state.phantoms[0])
+            self._next_expiry = min(self._next_expiry, phantoms[0])
             self._touch(state)
 
-    def drop_phantom(self, team: str) -> bool:
-        """Removes the team's live phantom that would last longest.
+    def drop_phantom(self, team: str, *, borrowing: bool = False) -> bool:
+        """Removes the team's live phantom of that standing that would last longest.
+
+        ``borrowing`` as given to ``add_phantoms``: phantoms known to borrow, or those
+        counted as within share.
 
         Returns:
-            False if the team had no live phantom.
+            False if the team had no live phantom of that standing.
         """
         with self._lock:
             self._expire(self._clock())
             state = self._teams.get(team)
-            if state is None or not state.phantoms:
+            if state is None:
                 return False
-            state.phantoms.pop()
+            phantoms = state.phantom_list(bool(borrowing))
+            if not phantoms:
+                return False
+            phantoms.pop()
             self._phantoms -= 1
             self._touch(state)
             return True
@@ -293,7 +306,7 @@ class Pool:
             self._expire(now)
             factor = self._decay_factor(now)
             usage = {name: t.stored * factor for name, t in self._teams.items()}
-            in_flight = {name: t.in_flight + len(t.phantoms) for name, t in self._teams.items()}
+            in_flight = {name: t.in_flight + t.phantoms for name, t in self._teams.items()}
             return usage, in_flight
 
     def usage_of(self, team: str) -> float:
@@ -308,7 +321,8 @@ class Pool:
         """Changes C and recomputes the reservations; returns the previous C.
 
         Requests in flight keep their standing; new ones are judged against the new
-        reservations.
+        reservations: after a lowered reservation a team's new requests borrow until its
+        within-share count is below the new reservation (nothing in flight is demoted).
 
         Raises:
             ValueError: ``c`` is not an int >= 0.
@@ -329,6 +343,14 @@ class Pool:
         """Within-share slots per known team."""
         with self._lock:
             return {name: t.reserved for name, t in self._teams.items()}
+
+    def within(self) -> dict[str, int]:
+        """Every known team's within-share count: its grants in flight admitted within
+        share plus its live phantoms whose standing is within share or unknown. A team's
+        next request is within share iff its count is below its reservation."""
+        with self._lock:
+            self._expire(self._clock())
+            return {name: t.within for name, t in self._teams.items()}
 
     def snapshot(self) -> list[TeamStat]:
         """Every known team's state, sorted by team name."""
@@ -355,7 +377,7 @@ class Pool:
                         usage=t.stored * factor,
                         level_fairshare=lf,
                         rank=self._rank(t),
-                        phantoms=len(t.phantoms),
+                        phantoms=t.phantoms,
                     )
                 )
             return stats
@@ -381,7 +403,7 @@ class Pool:
         self._expire(self._clock())
         state = self._team(team)
         saturated = self._in_flight + self._phantoms >= self._capacity
-        borrowing = state.in_flight + len(state.phantoms) >= state.reserved
+        borrowing = state.within >= state.reserved
         if borrowing:
             priority = borrowing_priority(self._rank(state), klass)
         else:
@@ -493,16 +515,16 @@ class Pool:
             return
         next_expiry = math.inf
         for state in self._teams.values():
-            phantoms = state.phantoms
-            if not phantoms:
-                continue
-            live = 0
-            while live < len(phantoms) and phantoms[live] <= now:
-                live += 1
-            if live:
-                del phantoms[:live]
-                self._phantoms -= live
-                self._touch(state)
-            if phantoms:
-                next_expiry = min(next_expiry, phantoms[0])
+            for phantoms in (state.within_phantoms, state.borrowing_phantoms):
+                if not phantoms:
+                    continue
+                live = 0
+                while live < len(phantoms) and phantoms[live] <= now:
+                    live += 1
+                if live:
+                    del phantoms[:live]
+                    self._phantoms -= live
+                    self._touch(state)
+                if phantoms:
+                    next_expiry = min(next_expiry, phantoms[0])
         self._next_expiry = next_expiry

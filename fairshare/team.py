@@ -27,6 +27,9 @@ class TeamStat:
         level_fairshare: LF = S / U (0 without share, inf with share and no usage).
         rank: dense rank of LF among all known teams, highest LF first (uncapped).
         phantoms: live phantoms (requests counted in flight without a grant).
+
+    The team's within-share count, which decides the standing of its next request, is
+    ``Pool.within``'s: it needs the standing of each phantom, which this view leaves out.
     """
 
     team: str
@@ -55,15 +58,16 @@ class TeamState:
 
     __slots__ = (
         "borrowing",
+        "borrowing_phantoms",
         "idle",
         "in_flight",
         "key",
         "name",
-        "phantoms",
         "reserved",
         "share",
         "stored",
         "tokens",
+        "within_phantoms",
     )
 
     def __init__(self, name: str, share: float, reserved: int) -> None:
@@ -75,6 +79,23 @@ class TeamState:
         self.tokens = 0
         self.stored = 0.0  # usage scaled to the pool's reference time
         self.key = 0.0  # orders teams like LF does; see fairshare.ranking.level_key
-        self.phantoms: list[float] = []  # expiry times, ascending
+        # Live phantoms' expiry times, ascending: those counted as within share (their
+        # standing within or unknown) and those known to have been borrowers.
+        self.within_phantoms: list[float] = []
+        self.borrowing_phantoms: list[float] = []
         # Its entry (stored, name) in the pool's prunable list, while it has one.
         self.idle: tuple[float, str] | None = None
+
+    @property
+    def within(self) -> int:
+        """The within-share count: within-share grants plus phantoms counted as within."""
+        return self.in_flight - self.borrowing + len(self.within_phantoms)
+
+    @property
+    def phantoms(self) -> int:
+        """Every live phantom, whatever its standing."""
+        return len(self.within_phantoms) + len(self.borrowing_phantoms)
+
+    def phantom_list(self, borrowing: bool) -> list[float]:
+        """The expiry times of the live phantoms of one standing."""
+        return self.borrowing_phantoms if borrowing else self.within_phantoms

@@ -1,10 +1,12 @@
 """Hypothesis: random operation sequences on one pool, checked against a plain model.
 
-The model keeps what the pool must agree with (grants in flight, live phantoms, usage);
-the invariants come from docs/spec.md (§4, §8): in-flight counts are never negative,
-within-share grants never exceed a team's reservation (unless capacity changes or a
-request is adopted within share), every priority is an allowed value, and ``usage()``
-counts grants plus live phantoms.
+The model keeps what the pool must agree with (grants in flight, live phantoms with their
+standing, usage); the invariants come from docs/spec.md (§4, §8): in-flight counts are
+never negative, a request is within share iff the team's within-share count (within-share
+grants plus phantoms counted as within) is below its reservation, within-share grants
+never exceed a team's reservation (unless capacity changes or a request is adopted within
+share), every priority is an allowed value, and ``usage()`` counts grants plus live
+phantoms.
 """
 
 from __future__ import annotations
@@ -56,12 +58,19 @@ class Model:
     shares: dict[str, float]
     capacity: int
     grants: list[Grant] = field(default_factory=list)
-    phantoms: dict[str, list[float]] = field(default_factory=dict)  # expiry times
+    # team -> (expiry time, known to borrow) of each phantom
+    phantoms: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
     usage: dict[str, float] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
 
     def live_phantoms(self, team: str, now: float) -> int:
-        return sum(1 for until in self.phantoms.get(team, []) if until > now)
+        return sum(1 for until, _ in self.phantoms.get(team, []) if until > now)
+
+    def within(self, team: str, now: float) -> int:
+        """Within-share grants plus live phantoms not known to borrow."""
+        grants = sum(1 for g in self.grants if g.team == team and not g.borrowing)
+        phantoms = self.phantoms.get(team, [])
+        return grants + sum(1 for until, b in phantoms if until > now and not b)
 
     def in_flight(self, team: str, now: float) -> int:
         grants = sum(1 for g in self.grants if g.team == team)
@@ -120,7 +129,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(team=st.sampled_from(TEAMS), cls=st.sampled_from(Class), tokens=st.integers(0, 50))
     def acquire(self, team: str, cls: Class, tokens: int) -> None:
         now = self.clock.now
-        before, total = self.model.in_flight(team, now), self.model.total(now)
+        before, total = self.model.within(team, now), self.model.total(now)
         ranks = {s.team: s.rank for s in self.pool.snapshot()}
         grant = self.pool.acquire(team, cls, tokens)
         self.model.known.add(team)
@@ -133,7 +142,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(team=st.sampled_from(TEAMS), cls=st.sampled_from(Class))
     def try_acquire(self, team: str, cls: Class) -> None:
         now = self.clock.now
-        before, total = self.model.in_flight(team, now), self.model.total(now)
+        before, total = self.model.within(team, now), self.model.total(now)
         grant = self.pool.try_acquire(team, cls)
         if total >= self.model.capacity:
             assert grant is None
@@ -157,21 +166,23 @@ class PoolMachine(RuleBasedStateMachine):
         team=st.sampled_from(TEAMS),
         n=st.integers(-1, 3),
         delta=st.floats(min_value=-5.0, max_value=30.0),
+        borrowing=st.booleans(),
     )
-    def add_phantoms(self, team: str, n: int, delta: float) -> None:
+    def add_phantoms(self, team: str, n: int, delta: float, borrowing: bool) -> None:
         until = self.clock.now + delta
-        self.pool.add_phantoms(team, n, until)
+        self.pool.add_phantoms(team, n, until, borrowing=borrowing)
         if n > 0 and until > self.clock.now:
-            self.model.phantoms.setdefault(team, []).extend([until] * n)
+            self.model.phantoms.setdefault(team, []).extend([(until, borrowing)] * n)
             self.model.known.add(team)
 
-    @rule(team=st.sampled_from(TEAMS))
-    def drop_phantom(self, team: str) -> None:
+    @rule(team=st.sampled_from(TEAMS), borrowing=st.booleans())
+    def drop_phantom(self, team: str, borrowing: bool) -> None:
         now = self.clock.now
-        live = sorted(u for u in self.model.phantoms.get(team, []) if u > now)
-        assert self.pool.drop_phantom(team) == bool(live)
-        if live:
-            live.pop()  # the longest lasting
+        live = sorted(p for p in self.model.phantoms.get(team, []) if p[0] > now)
+        kind = [p for p in live if p[1] == borrowing]
+        assert self.pool.drop_phantom(team, borrowing=borrowing) == bool(kind)
+        if kind:
+            live.remove(kind[-1])  # the longest lasting of that standing
         self.model.phantoms[team] = live
 
     @rule(team=st.sampled_from(TEAMS), consumed=consumption)
@@ -224,6 +235,7 @@ class PoolMachine(RuleBasedStateMachine):
             # usage() in flight = grants + live phantoms
             assert in_flight[s.team] == s.in_flight + s.phantoms
             assert in_flight[s.team] == self.model.in_flight(s.team, now)
+        assert self.pool.within() == {t: self.model.within(t, now) for t in self.model.known}
 
     @invariant()
     def usage_matches_the_model(self) -> None:
