@@ -6,8 +6,8 @@ network and the client library reads them. They hold values only; no behaviour.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from fairshare.ids import Epoch, NodeId, PoolName
 from fairshare.pool import TeamStat
@@ -65,6 +65,9 @@ class PoolView:
 
     ``snapshot_age_s``: how far the owner's stored state lags its live one (as
     ``ha.api.PoolStatus.snapshot_age_s``); None when the owner did not say.
+    ``within``: team -> its within-share count (``fairshare.Pool.within``: within-share
+    grants plus phantoms counted as within), what decides its next request's standing;
+    teams the owner did not report are absent.
     """
 
     pool: PoolName
@@ -73,6 +76,7 @@ class PoolView:
     epoch: Epoch
     teams: Sequence[TeamStat]
     snapshot_age_s: float | None = None
+    within: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 
 from fairshare import Class, Pool, TeamStat
@@ -142,7 +142,7 @@ class OwnedPool:
         self._phantoms = Phantoms(self.pool)
         self._earlier = Settled(config.name)  # earlier grants nobody counted (ha.settled)
         self._answers = Answers()  # (holder, request id) -> the first answer
-        self._teams_cache: tuple[float, Sequence[TeamStat]] | None = None
+        self._teams_cache: tuple[float, Sequence[TeamStat], Mapping[str, int]] | None = None
         self._release_memory_s = release_memory_s
         self._keys = keys if keys is not None else ephemeral_keys()
         self.counters = counters if counters is not None else IdCounters()
@@ -527,19 +527,30 @@ class OwnedPool:
             raise InvalidArgument("capacity", str(e)) from e
 
     def view(self) -> PoolView:
-        return PoolView(self.name, self.pool.capacity, self.node, self.epoch, self.teams())
+        teams, within = self._tables()
+        return PoolView(
+            self.name, self.pool.capacity, self.node, self.epoch, teams, within=within
+        )
 
     def teams(self) -> Sequence[TeamStat]:
-        """The pool's team table (Snapshot, metrics). Fresh with at most
+        """The pool's team table (Snapshot, metrics), as ``_tables`` keeps it."""
+        return self._tables()[0]
+
+    def within(self) -> Mapping[str, int]:
+        """Every team's within-share count (``Pool.within``), as ``_tables`` keeps it."""
+        return self._tables()[1]
+
+    def _tables(self) -> tuple[Sequence[TeamStat], Mapping[str, int]]:
+        """The team table and the within-share counts. Fresh with at most
         ``_FRESH_TEAMS`` teams; with more, up to ``_VIEW_CACHE_S`` old, so that the O(T)
-        table is built at most once per that time however often it is asked for."""
+        tables are built at most once per that time however often they are asked for."""
         if self.pool.team_count <= _FRESH_TEAMS:
-            return self.pool.snapshot()
+            return self.pool.snapshot(), self.pool.within()
         now = self._clock.monotonic()
         cached = self._teams_cache
         if cached is None or not 0 <= now - cached[0] < _VIEW_CACHE_S:
-            cached = self._teams_cache = (now, self.pool.snapshot())
-        return cached[1]
+            cached = self._teams_cache = (now, self.pool.snapshot(), self.pool.within())
+        return cached[1], cached[2]
 
     # -- persistence ----------------------------------------------------------------
 
