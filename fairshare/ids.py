@@ -37,10 +37,15 @@ the current owner has."""
 
 _UNSIGNED_TAG = "g1"
 _SIGNED_TAG = "g2"
+_STANDING_TAG = "g3"
 _UNSIGNED_PARTS = 6
 """Dot-separated parts of an unsigned id: tag, epoch, seq, pool, team, holder."""
 _SIGNED_PARTS = _UNSIGNED_PARTS + 1
-"""A signed id's parts: those of an unsigned one, then the MAC."""
+"""A signed id's parts (``g2``): those of an unsigned one, then the MAC."""
+_STANDING_PARTS = _SIGNED_PARTS + 1
+"""A signed id with its standing (``g3``): those of an unsigned one, the standing, the MAC."""
+_STANDINGS: Final = {"w": False, "b": True}
+"""A ``g3`` id's standing part: within share or borrowing."""
 MAC_BYTES = 16
 """Length of a grant id's MAC: HMAC-SHA256 truncated to 128 bits (22 base64url chars)."""
 
@@ -60,11 +65,16 @@ def _unb64(text: str) -> str:
 class GrantRef:
     """What a grant id encodes: enough for any replica to route and settle a release.
 
-    Two forms (see docs/ha.md, "Grant ids"):
+    Three forms (see docs/ha.md, "Grant ids"):
 
-    - signed, issued by a replica: ``g2.<epoch>.<seq>.<pool>.<team>.<holder>.<mac>``;
+    - signed, issued by a replica, with the grant's standing: ``g3.<epoch>.<seq>.<pool>.
+      <team>.<holder>.<standing>.<mac>``, ``standing`` ``w`` (within share) or ``b``
+      (borrowing), so that a later owner counts a re-reported grant with the standing
+      it was decided with, whatever its holder claims;
+    - signed, as replicas issued them before ids carried a standing: ``g2.<epoch>.<seq>.
+      <pool>.<team>.<holder>.<mac>`` (``borrowing`` None: unknown);
     - unsigned, made by a client while no replica answered: ``g1.<epoch>.<seq>.<pool>.
-      <team>.<holder>``, honoured only with epoch 0 (a degraded grant).
+      <team>.<holder>``, honoured only with epoch 0 (a degraded grant: borrowing).
 
     Epoch and seq are lower-case hex, pool, team and holder base64url of their UTF-8
     without padding, and ``mac`` base64url of ``MAC_BYTES`` bytes (``ha.grantkeys``
@@ -79,12 +89,34 @@ class GrantRef:
     holder: str = ""
     mac: str = ""
     """The MAC of a signed id; empty for an unsigned one."""
+    borrowing: bool | None = None
+    """The standing a signed id was issued with; None when the id does not say (``g2``,
+    unsigned). Signed with the rest, so a holder cannot change it."""
 
     def signed_text(self) -> str:
-        """What the MAC covers: the id's fields in their canonical encoding."""
+        """What the MAC covers: the id's fields in their canonical encoding (``g3`` with
+        the standing when it is known, ``g2`` otherwise)."""
+        fields = [
+            _SIGNED_TAG,
+            f"{self.epoch:x}",
+            f"{self.seq:x}",
+            _b64(self.pool),
+            _b64(self.team),
+            _b64(self.holder),
+        ]
+        if self.borrowing is not None:
+            fields[0] = _STANDING_TAG
+            fields.append("b" if self.borrowing else "w")
+        return ".".join(fields)
+
+    def encode(self) -> str:
+        """The opaque grant id string (signed when ``mac`` is set; an unsigned id does
+        not carry a standing)."""
+        if self.mac:
+            return f"{self.signed_text()}.{self.mac}"
         return ".".join(
             (
-                _SIGNED_TAG,
+                _UNSIGNED_TAG,
                 f"{self.epoch:x}",
                 f"{self.seq:x}",
                 _b64(self.pool),
@@ -92,12 +124,6 @@ class GrantRef:
                 _b64(self.holder),
             )
         )
-
-    def encode(self) -> str:
-        """The opaque grant id string (signed when ``mac`` is set)."""
-        if self.mac:
-            return f"{self.signed_text()}.{self.mac}"
-        return _UNSIGNED_TAG + self.signed_text()[len(_SIGNED_TAG) :]
 
     @classmethod
     def decode(cls, grant_id: str) -> GrantRef:
@@ -107,15 +133,28 @@ class GrantRef:
             InvalidArgument: not a grant id of this service.
         """
         parts = grant_id.split(".")
-        signed = len(parts) == _SIGNED_PARTS and parts[0] == _SIGNED_TAG
-        if not signed and (len(parts) != _UNSIGNED_PARTS or parts[0] != _UNSIGNED_TAG):
+        form = (parts[0], len(parts))
+        if form not in _FORMS:
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
         try:
             epoch, seq = int(parts[1], 16), int(parts[2], 16)
             pool, team, holder = (_unb64(p) for p in parts[3:6])
         except (ValueError, binascii.Error, UnicodeDecodeError):
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}") from None
-        mac = parts[6] if signed else ""
-        if not pool or epoch < 0 or seq < 0 or (signed and not mac):
+        borrowing: bool | None = None
+        if form[0] == _STANDING_TAG:
+            if parts[6] not in _STANDINGS:
+                raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
+            borrowing = _STANDINGS[parts[6]]
+        mac = parts[-1] if form[0] != _UNSIGNED_TAG else ""
+        if not pool or epoch < 0 or seq < 0 or (form[0] != _UNSIGNED_TAG and not mac):
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
-        return cls(PoolName(pool), Epoch(epoch), seq, team, holder, mac)
+        return cls(PoolName(pool), Epoch(epoch), seq, team, holder, mac, borrowing)
+
+
+_FORMS: Final = {
+    (_UNSIGNED_TAG, _UNSIGNED_PARTS),
+    (_SIGNED_TAG, _SIGNED_PARTS),
+    (_STANDING_TAG, _STANDING_PARTS),
+}
+"""(tag, number of parts) of each form ``GrantRef.decode`` reads."""

@@ -1,8 +1,9 @@
 """The grants an owner counts in flight: its own, and earlier ones it counted again.
 
 Guarantees: each grant is kept once, with the time it was issued (or adopted, or the
-deadline its phantom had); ``expire`` releases, charging nothing, every grant older than
-``max_request_s``; ``live`` and ``rows`` list exactly the grants kept, for a snapshot.
+deadline its phantom had) and its standing (a successor's phantom keeps it); ``expire``
+releases, charging nothing, every grant older than ``max_request_s``; ``live`` and
+``rows`` list exactly the grants kept, for a snapshot.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class HeldGrants:
         """The grants as a snapshot's live list."""
         limit = self._limit
         return [
-            LiveGrant(held.key, held.team, held.wall + limit)
+            LiveGrant(held.key, held.team, held.wall + limit, held.grant.borrowing)
             for held in chain(self._own.values(), self._adopted.values())
         ]
 
@@ -89,7 +90,8 @@ class HeldGrants:
 
     def _held(self, grant: Grant, key: GrantKey, team: str, wall: float) -> Held:
         until = wall + self._limit
-        return Held(grant, key, team, wall, live_row(LiveGrant(key, team, until)))
+        row = live_row(LiveGrant(key, team, until, grant.borrowing))
+        return Held(grant, key, team, wall, row)
 
 
 def _expire(table: dict[_K, Held], horizon: float) -> list[GrantKey]:

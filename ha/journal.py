@@ -39,11 +39,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot
+from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, decode_live
 
 logger = logging.getLogger(__name__)
 
-VERSION: Final = 3
+VERSION: Final = 4
+_READABLE: Final = (3, VERSION)
+"""Versions ``decode_head`` reads: 3 wrote live rows without a standing (read as unknown)."""
 PART_BYTES: Final = 128 * 1024
 """The longest value written: a record or a checkpoint's part (etcd takes up to 1.5 MiB)."""
 
@@ -220,7 +222,7 @@ def decode_head(value: bytes) -> dict[str, Any] | None:
     unreadable or of another version."""
     try:
         head = json.loads(value)
-        if not isinstance(head, dict) or head.get("version") != VERSION:
+        if not isinstance(head, dict) or head.get("version") not in _READABLE:
             raise ValueError(f"unknown state version {head.get('version')!r}")
         int(head["position"])
         int(head["parts"])
@@ -258,7 +260,7 @@ def _replay(
     capacity = int(head["capacity"])
     issued = int(head["issued"])
     usage: dict[str, tuple[float, float]] = {}  # team -> (usage, at wall)
-    live: dict[GrantKey, tuple[str, float]] = {}
+    live: dict[GrantKey, LiveGrant] = {}
     settled: dict[GrantKey, float] = {}
     uncounted: dict[GrantKey, float] = {}
     for raw in parts:
@@ -298,7 +300,7 @@ def _replay(
             if math.isfinite(value) and value >= 0
         },
         issued=issued,
-        live=[LiveGrant(key, team, until) for key, (team, until) in live.items()],
+        live=list(live.values()),
         unknown_after={int(e): (int(s), float(w)) for e, (s, w) in head["unknown_after"].items()},
         unknown_between=[(int(lo), int(hi), float(w)) for lo, hi, w in head["unknown_between"]],
         uncounted=uncounted,
@@ -308,9 +310,10 @@ def _replay(
     )
 
 
-def _add_live(live: dict[GrantKey, tuple[str, float]], rows: Iterable[list[Any]]) -> None:
-    for e, s, h, team, until in rows:
-        live[GrantKey(int(e), int(s), str(h))] = (str(team), float(until))
+def _add_live(live: dict[GrantKey, LiveGrant], rows: Iterable[list[Any]]) -> None:
+    for row in rows:
+        grant = decode_live(row)
+        live[grant.key] = grant
 
 
 def _add_entries(table: dict[GrantKey, float], rows: Iterable[list[Any]]) -> None:

@@ -45,6 +45,7 @@ from itertools import chain
 from fairshare import Class, Pool, TeamStat
 from ha.answers import Answer, Answers
 from ha.api import (
+    DEGRADED_EPOCH,
     AdoptResult,
     Decision,
     Epoch,
@@ -322,7 +323,7 @@ class OwnedPool:
             answer = (False, "", 0, False, True)
         else:
             self._seq += 1
-            ref = GrantRef(self.name, self.epoch, self._seq, team, holder)
+            ref = GrantRef(self.name, self.epoch, self._seq, team, holder, "", grant.borrowing)
             held = self._held.issue(self._seq, grant, holder, team, self._now())
             self._changes.counted(held.key, held.row)
             answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
@@ -366,7 +367,7 @@ class OwnedPool:
             # The previous owner counted it: charge it and close its phantom.
             team = phantom.team
             self.pool.charge(team, consumed)
-            self.pool.drop_phantom(team)
+            self._phantoms.drop(phantom)
             changes.dropped(key)
             changes.team(team)
             self._settle(key)
@@ -383,10 +384,12 @@ class OwnedPool:
     def adopt(self, *, holder: str, grants: Sequence[HeldGrant], complete: bool) -> AdoptResult:
         """Counts a holder's live grants of earlier epochs again.
 
-        A grant the previous owner counted closes its own phantom; a grant nobody counted
-        (see ``release``) is simply counted; a grant already settled is ignored. A
-        complete inventory closes every phantom of ``holder`` it did not claim, if it
-        carries a signed grant of ``holder`` (an unsigned one proves nothing).
+        Each is counted with the standing ``adopted_standing`` gives it, never the one
+        the holder claims. A grant the previous owner counted closes its own phantom; a
+        grant nobody counted (see ``release``) is simply counted; a grant already settled
+        is ignored. A complete inventory closes every phantom of ``holder`` it did not
+        claim, if it carries a signed grant of ``holder`` (an unsigned one proves
+        nothing).
 
         Raises:
             NotDeciding: the node may not decide for this pool now (an adopt is a
@@ -422,13 +425,14 @@ class OwnedPool:
                     )
                     continue
                 unsigned_live += 1
-            counted = key in self._phantoms
-            if not counted and not self._earlier.chargeable(key):
+            recorded = self._phantoms.get(key)
+            if recorded is None and not self._earlier.chargeable(key):
                 continue  # settled or expired before the snapshot
+            borrowing = adopted_standing(ref, None if recorded is None else recorded.borrowing)
             self._admit(held.team or ref.team)
             try:
                 grant = self.pool.adopt(
-                    held.team or ref.team, held.priority, held.borrowing, held.est_tokens
+                    held.team or ref.team, held.priority, borrowing, held.est_tokens
                 )
             except ValueError as e:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
@@ -438,7 +442,7 @@ class OwnedPool:
             kept = self._held.adopt(key, grant, issued, unsigned=not ref.mac)
             self._changes.counted(key, kept.row)
             adopted += 1
-            if phantom is not None and self.pool.drop_phantom(phantom.team):
+            if phantom is not None and self._phantoms.drop(phantom):
                 dropped += 1
         if complete:
             dropped += self._close_unclaimed(holder, proven)
@@ -528,9 +532,7 @@ class OwnedPool:
 
     def view(self) -> PoolView:
         teams, within = self._tables()
-        return PoolView(
-            self.name, self.pool.capacity, self.node, self.epoch, teams, within=within
-        )
+        return PoolView(self.name, self.pool.capacity, self.node, self.epoch, teams, within=within)
 
     def teams(self) -> Sequence[TeamStat]:
         """The pool's team table (Snapshot, metrics), as ``_tables`` keeps it."""
@@ -662,6 +664,23 @@ class OwnedPool:
         self._forgot_at = now
         self._phantoms.forget(now)
         self._earlier.forget(now - max(self.config.max_request_s, self._release_memory_s))
+
+
+def adopted_standing(ref: GrantRef, recorded: bool | None) -> bool:
+    """Whether a re-reported grant counts as a borrower (True) or within share.
+
+    Never the holder's word, which could give its team more within-share grants than its
+    reservation: the standing its signed id carries; for a degraded grant (epoch 0),
+    borrowing, as every degraded grant is; else the standing the previous owner recorded
+    (``recorded``, its phantom's); else, unknown (an id issued before ids carried it, not
+    in the restored state), within share: the safe side, it can only make new requests of
+    its team borrow.
+    """
+    if ref.borrowing is not None:
+        return ref.borrowing
+    if ref.epoch == DEGRADED_EPOCH:
+        return True
+    return bool(recorded)
 
 
 def _field_of(error: ValueError) -> str:

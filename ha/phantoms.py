@@ -5,9 +5,14 @@ each as a phantom, attributed to the grant's team and holder, until the grant is
 or re-reported, its holder's complete re-report closes it, or its request cannot be
 running any more (``until``).
 
-Guarantees: the pool's phantom count of a team and the phantoms of that team kept here
-always agree (the pool's never expire by themselves: this table ends them, one by one);
-a phantom never outlives ``until``.
+Each phantom keeps the standing its grant had (within share, borrowing, or unknown), so
+the new owner restores every team's within-share count (``fairshare.Pool.within``): no
+reserved slot is promised twice, and borrowers do not use up a reservation after a
+failover any more than before it. Unknown standing counts as within share, the safe side.
+
+Guarantees: the pool's phantom count of a team, per standing, and the phantoms of that team
+and standing kept here always agree (the pool's never expire by themselves: this table
+ends them, one by one); a phantom never outlives ``until``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,12 @@ class Phantom(NamedTuple):
     team: str
     until: float  # time (of the epoch's clock) after which its request cannot be running
     row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
+    borrowing: bool | None  # its grant's standing; None: unknown (counted as within)
+
+    @property
+    def counted_borrowing(self) -> bool:
+        """How the pool counts it: as a borrower only when known to be one."""
+        return self.borrowing is True
 
 
 class Phantoms:
@@ -42,32 +53,44 @@ class Phantoms:
     def restore(self, live: Iterable[LiveGrant], now: float, latest: float) -> None:
         """Counts the grants a snapshot lists as live, each until its own end but never
         beyond ``latest`` (chained failovers do not stretch them); ended ones are not."""
-        counts: dict[str, int] = {}
+        counts: dict[tuple[str, bool], int] = {}
         for grant in live:
             until = min(grant.until, latest)
             if until > now:
-                self._phantoms[grant.key] = _phantom(grant.key, grant.team, until)
-                counts[grant.team] = counts.get(grant.team, 0) + 1
-        for team, n in counts.items():
-            self._pool.add_phantoms(team, n, math.inf)
+                phantom = _phantom(grant.key, grant.team, until, grant.borrowing)
+                self._phantoms[grant.key] = phantom
+                kind = (grant.team, phantom.counted_borrowing)
+                counts[kind] = counts.get(kind, 0) + 1
+        for (team, borrowing), n in counts.items():
+            self._pool.add_phantoms(team, n, math.inf, borrowing=borrowing)
 
     def fill(self, reserved: Mapping[str, int], until: float) -> int:
-        """Counts every team's whole reservation as phantoms until ``until`` (nothing of
-        the previous owner could be read); returns how many."""
+        """Counts every team's whole reservation as phantoms of unknown standing (so
+        within share) until ``until`` (nothing of the previous owner could be read);
+        returns how many."""
         added = 0
         for team, slots in reserved.items():
             for i in range(slots):
                 key = GrantKey(-1, added + i, "")
-                self._phantoms[key] = _phantom(key, team, until)
+                self._phantoms[key] = _phantom(key, team, until, None)
             if slots:
                 self._pool.add_phantoms(team, slots, math.inf)
             added += slots
         return added
 
+    def get(self, key: GrantKey) -> Phantom | None:
+        """The phantom of ``key``, if counted."""
+        return self._phantoms.get(key)
+
     def take(self, key: GrantKey) -> Phantom | None:
         """Removes the phantom of ``key`` from this table (not from the pool's count: the
-        caller drops it there, ``Pool.drop_phantom``) and returns it."""
+        caller drops it there, with ``drop``) and returns it."""
         return self._phantoms.pop(key, None)
+
+    def drop(self, phantom: Phantom) -> bool:
+        """Ends a taken phantom in the pool's count; False if the pool had none of its
+        team and standing (never, while the guarantee holds)."""
+        return self._pool.drop_phantom(phantom.team, borrowing=phantom.counted_borrowing)
 
     def holds(self, holder: str) -> bool:
         """True if a phantom of ``holder`` is counted."""
@@ -79,23 +102,23 @@ class Phantoms:
         closed = [k for k in self._phantoms if k.holder == holder]
         dropped = 0
         for key in closed:
-            if self._pool.drop_phantom(self._phantoms.pop(key).team):
+            if self.drop(self._phantoms.pop(key)):
                 dropped += 1
         return closed, dropped
 
     def forget(self, now: float) -> None:
         """Ends the phantoms whose request cannot be running at ``now``."""
         for key in [k for k, p in self._phantoms.items() if p.until <= now]:
-            self._pool.drop_phantom(self._phantoms.pop(key).team)
+            self.drop(self._phantoms.pop(key))
 
     def live(self) -> list[LiveGrant]:
         """The phantoms as a snapshot's live list."""
-        return [LiveGrant(key, p.team, p.until) for key, p in self._phantoms.items()]
+        return [LiveGrant(key, p.team, p.until, p.borrowing) for key, p in self._phantoms.items()]
 
     def rows(self) -> Iterator[str]:
         """The phantoms' encoded live rows (what ``live`` encodes to)."""
         return (p.row for p in self._phantoms.values())
 
 
-def _phantom(key: GrantKey, team: str, until: float) -> Phantom:
-    return Phantom(team, until, live_row(LiveGrant(key, team, until)))
+def _phantom(key: GrantKey, team: str, until: float, borrowing: bool | None) -> Phantom:
+    return Phantom(team, until, live_row(LiveGrant(key, team, until, borrowing)), borrowing)

@@ -37,7 +37,9 @@ _string: Final = json.encoder.encode_basestring_ascii
 """Encodes as ``json.dumps(value, separators=(",", ":"))`` does, without making an encoder
 per call (a live row is encoded on every grant)."""
 
-_VERSION = 2
+_VERSION = 3
+_READABLE: Final = (2, _VERSION)
+"""Versions ``decode`` reads: 2 wrote live rows without a standing (read as unknown)."""
 
 
 class GrantKey(NamedTuple):
@@ -50,12 +52,16 @@ class GrantKey(NamedTuple):
 
 
 class LiveGrant(NamedTuple):
-    """A request counted in flight when the snapshot was taken, and the wall time after
-    which it cannot be running any more (issued or re-counted + ``max_request_s``)."""
+    """A request counted in flight when the snapshot was taken, the wall time after which
+    it cannot be running any more (issued or re-counted + ``max_request_s``), and its
+    standing: borrowing, within share, or None when unknown (a phantom filled in for an
+    unreadable state, or a row written before rows carried it). A successor counts it as
+    a phantom of that standing; unknown counts as within share (``Pool.add_phantoms``)."""
 
     key: GrantKey
     team: str
     until: float
+    borrowing: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +140,7 @@ class PoolSnapshot:
         """Parses a snapshot; None (and a log line) when it is unreadable."""
         try:
             doc = json.loads(data)
-            if doc.get("version") != _VERSION:
+            if doc.get("version") not in _READABLE:
                 raise ValueError(f"unknown snapshot version {doc.get('version')!r}")
             usage = {str(t): float(u) for t, u in doc["usage"].items()}
             return cls(
@@ -144,10 +150,7 @@ class PoolSnapshot:
                 capacity=int(doc["capacity"]),
                 usage={t: u for t, u in usage.items() if math.isfinite(u) and u >= 0},
                 issued=int(doc["issued"]),
-                live=[
-                    LiveGrant(GrantKey(int(e), int(s), str(h)), str(t), float(u))
-                    for e, s, h, t, u in doc["live"]
-                ],
+                live=[decode_live(row) for row in doc["live"]],
                 unknown_after={
                     int(e): (int(s), float(w)) for e, (s, w) in doc["unknown_after"].items()
                 },
@@ -164,13 +167,39 @@ class PoolSnapshot:
 
 
 def live_row(grant: LiveGrant) -> str:
-    """One entry of the ``live`` list as ``PoolSnapshot.encode`` writes it."""
+    """One entry of the ``live`` list as ``PoolSnapshot.encode`` writes it: ``[epoch, seq,
+    holder, team, until]``, then the standing (1 borrowing, 0 within share) when known."""
     k = grant.key
     until = float(grant.until)
+    standing = "" if grant.borrowing is None else (",1" if grant.borrowing else ",0")
     if not math.isfinite(until):
-        return _COMPACT.encode([k.epoch, k.seq, k.holder, grant.team, until])
+        row = [k.epoch, k.seq, k.holder, grant.team, until]
+        return f"{_COMPACT.encode(row)[:-1]}{standing}]"
     # What the encoder writes, put together by hand: this runs on every grant.
-    return f"[{k.epoch:d},{k.seq:d},{_string(k.holder)},{_string(grant.team)},{until!r}]"
+    return f"[{k.epoch:d},{k.seq:d},{_string(k.holder)},{_string(grant.team)},{until!r}{standing}]"
+
+
+_ROW_FIELDS: Final = 5
+"""A live row's entries before its standing (epoch, seq, holder, team, until)."""
+
+
+def decode_live(row: Sequence[Any]) -> LiveGrant:
+    """A ``live_row`` as read back (five entries: standing unknown).
+
+    Raises:
+        ValueError, TypeError: not a live row.
+    """
+    if len(row) not in (_ROW_FIELDS, _ROW_FIELDS + 1):
+        raise ValueError(f"a live row has 5 or 6 entries, not {len(row)}")
+    e, s, h, t, u = row[:_ROW_FIELDS]
+    borrowing = None if len(row) == _ROW_FIELDS else _standing(row[_ROW_FIELDS])
+    return LiveGrant(GrantKey(int(e), int(s), str(h)), str(t), float(u), borrowing)
+
+
+def _standing(value: object) -> bool:
+    if value not in (0, 1) or isinstance(value, float):
+        raise ValueError(f"a live row's standing is 0 or 1, not {value!r}")
+    return bool(value)
 
 
 def _keys(rows: list[list[Any]]) -> dict[GrantKey, float]:

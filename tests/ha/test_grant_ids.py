@@ -6,13 +6,23 @@ tests/integration/test_grant_ids.py.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 
 import pytest
 
 from fairshare import Class
-from ha.api import Decision, Epoch, GrantRef, HeldGrant, NodeId, PermissionDenied, PoolName
+from ha.api import (
+    Decision,
+    Epoch,
+    GrantRef,
+    HeldGrant,
+    InvalidArgument,
+    NodeId,
+    PermissionDenied,
+    PoolName,
+)
 from ha.clock import FakeClock
 from ha.grantkeys import GrantKeys, KeyFileError, parse_keys
 from ha.journal import MemoryLog
@@ -91,6 +101,23 @@ def test_a_signed_id_round_trips_and_any_changed_field_breaks_its_mac() -> None:
         assert not keys.verify(changed)
     assert not GrantKeys([KEY_B.encode()]).verify(signed)
     assert not keys.verify(ref), "an unsigned id never verifies"
+
+
+def test_the_standing_is_signed_into_an_id_and_cannot_be_flipped() -> None:
+    keys = GrantKeys([KEY_A.encode()])
+    for borrowing, mark in ((False, "w"), (True, "b")):
+        ref = GrantRef(PoolName("p"), Epoch(5), 42, "team", "holder", "", borrowing)
+        text = keys.sign(ref)
+        assert text.startswith("g3.") and text.split(".")[6] == mark
+        signed = GrantRef.decode(text)
+        assert signed.borrowing is borrowing and keys.verify(signed)
+        flipped = text.replace(f".{mark}.", ".b." if mark == "w" else ".w.")
+        assert not keys.verify(GrantRef.decode(flipped))
+        # Dropping the standing makes a g2 id of the same fields: its MAC differs too.
+        unmarked = dataclasses.replace(signed, borrowing=None)
+        assert not keys.verify(unmarked)
+    with pytest.raises(InvalidArgument):
+        GrantRef.decode(text.replace(".b.", ".x."))
 
 
 def test_unsigned_ids_keep_the_form_clients_make() -> None:

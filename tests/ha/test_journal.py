@@ -10,6 +10,7 @@ large for a record and become checkpoints.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -17,11 +18,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from owned_pool import owned_pool
 
 import ha.journal
 from fairshare import Class
 from fairshare.limits import MAX_NAME_BYTES
-from ha.api import Decision, Epoch, GrantRef, HeldGrant, NodeId, PoolName
+from ha.api import Decision, Epoch, GrantRef, HeldGrant, PoolName
 from ha.clock import FakeClock
 from ha.grantkeys import ephemeral_keys
 from ha.journal import MemoryLog, encode_checkpoint, replay
@@ -94,17 +96,7 @@ class WatchedLog(PoolLog):
 
 
 def owner(epoch: int, clock: FakeClock, log: ha.journal.StateWriter) -> OwnedPool:
-    return OwnedPool(
-        config=CONFIG,
-        epoch=Epoch(epoch),
-        node=NodeId(f"n{epoch}"),
-        clock=clock,
-        fenced=lambda: True,
-        log=log,
-        commit_window_s=0.0,
-        release_commit_s=0.0,
-        release_memory_s=600.0,
-    )
+    return owned_pool(CONFIG, epoch, clock, log)
 
 
 async def grant(
@@ -331,6 +323,29 @@ def test_the_configured_capacity_replays_from_the_head_and_older_heads_have_none
     assert older is not None and older.configured is None and older.capacity == 10
 
 
+def test_a_state_written_before_rows_carried_a_standing_replays_it_as_unknown() -> None:
+    """Version 3 wrote live rows of five entries: a successor of a newer version reads
+    them with the standing unknown (counted as within share), and reads newer rows of a
+    record written after them."""
+    key = GrantKey(3, 1, "h")
+    state = PoolSnapshot(pool="p", epoch=3, wall=10.0, capacity=4)
+    checkpoint = encode_checkpoint(state, ['[3,1,"h","a",610.0]'])
+    head = dict(checkpoint.head, version=3, position=1, parts=len(checkpoint.parts))
+    assert ha.journal.decode_head(json.dumps(head).encode()) is not None
+    record = (
+        b'{"epoch":3,"wall":11.0,"capacity":4,"issued":2,"usage":{},"drop":[],'
+        b'"settled":[],"uncounted":[],"live":[[3,2,"h","a",611.0,1]]}'
+    )
+    replayed = replay(head, checkpoint.parts, [record], decay_rate=0.0)
+    assert replayed is not None
+    assert replayed.live == [
+        LiveGrant(key, "a", 610.0, None),
+        LiveGrant(GrantKey(3, 2, "h"), "a", 611.0, True),
+    ]
+    bad = record.replace(b"611.0,1]", b"611.0,7]")
+    assert replay(head, checkpoint.parts, [bad], decay_rate=0.0) is None
+
+
 def test_an_unreadable_record_makes_the_state_unreadable() -> None:
     state = PoolSnapshot(pool="p", epoch=7, wall=10.0, capacity=3)
     checkpoint = encode_checkpoint(state, [])
@@ -389,17 +404,7 @@ async def test_no_commit_is_near_etcds_limits_at_any_size() -> None:
         settled={GrantKey(2, i, f"{long}s"): now for i in range(MEMORY_CAP)},
     )
     log = PoolLog(store, KEYS, POOL, Epoch(key.create_revision), budget_s=lambda: 5.0)
-    pool = OwnedPool(
-        config=config,
-        epoch=Epoch(key.create_revision),
-        node=NodeId("n"),
-        clock=clock,
-        fenced=lambda: True,
-        log=log,
-        commit_window_s=0.0,
-        release_commit_s=0.0,
-        release_memory_s=600.0,
-    )
+    pool = owned_pool(config, key.create_revision, clock, log)
     pool.restore(earlier)
     await pool.durable()  # the first write: a checkpoint of it all
     # Its holder re-reports one grant, completely: 25,000 phantoms close at once, a

@@ -8,6 +8,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from owned_pool import owned_pool
 
 from fairshare import Class
 from ha.api import Epoch, GrantRef, HeldGrant, NodeId
@@ -15,14 +16,16 @@ from ha.clock import FakeClock
 from ha.journal import MemoryLog
 from ha.owner import OwnedPool
 from ha.settings import PoolConfig
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
+from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, decode_live, live_row
 
 pytestmark = pytest.mark.timeout(30)
 
 names = st.text(min_size=0, max_size=8)  # any text: quotes, backslashes, non-ASCII
 walls = st.floats(min_value=0.0, max_value=2e9, allow_nan=False)
 keys = st.builds(GrantKey, st.integers(-1, 2**40), st.integers(0, 2**62), names)
-live = st.builds(LiveGrant, keys, names, st.one_of(walls, st.just(math.inf)))
+live = st.builds(
+    LiveGrant, keys, names, st.one_of(walls, st.just(math.inf)), st.one_of(st.none(), st.booleans())
+)
 
 
 @given(
@@ -58,8 +61,11 @@ def test_encode_round_trips_and_kept_rows_encode_the_same(
 @given(live)
 def test_a_live_row_is_the_compact_json_of_its_fields(grant: LiveGrant) -> None:
     k = grant.key
-    fields = [k.epoch, k.seq, k.holder, grant.team, grant.until]
+    fields: list[object] = [k.epoch, k.seq, k.holder, grant.team, grant.until]
+    if grant.borrowing is not None:
+        fields.append(int(grant.borrowing))
     assert live_row(grant) == json.dumps(fields, separators=(",", ":"))
+    assert decode_live(json.loads(live_row(grant))) == grant
 
 
 async def test_what_an_owner_writes_is_its_snapshot() -> None:
@@ -68,17 +74,7 @@ async def test_what_an_owner_writes_is_its_snapshot() -> None:
     config = PoolConfig("p", 10, {"a": 0.5, "b": 0.5}, max_request_s=600.0)
 
     def owner(epoch: int) -> OwnedPool:
-        return OwnedPool(
-            config=config,
-            epoch=Epoch(epoch),
-            node=NodeId("n"),
-            clock=clock,
-            fenced=lambda: True,
-            log=disk,
-            commit_window_s=0.0,
-            release_commit_s=0.0,
-            release_memory_s=600.0,
-        )
+        return owned_pool(config, epoch, clock, disk)
 
     old = owner(3)
     held = []
