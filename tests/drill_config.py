@@ -33,7 +33,9 @@ ADMIN_TOKEN = "drill-admin-token"
 GRANT_KEY = "drill-grant-key-shared-by-every-replica"
 
 
-def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
+def drill_config(
+    token_file: Path, key_file: Path, *, max_request_s: float = MAX_REQUEST_S
+) -> dict[str, object]:
     """The replicas' YAML config: short timings, as docs/design.md §18 allows for tests."""
     return {
         "admin": {"token_file": str(token_file)},
@@ -56,7 +58,7 @@ def drill_config(token_file: Path, key_file: Path) -> dict[str, object]:
                 "capacity": CAPACITY[name],
                 "shares": shares,
                 "half_life_s": HALF_LIFE_S,
-                "max_request_s": MAX_REQUEST_S,
+                "max_request_s": max_request_s,
                 "degraded_mode": "fail_open",
             }
             for name, shares in POOLS.items()

@@ -2,7 +2,10 @@
 the project's client library, entering every grant in the shared ledger.
 
 A gateway can be drained (its releases flushed) or killed (its held grants abandoned and
-its unsent releases marked lost, as a dead process would leave them).
+its unsent releases marked lost, as a dead process would leave them). Its workers pick a
+pool and team at random for each request, or each keeps to one (``assignments``: a team
+that keeps that many requests in flight); ``park`` makes every worker hold its grant until
+``unpark``, so a drill can look at a moment when nothing moves.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 
 from drill_config import POOLS
 from drill_ledger import GrantRecord, Ledger
@@ -32,6 +36,8 @@ class Gateway:
         holder: str | None = None,
         route_to_owner: bool = True,
         quiet: set[str] | None = None,
+        assignments: list[tuple[str, str]] | None = None,
+        hold_s: Callable[[random.Random], float] | None = None,
     ):
         self.name = name
         self.quiet: set[str] = set() if quiet is None else quiet  # pools to leave alone
@@ -50,6 +56,12 @@ class Gateway:
         self.dead = False
         self.tasks: list[asyncio.Task[None]] = []
         self.errors: list[str] = []
+        self.assignments = assignments  # worker i -> (pool, team); None: random
+        self.hold_s = hold_s or _short  # how long each request runs
+        self.parked = 0  # workers holding a grant while parked
+        self._parking = False
+        self._unparked = asyncio.Event()
+        self._parked = asyncio.Event()  # set while parked: wakes the running requests
 
     def start(self) -> None:
         self.tasks = [
@@ -60,12 +72,15 @@ class Gateway:
         for _ in range(100_000):  # bounded; the stop event ends it much sooner
             if self.stop.is_set():
                 return
-            open_pools = [p for p in POOLS if p not in self.quiet]
-            if not open_pools:
-                await asyncio.sleep(0.05)
-                continue
-            pool = self.random.choice(open_pools)
-            team = self.random.choice(list(POOLS[pool]))
+            if self.assignments is not None:
+                pool, team = self.assignments[index % len(self.assignments)]
+            else:
+                open_pools = [p for p in POOLS if p not in self.quiet]
+                if not open_pools:
+                    await asyncio.sleep(0.05)
+                    continue
+                pool = self.random.choice(open_pools)
+                team = self.random.choice(list(POOLS[pool]))
             cls = Class.BATCH if self.random.random() < 0.3 else Class.INTERACTIVE
             sent = time.monotonic()
             try:
@@ -75,9 +90,9 @@ class Gateway:
                 await asyncio.sleep(0.05)
                 continue
             record = self._record(pool, team, grant, sent)
-            hold = self.random.uniform(0.02, 0.4)
+            hold = self.hold_s(self.random)
             try:
-                await asyncio.sleep(hold)
+                await self._run(hold)
             except asyncio.CancelledError:
                 record.abandoned = True
                 raise
@@ -86,6 +101,37 @@ class Gateway:
             record.released_wall = time.time()
             record.consumed = consumed
             await grant.release(consumed)
+
+    async def _run(self, hold: float) -> None:
+        """A request that runs for ``hold`` seconds; while the gateway is parked it stays
+        in flight and its time stands still."""
+        left = hold
+        for _ in range(1000):  # bounded; each round is a park or the end of the hold
+            if self._parking:
+                self.parked += 1
+                try:
+                    await asyncio.wait_for(self._unparked.wait(), 30.0)
+                finally:
+                    self.parked -= 1
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(self._parked.wait(), left)
+            except TimeoutError:
+                return
+            left -= time.monotonic() - started
+
+    def park(self) -> None:
+        """Every worker holds the grant it has, or gets next, until ``unpark`` (at most
+        30 s): nothing is released meanwhile, and parked time does not count in a
+        request's running time."""
+        self._unparked.clear()
+        self._parking = True
+        self._parked.set()
+
+    def unpark(self) -> None:
+        self._parking = False
+        self._parked.clear()
+        self._unparked.set()
 
     async def hold(self, pool: str, team: str) -> tuple[ClientGrant, GrantRecord]:
         """Acquires one interactive grant outside the workers and records it, held until
@@ -108,7 +154,7 @@ class Gateway:
             sent,
             time.monotonic(),
         )
-        self.ledger.grants.append(record)
+        self.ledger.enter(record)
         return record
 
     @staticmethod
@@ -141,3 +187,7 @@ class Gateway:
                 task.cancel()
         for channel in self.client._channels.values():
             await channel.close()
+
+
+def _short(rng: random.Random) -> float:
+    return rng.uniform(0.02, 0.4)

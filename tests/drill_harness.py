@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -48,8 +50,17 @@ from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 class DrillCluster:
     """A three-member etcd, three replicas, and gateways; the nemeses act on them."""
 
-    def __init__(self, name: str, *, replicas: int = 3, gateways: int = 3, workers: int = 6):
+    def __init__(
+        self,
+        name: str,
+        *,
+        replicas: int = 3,
+        gateways: int = 3,
+        workers: int = 6,
+        max_request_s: float = MAX_REQUEST_S,
+    ):
         self.name = name
+        self.max_request_s = max_request_s
         self.workdir = Path(tempfile.mkdtemp(prefix=f"fairshare-drill-{name}-"))
         # The members' data goes where EtcdCluster puts it by itself (RAM when the machine
         # has it) and is deleted with it: three members' WAL files are 60 to 370 MB a drill.
@@ -61,7 +72,8 @@ class DrillCluster:
         key_file = self.workdir / "grant-keys"
         key_file.write_text(GRANT_KEY + "\n", encoding="utf-8")
         self.config_path.write_text(
-            yaml.safe_dump(drill_config(token_file, key_file)), encoding="utf-8"
+            yaml.safe_dump(drill_config(token_file, key_file, max_request_s=max_request_s)),
+            encoding="utf-8",
         )
         self.replica_count = replicas
         self.replicas: list[Replica] = []
@@ -98,8 +110,19 @@ class DrillCluster:
             self.add_gateway()
         self.poll_task = asyncio.create_task(self._poll(), name="drill-poller")
 
-    def add_gateway(self, *, holder: str | None = None, relayed: bool = False) -> Gateway:
+    def add_gateway(
+        self,
+        *,
+        holder: str | None = None,
+        relayed: bool = False,
+        assignments: list[tuple[str, str]] | None = None,
+        hold_s: Callable[[random.Random], float] | None = None,
+    ) -> Gateway:
         """Starts one more simulated gateway (a new holder unless ``holder`` is given).
+
+        ``assignments``: worker i keeps to ``assignments[i]`` (pool, team), one worker
+        each; without it the gateway has ``workers`` workers choosing at random.
+        ``hold_s``: how long each request runs (default: 0.02 to 0.4 s).
 
         ``relayed``: it reaches the replicas only through ``relay_targets`` (relays that a
         nemesis can cut), and sends each call to its target rather than to the owner's
@@ -111,11 +134,13 @@ class DrillCluster:
             f"gw-{i}",
             targets,
             self.ledger,
-            workers=self.workers,
+            workers=self.workers if assignments is None else len(assignments),
             seed=i,
             holder=holder,
             route_to_owner=not relayed,
             quiet=self.quiet,
+            assignments=assignments,
+            hold_s=hold_s,
         )
         gw.start()
         self.gateways.append(gw)
@@ -302,7 +327,7 @@ class DrillCluster:
             if not gw.dead:
                 await gw.drain()
         # Phantoms must reach 0 (re-reports, or expiry for an abandoned gateway).
-        deadline = time.monotonic() + MAX_REQUEST_S + 4 * LEASE_TTL_S
+        deadline = time.monotonic() + self.max_request_s + 4 * LEASE_TTL_S
         phantoms_zero: float | None = None
         while time.monotonic() < deadline:
             n = await self.phantoms()

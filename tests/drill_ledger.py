@@ -62,11 +62,33 @@ class Ledger:
     def check_reservations(self) -> None:
         """Invariant 2 at this moment."""
         for (pool, team), n in self.live_within().items():
-            if n > RESERVED[pool].get(team, 0):
-                self.violations.append(
-                    f"over-admission: {pool}/{team} has {n} within-share grants in flight, "
-                    f"reservation {RESERVED[pool].get(team, 0)}"
-                )
+            self._check_reservation(pool, team, n)
+
+    def enter(self, record: GrantRecord) -> None:
+        """Adds a grant just answered; a within-share one is checked against its team's
+        reservation at once (invariant 2 at the moment it can first break, which a poll
+        may miss)."""
+        self.grants.append(record)
+        if record.borrowing or record.degraded:
+            return
+        n = sum(
+            1
+            for g in self.grants
+            if g.pool == record.pool
+            and g.team == record.team
+            and g.released_at is None
+            and not g.borrowing
+            and not g.degraded
+            and not g.abandoned
+        )
+        self._check_reservation(record.pool, record.team, n)
+
+    def _check_reservation(self, pool: str, team: str, n: int) -> None:
+        if n > RESERVED[pool].get(team, 0):
+            self.violations.append(
+                f"over-admission: {pool}/{team} has {n} within-share grants in flight, "
+                f"reservation {RESERVED[pool].get(team, 0)}"
+            )
 
     def check_epochs(self) -> None:
         """Invariant 1 over the whole ledger."""
