@@ -203,10 +203,16 @@ class OwnedPool:
         decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
         for team, usage in restorable(self.config, snapshot.usage).items():
             self.pool.set_usage(team, usage * decay)
-        # Each phantom lasts as long as its request could still be running, and never
-        # beyond max_request_s from now: chained failovers do not stretch it.
-        self._phantoms.restore(snapshot.live, now, now + self.config.max_request_s)
-        self._earlier.restore(snapshot, self.epoch, now)
+        # Ages in the snapshot run from its wall time and go on from now, on this epoch's
+        # clock: a wall clock that differs between the two owners (a step, a skewed node)
+        # neither ends a phantom early nor forgets a settled release. The time between
+        # the write and this restore is not aged (the safe side). Each phantom lasts as
+        # long as its request could still be running, and never beyond max_request_s
+        # from now: chained failovers do not stretch it.
+        shift = now - snapshot.wall
+        latest = now + self.config.max_request_s
+        self._phantoms.restore(snapshot.live, now=now, shift=shift, latest=latest)
+        self._earlier.restore(snapshot, self.epoch, now, shift)
         self._forget(now)
         return len(snapshot.usage), len(self._phantoms)
 

@@ -50,12 +50,16 @@ class Phantoms:
     def __contains__(self, key: GrantKey) -> bool:
         return key in self._phantoms
 
-    def restore(self, live: Iterable[LiveGrant], now: float, latest: float) -> None:
-        """Counts the grants a snapshot lists as live, each until its own end but never
-        beyond ``latest`` (chained failovers do not stretch them); ended ones are not."""
+    def restore(
+        self, live: Iterable[LiveGrant], *, now: float, shift: float, latest: float
+    ) -> None:
+        """Counts the grants a snapshot lists as live, each for the time it had left at
+        the snapshot, from ``now`` (``shift``: now minus the snapshot's wall time), but
+        never beyond ``latest`` (chained failovers do not stretch them); those ended at
+        the snapshot are not."""
         counts: dict[tuple[str, bool], int] = {}
         for grant in live:
-            until = min(grant.until, latest)
+            until = min(grant.until + shift, latest)
             if until > now:
                 phantom = _phantom(grant.key, grant.team, until, grant.borrowing)
                 self._phantoms[grant.key] = phantom

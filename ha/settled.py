@@ -45,16 +45,20 @@ class Settled:
         counted, and none is taken as settled."""
         self.unknown_between = [(0, epoch, now)]
 
-    def restore(self, snapshot: PoolSnapshot, epoch: Epoch, now: float) -> None:
+    def restore(self, snapshot: PoolSnapshot, epoch: Epoch, now: float, shift: float = 0.0) -> None:
         """Takes over ``snapshot``'s accounting for an owner at ``epoch``: the grants its
         writer issued after it, and every epoch between its writer's and ``epoch``, were
-        never counted."""
-        self.unknown_after = dict(snapshot.unknown_after)
+        never counted. Its times move by ``shift`` (now minus the snapshot's wall time):
+        each entry keeps the age it had at the snapshot."""
+        self.unknown_after = {e: (seq, w + shift) for e, (seq, w) in snapshot.unknown_after.items()}
         self.unknown_after[snapshot.epoch] = (snapshot.issued, now)
         # Owners between the snapshot's writer and this one never had a write read back.
-        self.unknown_between = [*snapshot.unknown_between, (snapshot.epoch, epoch, now)]
-        self.uncounted = dict(snapshot.uncounted)
-        self.settled = dict(snapshot.settled)
+        self.unknown_between = [
+            *((lo, hi, w + shift) for lo, hi, w in snapshot.unknown_between),
+            (snapshot.epoch, epoch, now),
+        ]
+        self.uncounted = {k: w + shift for k, w in snapshot.uncounted.items()}
+        self.settled = {k: w + shift for k, w in snapshot.settled.items()}
 
     def chargeable(self, key: GrantKey) -> bool:
         """True for a grant no owner ever counted (its release must be charged)."""

@@ -1,6 +1,7 @@
 """A team's within-share count survives a change of owner (docs/design.md, "Standing
 across a failover"): phantoms keep their grants' standing, a re-reported grant counts with
-the standing its signed id carries, and what is unknown counts as within share."""
+the standing its signed id carries, and what is unknown counts as within share; and
+ages survive it whatever the successor's wall clock says."""
 
 from __future__ import annotations
 
@@ -135,3 +136,32 @@ async def test_an_unreadable_state_fills_every_reservation_as_within_share() -> 
     assert second.restore_unreadable() == 10
     assert second.pool.within() == {"a": 4, "b": 6}
     assert (await acquire(second, "a"))[1]
+
+
+@pytest.mark.parametrize("step_s", [660.0, -660.0])
+async def test_a_wall_clock_step_on_the_successor_neither_ends_phantoms_nor_forgets_releases(
+    step_s: float,
+) -> None:
+    """A successor whose wall clock is 11 minutes off (a step, a skewed node) keeps each
+    phantom for the time it had left at the snapshot and each settled release for the age
+    it had: no slot is promised twice, no retried release charged twice."""
+    clock, log = FakeClock(), MemoryLog()
+    first = owner(1, clock, log)
+    held = [await acquire(first, "a") for _ in range(4)]
+    log2 = MemoryLog()
+    second = await successor_of(first, clock, log, into=log2)
+    # A degraded grant released to the second owner is settled there: charged once.
+    degraded = GrantRef(PoolName("p"), DEGRADED_EPOCH, 77, "b", "h")
+    second.release(degraded, 2.0)
+    clock.step_wall(step_s)
+    third = await successor_of(second, clock, log2)
+    assert third.pool.within()["a"] == 4  # the old owner's four still count
+    assert (await acquire(third, "a"))[1]
+    await clock.advance(300.0)
+    assert third.pool.within()["a"] == 4  # 300 s of the 600 s they had left
+    before = third.pool.usage_of("b")
+    third.release(degraded, 2.0)  # a retry of the settled release
+    assert third.pool.usage_of("b") == before
+    for grant_id, _ in held:
+        third.release(GrantRef.decode(grant_id), 1.0)
+    assert third.pool.within()["a"] == 0
