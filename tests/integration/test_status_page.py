@@ -153,6 +153,9 @@ async def test_the_page_shows_each_team_live_and_refreshes_by_itself(
             assert pool["owned_here"] and pool["owner"] == "allocator-0"
             row = next(t for t in pool["teams"] if t["team"] == "alpha")
             assert (row["within"], row["within_grants"], row["borrowing"]) == (4, 4, 1)
+            # And so do the metrics on the same port.
+            _, _, metrics = await asyncio.to_thread(get, base + "/metrics")
+            assert b'fairshare_within{pool="gpu-a",team="alpha"} 4.0' in metrics
             assert shown["gpu-b"]["research"]["within"] == "1/2"
             title = await tab.evaluate(
                 'document.querySelector(\'section[data-pool="gpu-a"] tr[data-team=alpha]'
