@@ -29,18 +29,6 @@ DEFAULT_TARGET: Final = "127.0.0.1:50051"
 _SCIENTIFIC_FROM: Final = 1e5
 """A table cell shows a number of at least this magnitude in scientific notation."""
 
-_COLUMNS: Final = (
-    ("team", "team", "<"),
-    ("share", "share", ">"),
-    ("reserved", "reserved", ">"),
-    ("in flight", "in_flight", ">"),
-    ("borrowing", "borrowing", ">"),
-    ("phantoms", "phantoms", ">"),
-    ("usage", "usage", ">"),
-    ("level fairshare", "level_fairshare", ">"),
-    ("rank", "rank", ">"),
-)
-
 
 def _number(value: float) -> str:
     if math.isinf(value):
@@ -48,15 +36,33 @@ def _number(value: float) -> str:
     return f"{value:.4g}" if abs(value) < _SCIENTIFIC_FROM else f"{value:.3e}"
 
 
+def within_cell(team: pb.TeamStat) -> str:
+    """The within-share count of the reservation, ``n/r``: ``4/4`` is a team holding all
+    its reserved slots (however many it borrows besides); ``-/r`` when the owner did not
+    send the count (an owner that predates it)."""
+    count = str(team.within) if team.HasField("within") else "-"
+    return f"{count}/{team.reserved}"
+
+
+_COLUMNS: Final[tuple[tuple[str, Callable[[pb.TeamStat], str], str], ...]] = (
+    ("team", lambda t: t.team, "<"),
+    ("share", lambda t: _number(t.share), ">"),
+    ("reserved", lambda t: str(t.reserved), ">"),
+    ("within", within_cell, ">"),
+    ("in flight", lambda t: str(t.in_flight), ">"),
+    ("borrowing", lambda t: str(t.borrowing), ">"),
+    ("phantoms", lambda t: str(t.phantoms), ">"),
+    ("usage", lambda t: _number(t.usage), ">"),
+    ("level fairshare", lambda t: _number(t.level_fairshare), ">"),
+    ("rank", lambda t: str(t.rank), ">"),
+)
+"""The table's columns: title, the cell of a team, alignment."""
+
+
 def format_table(snapshot: pb.SnapshotResponse) -> str:
     """One pool as an sshare-like table, headed by its capacity, owner and epoch."""
     rows: list[list[str]] = [[title for title, _, _ in _COLUMNS]]
-    for team in snapshot.teams:
-        row = []
-        for _, name, _ in _COLUMNS:
-            value = getattr(team, name)
-            row.append(_number(value) if isinstance(value, float) else str(value))
-        rows.append(row)
+    rows += [[cell(team) for _, cell, _ in _COLUMNS] for team in snapshot.teams]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     owner = snapshot.owner or "(none)"
     lines = [
@@ -77,7 +83,8 @@ def _json_number(value: float) -> float | None:
 
 
 def snapshot_dict(snapshot: pb.SnapshotResponse) -> dict[str, Any]:
-    """One pool as plain JSON-able data."""
+    """One pool as plain JSON-able data; a team's ``within`` (its within-share count) is
+    null when the owner did not send it."""
     return {
         "pool": snapshot.pool,
         "capacity": snapshot.capacity,
@@ -95,6 +102,7 @@ def snapshot_dict(snapshot: pb.SnapshotResponse) -> dict[str, Any]:
                 "level_fairshare": _json_number(t.level_fairshare),
                 "rank": t.rank,
                 "phantoms": t.phantoms,
+                "within": t.within if t.HasField("within") else None,
             }
             for t in snapshot.teams
         ],

@@ -10,10 +10,11 @@ not) and ``GET /v1/models``. For one request:
 3. the body with the grant's ``priority`` goes to the upstream the route's router chooses
    for that priority (``gateway.upstreams``; ``fewest-ahead`` unless configured otherwise);
    a connection that cannot be opened goes to another one;
-4. the answer goes back with ``x-fairshare-priority``, ``-borrowing``, ``-degraded`` and
-   ``-pool``: a non-streaming answer whole, with the upstream's status and body; a stream
-   event by event (``gateway.body.StreamFilter``), its status line sent only when the
-   first bytes arrive, so a stream that fails before it starts is answered with a status;
+4. the answer goes back with ``x-fairshare-priority``, ``-standing``, ``-borrowing``,
+   ``-degraded`` and ``-pool``: a non-streaming answer whole, with the upstream's status
+   and body; a stream event by event (``gateway.body.StreamFilter``), its status line sent
+   only when the first bytes arrive, so a stream that fails before it starts is answered
+   with a status;
 5. the grant is released once, with the charge (``gateway.cost``), whatever way the
    request ended: answered, upstream error or timeout, the client gone (the handler is
    cancelled: the upstream connection is closed at once, so vLLM aborts the sequence),
@@ -108,9 +109,12 @@ def standing(grant: ClientGrant) -> str:
 
 
 def grant_headers(grant: ClientGrant) -> dict[str, str]:
-    """The ``x-fairshare-*`` headers of an answer."""
+    """The ``x-fairshare-*`` headers of an answer: the priority, the standing in one word
+    (``standing``: ``within`` share, ``borrowing`` or ``degraded``, the words of the
+    gateway's metrics) and as the two flags it is made of, and the pool."""
     return {
         "x-fairshare-priority": str(grant.priority),
+        "x-fairshare-standing": standing(grant),
         "x-fairshare-borrowing": "true" if grant.borrowing else "false",
         "x-fairshare-degraded": "true" if grant.degraded else "false",
         "x-fairshare-pool": grant.pool,

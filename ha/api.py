@@ -7,8 +7,8 @@ and back and maps the errors to status codes in one table. Nothing here knows ab
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from fairshare import Class, TeamStat
@@ -59,6 +59,8 @@ class PoolStatus:
             else seconds since the first change not yet written (owner only; -1 before
             the epoch's first write).
         teams: the owner's team table; empty when this replica does not own the pool.
+        within: team -> its within-share count (``PoolView.within``), for the teams of
+            ``teams``; empty when this replica does not own the pool.
         degraded_decisions: decisions made without an owner by this replica.
         store_full: the store refused this replica's last write for the pool for lack
             of space (the pool cannot be served from here until a write succeeds).
@@ -82,6 +84,7 @@ class PoolStatus:
     store_refused_writes: int = 0
     charges_clamped: int = 0
     grant_ids_refused: int = 0
+    within: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

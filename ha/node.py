@@ -393,6 +393,7 @@ class Node:
             owned = self.ownership.owned.get(name)
             route = self.view.route(name)
             owning = owned is not None and owned.can_decide()
+            table = owned.view() if owning and owned is not None else None
             result.append(
                 PoolStatus(
                     pool=name,
@@ -402,7 +403,8 @@ class Node:
                     transitions=self.ownership.transitions[name],
                     fence_left_s=self._lease.seconds_left() if owning else 0.0,
                     snapshot_age_s=owned.snapshot_age_s() if owned is not None else -1.0,
-                    teams=owned.teams() if owning and owned is not None else (),
+                    teams=table.teams if table is not None else (),
+                    within=table.within if table is not None else {},
                     degraded_decisions=self._router.degraded[name],
                     store_full=self._writes.full(name),
                     store_refused_writes=self._writes.refused_writes(name),

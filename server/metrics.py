@@ -316,6 +316,25 @@ not make the owner pay it more than once a second."""
 
 _Family = GaugeMetricFamily | CounterMetricFamily
 
+_TEAM_GAUGES: Final = (
+    ("fairshare_in_flight", "Grants in flight (phantoms excluded)."),
+    ("fairshare_borrowing", "Grants in flight above the reservation."),
+    ("fairshare_phantoms", "Requests of a previous owner still counted."),
+    ("fairshare_usage", "Decayed usage (cost units)."),
+    ("fairshare_reserved", "Within-share slots."),
+    (
+        "fairshare_rank",
+        "Dense rank of the team's level fairshare, 0 = least served (teams sharing a "
+        "label: the lowest); a borrower's priority grows with it.",
+    ),
+    (
+        "fairshare_within",
+        "Within-share count: grants admitted within share plus phantoms counted as "
+        "within. A new request is within share while it is below fairshare_reserved.",
+    ),
+)
+"""The per-team gauges (labels pool, team): name and help, in ``_by_label``'s order."""
+
 
 class _StatusCollector(Collector):
     """Turns ``Allocator.status()`` into gauges at scrape time (at most once a second)."""
@@ -338,22 +357,40 @@ class _StatusCollector(Collector):
             families = self._cached[1]
         yield from families
 
-    def _by_label(self, view: PoolStatus) -> Iterator[tuple[str, list[float]]]:
-        """(team label, [in flight, borrowing, phantoms, usage, reserved, rank]) of a pool's
-        teams: teams that share a label (the unconfigured ones) are summed under it, and
-        their rank is the lowest of theirs."""
+    def _team_families(self, pools: Sequence[PoolStatus]) -> list[GaugeMetricFamily]:
+        """The gauges of ``_TEAM_GAUGES``, one sample per pool and team label."""
+        families = [
+            GaugeMetricFamily(name, doc, labels=["pool", "team"]) for name, doc in _TEAM_GAUGES
+        ]
+        for view in pools:
+            for label, values in self._by_label(view):
+                for family, value in zip(families, values, strict=True):
+                    if value is not None:
+                        family.add_metric([str(view.pool), label], value)
+        return families
+
+    def _by_label(self, view: PoolStatus) -> Iterator[tuple[str, list[float | None]]]:
+        """(team label, its values in the order of ``_TEAM_GAUGES``) of a pool's teams:
+        teams that share a label (the unconfigured ones) are summed under it and their rank
+        is the lowest of theirs. The within-share count is None (no sample) when a team of
+        the label has none (``PoolStatus.within`` does not name it)."""
         rows: dict[str, list[float]] = {}
+        counts: dict[str, float | None] = {}
         for team in view.teams:
             label = self._team_label(str(view.pool), team.team)
             row = rows.get(label)
             if row is None:
                 row = rows[label] = [0.0] * 5 + [float(team.rank)]
+                counts[label] = 0.0
             for i, value in enumerate(
                 (team.in_flight, team.borrowing, team.phantoms, team.usage, team.reserved)
             ):
                 row[i] += value
             row[5] = min(row[5], team.rank)
-        yield from rows.items()
+            count, so_far = view.within.get(team.team), counts[label]
+            counts[label] = None if count is None or so_far is None else so_far + count
+        for label, row in rows.items():
+            yield label, [*row, counts[label]]
 
     def _collect(self) -> Iterator[_Family]:
         status = self.status
@@ -365,28 +402,6 @@ class _StatusCollector(Collector):
             # A scrape must never take the process down; say why the gauges are missing.
             logger.exception("metrics: reading the allocator status failed")
             return
-        team_labels = ["pool", "team"]
-        in_flight = GaugeMetricFamily(
-            "fairshare_in_flight", "Grants in flight (phantoms excluded).", labels=team_labels
-        )
-        borrowing = GaugeMetricFamily(
-            "fairshare_borrowing", "Grants in flight above the reservation.", labels=team_labels
-        )
-        phantoms = GaugeMetricFamily(
-            "fairshare_phantoms", "Requests of a previous owner still counted.", labels=team_labels
-        )
-        usage = GaugeMetricFamily(
-            "fairshare_usage", "Decayed usage (cost units).", labels=team_labels
-        )
-        reserved = GaugeMetricFamily(
-            "fairshare_reserved", "Within-share slots.", labels=team_labels
-        )
-        rank = GaugeMetricFamily(
-            "fairshare_rank",
-            "Dense rank of the team's level fairshare, 0 = least served (teams sharing a "
-            "label: the lowest); a borrower's priority grows with it.",
-            labels=team_labels,
-        )
         owner = GaugeMetricFamily(
             "fairshare_owner", "1 when this replica owns the pool.", labels=["pool"]
         )
@@ -453,15 +468,8 @@ class _StatusCollector(Collector):
             degraded.add_metric([name], float(view.degraded_decisions))
             if view.owned:
                 teams_known.add_metric([name], float(len(view.teams)))
-            for label, (n, borrowed, phantom, used, slots, lowest) in self._by_label(view):
-                labels = [name, label]
-                in_flight.add_metric(labels, n)
-                borrowing.add_metric(labels, borrowed)
-                phantoms.add_metric(labels, phantom)
-                usage.add_metric(labels, used)
-                reserved.add_metric(labels, slots)
-                rank.add_metric(labels, lowest)
-        yield from (in_flight, borrowing, phantoms, usage, reserved, rank, owner, epoch)
+        yield from self._team_families(pools)
+        yield from (owner, epoch)
         yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused)
         yield from (store_full, store_refused)
         yield teams_known

@@ -161,6 +161,9 @@ td.bar { width: 30%; text-align: left; }
 const REFRESH_MS = """
     + str(REFRESH_MS)
     + """;
+const WITHIN_TITLE = "the within-share count of the reservation: within-share grants " +
+  "and phantoms counted as within; a new request is within share while it is below " +
+  "the reservation, so a busy team holds all its reserved slots";
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -182,7 +185,7 @@ function bar(team, scale) {
   const pct = n => (100 * n / scale).toFixed(2) + "%";
   const track = el("div", {"class": "track"});
   let at = 0;
-  for (const [cls, n] of [["within", team.within], ["borrow", team.borrowing],
+  for (const [cls, n] of [["within", team.within_grants], ["borrow", team.borrowing],
                           ["phantom", team.phantoms]]) {
     if (n > 0) {
       const s = el("span", {"class": cls});
@@ -193,9 +196,13 @@ function bar(team, scale) {
     const r = el("span", {"class": "reserved"});
     r.style.left = "0"; r.style.width = pct(team.reserved); track.append(r);
   }
-  track.title = team.reserved + " reserved, " + team.within + " within, " +
-    team.borrowing + " borrowing, " + team.phantoms + " phantoms";
+  track.title = team.reserved + " reserved, within-share count " + num(team.within) +
+    ", in flight " + team.within_grants + " within share and " + team.borrowing +
+    " borrowing, " + team.phantoms + " phantoms";
   return track;
+}
+function within(team) {
+  return (team.within === null ? "\u2013" : team.within) + "/" + team.reserved;
 }
 function pool(p) {
   const facts = el("div", {"class": "facts"},
@@ -218,7 +225,7 @@ function pool(p) {
   for (const t of p.teams) {
     const row = el("tr", {"data-team": t.team});
     const cells = [["team", t.team], ["share", num(t.share, 3)], ["reserved", t.reserved],
-      ["within", t.within], ["borrowing", t.borrowing], ["phantoms", t.phantoms],
+      ["within", within(t)], ["borrowing", t.borrowing], ["phantoms", t.phantoms],
       ["usage", num(t.usage, 1)], ["level_fairshare", num(t.level_fairshare, 3)],
       ["rank", t.rank], ["borrow_priority", t.borrow_priority]];
     for (const [field, value] of cells) row.append(el("td", {"data-field": field}, value));
@@ -228,9 +235,9 @@ function pool(p) {
   if (!p.teams.length) {
     body.append(el("tr", {}, el("td", {"colspan": "11", "class": "empty"}, "no team yet")));
   }
-  const head = el("tr", {}, ...["Team", "Share", "Reserved", "Within", "Borrowing",
+  const head = el("tr", {}, ...["Team", "Share", "Reserved", "Within share", "Borrowing",
     "Phantoms", "Usage", "Level fairshare", "Rank", "Borrow priority", "Slots"]
-    .map(h => el("th", {}, h)));
+    .map(h => el("th", h === "Within share" ? {"title": WITHIN_TITLE} : {}, h)));
   const legend = el("div", {"class": "legend"},
     el("span", {}, el("i", {"style": "border:2px solid var(--reserved)"}), "reserved"),
     el("span", {}, el("i", {"style": "background:var(--within)"}), "within share"),

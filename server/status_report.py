@@ -10,9 +10,12 @@ What it guarantees:
   when this replica owns the pool, else asked of the owner with the Snapshot call the
   replicas already forward (``source`` says which: ``local``, ``owner``, or
   ``unavailable`` with the error, when no owner answered within ``FORWARD_TIMEOUT_S``);
-- per team: share, reservation, in flight within share and borrowing, phantoms, decayed
-  usage, level fairshare (``"inf"`` for a team with a share and no usage yet: JSON has no
-  infinity), rank, and the priority its next borrowing request would get;
+- per team: share, reservation, its within-share count (``within``: within-share grants
+  plus phantoms counted as within, what decides its next request's standing; null when
+  the owner did not send it), grants in flight within share (``within_grants``) and
+  borrowing, phantoms, decayed usage, level fairshare (``"inf"`` for a team with a share
+  and no usage yet: JSON has no infinity), rank, and the priority its next borrowing
+  request would get;
 - per replica: the members of the cluster view, the pools each owns, and this replica's
   own lease (seconds before it self-fences).
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from fairshare import TeamStat
@@ -102,7 +105,7 @@ async def _table(
 ) -> tuple[str, str, PoolView | None, list[Json]]:
     """(source, error, the owner's view if asked, the team rows) of one pool."""
     if view.owned:
-        return "local", "", None, [_team(t) for t in view.teams]
+        return "local", "", None, _teams(view.teams, view.within)
     try:
         async with asyncio.timeout(FORWARD_TIMEOUT_S):
             remote = await node.snapshot(view.pool)
@@ -110,7 +113,7 @@ async def _table(
         return "unavailable", f"the owner did not answer within {FORWARD_TIMEOUT_S:g}s", None, []
     except AllocatorError as e:
         return "unavailable", f"{type(e).__name__}: {e}", None, []
-    return "owner", "", remote, [_team(t) for t in remote.teams]
+    return "owner", "", remote, _teams(remote.teams, remote.within)
 
 
 def _age(view: PoolStatus, remote: PoolView | None) -> float | None:
@@ -126,14 +129,19 @@ def _capacity(info: PoolInfo | None, config: PoolConfig | None) -> int:
     return config.capacity if config is not None else 0
 
 
-def _team(stat: TeamStat) -> Json:
+def _teams(stats: Sequence[TeamStat], within: Mapping[str, int]) -> list[Json]:
+    return [_team(stat, within.get(stat.team)) for stat in stats]
+
+
+def _team(stat: TeamStat, within: int | None) -> Json:
     lf = stat.level_fairshare
     return {
         "team": stat.team,
         "share": stat.share,
         "reserved": stat.reserved,
+        "within": within,
         "in_flight": stat.in_flight,
-        "within": stat.in_flight - stat.borrowing,
+        "within_grants": stat.in_flight - stat.borrowing,
         "borrowing": stat.borrowing,
         "phantoms": stat.phantoms,
         "usage": stat.usage,

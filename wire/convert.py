@@ -24,9 +24,10 @@ _MAX_INT64: Final = 2**63 - 1
 # -- team tables ---------------------------------------------------------------------------
 
 
-def team_stat_pb(stat: TeamStat) -> pb.TeamStat:
+def team_stat_pb(stat: TeamStat, within: int | None = None) -> pb.TeamStat:
     """One TeamStat as its message (same field names; rank capped to int32 and tokens to
-    int64, so a table never fails to encode: the door keeps them far below anyway)."""
+    int64, so a table never fails to encode: the door keeps them far below anyway), with
+    the team's within-share count when given (``within`` stays unset otherwise)."""
     return pb.TeamStat(
         team=stat.team,
         share=stat.share,
@@ -38,6 +39,7 @@ def team_stat_pb(stat: TeamStat) -> pb.TeamStat:
         level_fairshare=stat.level_fairshare,
         rank=min(stat.rank, _MAX_INT32),
         phantoms=stat.phantoms,
+        within=None if within is None else min(within, _MAX_INT32),
     )
 
 
@@ -58,19 +60,21 @@ def team_stat(message: pb.TeamStat) -> TeamStat:
 
 
 def pool_view_pb(view: PoolView) -> pb.SnapshotResponse:
-    """A pool's table as the Snapshot answer."""
+    """A pool's table as the Snapshot answer; each team's within-share count
+    (``PoolView.within``) goes in its own TeamStat, unset for a team the view has none of."""
     return pb.SnapshotResponse(
         pool=view.pool,
         capacity=view.capacity,
         owner=view.owner,
         epoch=view.epoch,
-        teams=[team_stat_pb(stat) for stat in view.teams],
+        teams=[team_stat_pb(stat, view.within.get(stat.team)) for stat in view.teams],
         snapshot_age_s=view.snapshot_age_s,
     )
 
 
 def pool_view(message: pb.SnapshotResponse) -> PoolView:
-    """A Snapshot answer as the domain record."""
+    """A Snapshot answer as the domain record. ``within`` holds the teams whose count was
+    sent: none from an owner that predates the field (unknown, never read as 0)."""
     return PoolView(
         PoolName(message.pool),
         message.capacity,
@@ -78,6 +82,7 @@ def pool_view(message: pb.SnapshotResponse) -> PoolView:
         Epoch(message.epoch),
         [team_stat(t) for t in message.teams],
         message.snapshot_age_s if message.HasField("snapshot_age_s") else None,
+        within={t.team: t.within for t in message.teams if t.HasField("within")},
     )
 
 

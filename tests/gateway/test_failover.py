@@ -83,6 +83,7 @@ async def test_degraded_modes_and_readiness_without_the_allocator(tmp_path: Path
             model="open", messages=MESSAGES, max_tokens=1
         )
         assert raw.headers["x-fairshare-degraded"] == "true"
+        assert raw.headers["x-fairshare-standing"] == "degraded"
         assert raw.headers["x-fairshare-priority"] == "100"  # the lowest borrower's
         with pytest.raises(openai.APIStatusError) as refused:
             await client.chat.completions.create(model="closed", messages=MESSAGES)

@@ -84,6 +84,7 @@ async def test_priority_injected_and_overwritten_and_headers(stack: Stack) -> No
     assert answer.choices[0].message.content == "tok tok tok"
     assert answer.usage is not None and answer.usage.completion_tokens == 3
     assert raw.headers["x-fairshare-priority"] == "0"  # within team-a's share
+    assert raw.headers["x-fairshare-standing"] == "within"
     assert raw.headers["x-fairshare-borrowing"] == "false"
     assert raw.headers["x-fairshare-degraded"] == "false"
     assert raw.headers["x-fairshare-pool"] == "gpu-a"

@@ -186,7 +186,12 @@ class FakeAllocator:
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
         target = self._pool(pool)
         return PoolView(
-            PoolName(pool), target.capacity, self.node_id, self.epoch, target.snapshot()
+            PoolName(pool),
+            target.capacity,
+            self.node_id,
+            self.epoch,
+            target.snapshot(),
+            within=target.within(),
         )
 
     async def list_pools(self) -> list[PoolInfo]:
@@ -218,6 +223,7 @@ class FakeAllocator:
                 snapshot_age_s=0.5,
                 teams=p.snapshot(),
                 degraded_decisions=self.degraded_decisions,
+                within=p.within(),
             )
             for name, p in self.pools.items()
         ]

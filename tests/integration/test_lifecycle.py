@@ -119,13 +119,14 @@ async def test_status_cli_prints_the_table(running: RunningServer) -> None:
     lines = text.splitlines()
     assert lines[0] == "pool gpu-a  capacity 10  owner test-0  epoch 1"
     assert lines[1].split() == [
-        "team", "share", "reserved", "in", "flight", "borrowing", "phantoms", "usage",
-        "level", "fairshare", "rank",
+        "team", "share", "reserved", "within", "in", "flight", "borrowing", "phantoms",
+        "usage", "level", "fairshare", "rank",
     ]  # fmt: skip
-    assert lines[3].split() == ["inst-b", "0.1875", "2", "1", "0", "0", "0", "inf", "0"]
+    assert lines[3].split() == ["inst-b", "0.1875", "2", "1/2", "1", "0", "0", "0", "inf", "0"]
     doc = json.loads(await asyncio.to_thread(status, "--json"))
     assert [p["pool"] for p in doc] == ["gpu-a", "gpu-b"]
     assert doc[0]["teams"][1]["in_flight"] == 1
+    assert doc[0]["teams"][1]["within"] == 1
     assert doc[0]["teams"][1]["level_fairshare"] is None
 
 

@@ -118,8 +118,12 @@ async def test_the_page_shows_each_team_live_and_refreshes_by_itself(
     server, base = allocator
     async with aio.insecure_channel(server.address) as channel:
         stub = pb_grpc.AllocatorStub(channel)
-        # alpha: its 4 reserved slots and one borrower; beta: 1 of 2; gamma: used and gone.
-        await acquire(stub, "gpu-a", "alpha", 5)
+        # alpha: its 4 reserved slots and one borrower, and one of its within-share
+        # requests ends and is replaced: it keeps its 4 slots (the replacement does not
+        # borrow). beta: 1 of 2; gamma: used and gone.
+        first, *_ = await acquire(stub, "gpu-a", "alpha", 5)
+        await stub.Release(pb.ReleaseRequest(grant_id=first, consumed=0.0), timeout=5)
+        await acquire(stub, "gpu-a", "alpha", 1)
         await acquire(stub, "gpu-a", "beta", 1)
         (used,) = await acquire(stub, "gpu-a", "gamma", 1)
         await stub.Release(pb.ReleaseRequest(grant_id=used, consumed=100.0), timeout=5)
@@ -131,9 +135,10 @@ async def test_the_page_shows_each_team_live_and_refreshes_by_itself(
             await tab.wait_for("document.querySelectorAll('tr[data-team]').length === 5")
             shown = await tables(tab)
             alpha, beta, gamma = (shown["gpu-a"][t] for t in ("alpha", "beta", "gamma"))
-            assert (alpha["reserved"], alpha["within"], alpha["borrowing"]) == ("4", "4", "1")
-            assert (beta["reserved"], beta["within"], beta["borrowing"]) == ("2", "1", "0")
-            assert (gamma["reserved"], gamma["within"], gamma["borrowing"]) == ("2", "0", "0")
+            # Within share: the within-share count of the reservation.
+            assert (alpha["reserved"], alpha["within"], alpha["borrowing"]) == ("4", "4/4", "1")
+            assert (beta["reserved"], beta["within"], beta["borrowing"]) == ("2", "1/2", "0")
+            assert (gamma["reserved"], gamma["within"], gamma["borrowing"]) == ("2", "0/2", "0")
             assert gamma["usage"] == "100" and alpha["usage"] == "0"
             # Teams without usage have an infinite level fairshare and rank first.
             assert alpha["level_fairshare"] == beta["level_fairshare"] == "\u221e"
@@ -146,7 +151,17 @@ async def test_the_page_shows_each_team_live_and_refreshes_by_itself(
             pool = next(p for p in report["pools"] if p["pool"] == "gpu-a")
             assert (pool["capacity"], pool["in_flight"], pool["source"]) == (8, 6, "local")
             assert pool["owned_here"] and pool["owner"] == "allocator-0"
-            assert shown["gpu-b"]["research"]["within"] == "1"
+            row = next(t for t in pool["teams"] if t["team"] == "alpha")
+            assert (row["within"], row["within_grants"], row["borrowing"]) == (4, 4, 1)
+            # And so do the metrics on the same port.
+            _, _, metrics = await asyncio.to_thread(get, base + "/metrics")
+            assert b'fairshare_within{pool="gpu-a",team="alpha"} 4.0' in metrics
+            assert shown["gpu-b"]["research"]["within"] == "1/2"
+            title = await tab.evaluate(
+                'document.querySelector(\'section[data-pool="gpu-a"] tr[data-team=alpha]'
+                " .track').title"
+            )
+            assert title.startswith("4 reserved, within-share count 4, in flight 4 within")
             replicas = await tab.evaluate(
                 "[...document.querySelectorAll('#replicas tr[data-node]')]"
                 ".map(r => [...r.cells].map(c => c.textContent))"
@@ -161,7 +176,7 @@ async def test_the_page_shows_each_team_live_and_refreshes_by_itself(
             await tab.wait_for(
                 "(() => { const r = document.querySelector("
                 '\'section[data-pool="gpu-a"] tr[data-team="beta"]\');'
-                " return r && r.querySelector('[data-field=within]').textContent === '2'"
+                " return r && r.querySelector('[data-field=within]').textContent === '2/2'"
                 " && r.querySelector('[data-field=borrowing]').textContent === '1'; })()",
                 timeout_s=REFRESHED_WITHIN_S,
             )
@@ -171,7 +186,7 @@ async def test_the_page_shows_each_team_live_and_refreshes_by_itself(
             await acquire(stub, "gpu-b", "product", 1)
             await tab.wait_for(
                 'document.querySelector(\'section[data-pool="gpu-b"] tr[data-team="product"]'
-                " [data-field=within]').textContent === '1'",
+                " [data-field=within]').textContent === '1/2'",
                 timeout_s=REFRESHED_WITHIN_S,
             )
             await tab.resize(1280, 400)  # the picture is as tall as the page, no taller

@@ -67,9 +67,13 @@ async def test_a_non_owner_shows_the_owners_live_figures(etcd_endpoints: list[st
             await asyncio.sleep(0.05)
         owner = next(n for n in nodes if n.ownership.deciding(PoolName("p-one")) is not None)
         other = next(n for n in nodes if n is not owner)
-        # Through the non-owner: forwarded to the owner, which counts them.
-        for _ in range(4):
+        # Through the non-owner: forwarded to the owner, which counts them. The first
+        # within-share request ends and another comes: a keeps its 3 reserved slots.
+        first = await other.acquire(pool="p-one", team="a", cls=Class.INTERACTIVE, est_tokens=0)
+        for _ in range(3):
             await other.acquire(pool="p-one", team="a", cls=Class.INTERACTIVE, est_tokens=0)
+        await other.release(first.grant_id, 0.0)  # no usage: the two tables stay equal
+        await other.acquire(pool="p-one", team="a", cls=Class.INTERACTIVE, est_tokens=0)
 
         report = await status_report(other, POOLS)
         seen = {p["pool"]: p for p in report["pools"]}["p-one"]
@@ -80,7 +84,9 @@ async def test_a_non_owner_shows_the_owners_live_figures(etcd_endpoints: list[st
         )
         assert seen["snapshot_age_s"] is not None  # the owner's, forwarded
         teams = {t["team"]: t for t in seen["teams"]}
-        assert (teams["a"]["reserved"], teams["a"]["within"], teams["a"]["borrowing"]) == (3, 3, 1)
+        a = teams["a"]
+        assert (a["reserved"], a["within"], a["within_grants"], a["borrowing"]) == (3, 3, 3, 1)
+        assert teams["b"]["within"] == 0
         assert seen["in_flight"] == 4 and seen["capacity"] == 6
         # The owner's own report has the same table.
         mine = {p["pool"]: p for p in (await status_report(owner, POOLS))["pools"]}["p-one"]

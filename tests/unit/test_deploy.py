@@ -1319,6 +1319,7 @@ def _exported_metric_names() -> set[str]:
         snapshot_age_s=0.5,
         teams=[team],
         degraded_decisions=0,
+        within={"t": 1},
     )
     metrics = Metrics(lambda: [status])
     metrics.count("p", "t", Outcome.WITHIN, 0.001)

@@ -26,7 +26,7 @@ from gateway.config import (
     Route,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Proxy
+from gateway.proxy import Proxy, grant_headers
 from harness.net import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -382,8 +382,27 @@ async def test_a_redecided_request_ends_its_first_lease_and_takes_one_with_its_n
     response = await posted
     assert (response.status, seen) == (200, [21, 0])
     assert response.headers["x-fairshare-priority"] == "0"
+    assert response.headers["x-fairshare-standing"] == "within"  # the second decision's
     assert upstreams.in_flight(upstreams.urls[0]) == 0
     sent = rig.proxy.metrics.registry.get_sample_value
     labels = {"pool": "gpu-a", "upstream": upstreams.urls[0]}
     assert sent("fairshare_gateway_upstream_sent_total", {**labels, "standing": "degraded"}) == 1
     assert sent("fairshare_gateway_upstream_sent_total", {**labels, "standing": "within"}) == 1
+
+
+async def test_the_headers_name_the_standing_in_one_word_and_as_flags() -> None:
+    grant = await FakeClient().acquire("gpu-a", "team-a", Class.INTERACTIVE, 0)
+    cases = [
+        (grant, "within", "false", "false"),
+        (replace(grant, priority=20, borrowing=True), "borrowing", "true", "false"),
+        (replace(grant, priority=100, borrowing=True, degraded=True), "degraded", "true", "true"),
+    ]
+    for case, standing, borrowing, degraded in cases:
+        headers = grant_headers(case)
+        assert headers["x-fairshare-standing"] == standing
+        assert (headers["x-fairshare-borrowing"], headers["x-fairshare-degraded"]) == (
+            borrowing,
+            degraded,
+        )
+        assert headers["x-fairshare-priority"] == str(case.priority)
+        assert headers["x-fairshare-pool"] == "gpu-a"

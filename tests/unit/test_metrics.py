@@ -1,4 +1,5 @@
-"""Metrics: team labels stay bounded by the configuration."""
+"""Metrics: team labels stay bounded by the configuration; the team gauges, the
+within-share count among them."""
 
 from __future__ import annotations
 
@@ -75,3 +76,21 @@ def test_granted_priorities_and_ranks_are_exported_per_pool() -> None:
     assert 'fairshare_decision_priorities_total{pool="p",priority="0"} 1.0' in text
     assert 'fairshare_decision_priorities_total{pool="p",priority="20"} 2.0' in text
     assert samples(metrics, "fairshare_rank") == {"a": 1.0, UNCONFIGURED: 2.0}
+
+
+def test_the_within_share_count_is_a_team_gauge_summed_like_the_others() -> None:
+    teams = [team("a", 6, 0.0), team("stray-1", 2, 0.0), team("stray-2", 1, 0.0)]
+    teams[0] = dataclasses.replace(teams[0], reserved=4, borrowing=2)
+    view = dataclasses.replace(status(teams), within={"a": 4, "stray-1": 0, "stray-2": 1})
+    metrics = Metrics(lambda: [view], teams={"p": ["a"]})
+    assert samples(metrics, "fairshare_within") == {"a": 4.0, UNCONFIGURED: 1.0}
+    assert samples(metrics, "fairshare_reserved")["a"] == 4.0
+
+
+def test_a_team_without_a_count_gets_no_within_sample() -> None:
+    teams = [team("a", 1, 0.0), team("b", 1, 0.0), team("stray", 1, 0.0)]
+    view = dataclasses.replace(status(teams), within={"a": 1, "stray": 1})
+    metrics = Metrics(lambda: [view], teams={"p": ["a", "b"]})
+    # b has no count: not a 0. The unconfigured label sums only teams that all have one.
+    assert samples(metrics, "fairshare_within") == {"a": 1.0, UNCONFIGURED: 1.0}
+    assert samples(metrics, "fairshare_in_flight") == {"a": 1.0, "b": 1.0, UNCONFIGURED: 1.0}

@@ -63,6 +63,7 @@ def allocator_metrics() -> set[str]:
         snapshot_age_s=0.5,
         teams=[TeamStat("t", 1.0, 1, 1, 0, 10, 1.0, 1.0, 0, 0)],
         degraded_decisions=0,
+        within={"t": 1},
     )
     metrics = Metrics(lambda: [status])
     metrics.count("p", "t", Outcome.WITHIN, 0.001, 0)
@@ -154,8 +155,8 @@ def test_every_dashboard_query_parses_and_names_exported_metrics(etcd_metrics: s
 
 def test_the_dashboard_shows_what_operators_ask_first() -> None:
     """Pools and owners, decisions by standing and priority, degraded decisions,
-    phantoms, in flight vs reservation, usage and rank, failovers, etcd write latency,
-    and the gateway's request rates and time to first token."""
+    phantoms, in flight and within share vs reservation, usage and rank, failovers, etcd
+    write latency, and the gateway's request rates and time to first token."""
     used = set().union(*(metric_names(expr) for _, expr in dashboard_queries()))
     assert used >= {
         "fairshare_owner",
@@ -166,6 +167,7 @@ def test_the_dashboard_shows_what_operators_ask_first() -> None:
         "fairshare_phantoms",
         "fairshare_in_flight",
         "fairshare_reserved",
+        "fairshare_within",
         "fairshare_usage",
         "fairshare_rank",
         "fairshare_ownership_transitions_total",

@@ -1,5 +1,6 @@
-"""The Snapshot answer's optional ``snapshot_age_s`` crosses the wire both ways, and an
-answer without it (an owner of an earlier version) reads as "not said", not as 0."""
+"""The Snapshot answer's optional fields (``snapshot_age_s``, each team's within-share
+count) cross the wire both ways, and an answer without them (an owner of an earlier
+version) reads as "not said", not as 0."""
 
 from __future__ import annotations
 
@@ -25,3 +26,24 @@ def test_an_answer_without_the_age_reads_as_unknown() -> None:
     assert pool_view(pb.SnapshotResponse.FromString(old.SerializeToString())).snapshot_age_s is None
     view = PoolView(PoolName("p"), 4, NodeId("n"), Epoch(3), [])
     assert not pool_view_pb(view).HasField("snapshot_age_s")
+
+
+def test_each_teams_within_share_count_round_trips_including_zero() -> None:
+    other = TeamStat("u", 0.5, 2, 3, 3, 0, 0.0, 1.0, 0, 0)
+    view = PoolView(PoolName("p"), 4, NodeId("n"), Epoch(3), [TEAM, other], within={"t": 2, "u": 0})
+    message = pool_view_pb(view)
+    assert [(t.team, t.within) for t in message.teams] == [("t", 2), ("u", 0)]
+    assert pool_view(pb.SnapshotResponse.FromString(message.SerializeToString())) == view
+
+
+def test_a_team_without_a_count_is_sent_and_read_without_one() -> None:
+    view = PoolView(PoolName("p"), 4, NodeId("n"), Epoch(3), [TEAM])
+    (team,) = pool_view_pb(view).teams
+    assert not team.HasField("within")
+    old = pb.SnapshotResponse(pool="p", capacity=4, teams=[pb.TeamStat(team="t", reserved=2)])
+    assert pool_view(pb.SnapshotResponse.FromString(old.SerializeToString())).within == {}
+
+
+def test_a_count_beyond_int32_is_capped_not_refused() -> None:
+    view = PoolView(PoolName("p"), 4, NodeId("n"), Epoch(3), [TEAM], within={"t": 2**40})
+    assert pool_view_pb(view).teams[0].within == 2**31 - 1

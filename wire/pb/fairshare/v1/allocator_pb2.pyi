@@ -180,7 +180,7 @@ class SnapshotRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class TeamStat(_message.Message):
-    __slots__ = ("team", "share", "reserved", "in_flight", "borrowing", "in_flight_tokens", "usage", "level_fairshare", "rank", "phantoms")
+    __slots__ = ("team", "share", "reserved", "in_flight", "borrowing", "in_flight_tokens", "usage", "level_fairshare", "rank", "phantoms", "within")
     TEAM_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     RESERVED_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class TeamStat(_message.Message):
     LEVEL_FAIRSHARE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PHANTOMS_FIELD_NUMBER: _ClassVar[int]
+    WITHIN_FIELD_NUMBER: _ClassVar[int]
     team: str
     share: float
     reserved: int
@@ -201,7 +202,8 @@ class TeamStat(_message.Message):
     level_fairshare: float
     rank: int
     phantoms: int
-    def __init__(self, team: _Optional[str] = ..., share: _Optional[float] = ..., reserved: _Optional[int] = ..., in_flight: _Optional[int] = ..., borrowing: _Optional[int] = ..., in_flight_tokens: _Optional[int] = ..., usage: _Optional[float] = ..., level_fairshare: _Optional[float] = ..., rank: _Optional[int] = ..., phantoms: _Optional[int] = ...) -> None: ...
+    within: int
+    def __init__(self, team: _Optional[str] = ..., share: _Optional[float] = ..., reserved: _Optional[int] = ..., in_flight: _Optional[int] = ..., borrowing: _Optional[int] = ..., in_flight_tokens: _Optional[int] = ..., usage: _Optional[float] = ..., level_fairshare: _Optional[float] = ..., rank: _Optional[int] = ..., phantoms: _Optional[int] = ..., within: _Optional[int] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
     __slots__ = ("pool", "capacity", "owner", "epoch", "teams", "snapshot_age_s")
