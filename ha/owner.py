@@ -390,8 +390,8 @@ class OwnedPool:
     def adopt(self, *, holder: str, grants: Sequence[HeldGrant], complete: bool) -> AdoptResult:
         """Counts a holder's live grants of earlier epochs again.
 
-        Each is counted with the standing ``adopted_standing`` gives it, never the one
-        the holder claims. A grant the previous owner counted closes its own phantom; a
+        Each is counted in the team its id names and with the standing
+        ``adopted_standing`` gives it, never those the holder claims. A grant the previous owner counted closes its own phantom; a
         grant nobody counted (see ``release``) is simply counted; a grant already settled
         is ignored. A complete inventory closes every phantom of ``holder`` it did not
         claim, if it carries a signed grant of ``holder`` (an unsigned one proves
@@ -435,11 +435,12 @@ class OwnedPool:
             if recorded is None and not self._earlier.chargeable(key):
                 continue  # settled or expired before the snapshot
             borrowing = adopted_standing(ref, None if recorded is None else recorded.borrowing)
-            self._admit(held.team or ref.team)
+            # The id's team, never the one the holder claims: a grant signed for one team
+            # re-reported as another would be counted and charged there.
+            team = ref.team or held.team
+            self._admit(team)
             try:
-                grant = self.pool.adopt(
-                    held.team or ref.team, held.priority, borrowing, held.est_tokens
-                )
+                grant = self.pool.adopt(team, held.priority, borrowing, held.est_tokens)
             except ValueError as e:
                 raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
             phantom = self._phantoms.take(key)

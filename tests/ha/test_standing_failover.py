@@ -165,3 +165,15 @@ async def test_a_wall_clock_step_on_the_successor_neither_ends_phantoms_nor_forg
     for grant_id, _ in held:
         third.release(GrantRef.decode(grant_id), 1.0)
     assert third.pool.within()["a"] == 0
+
+
+async def test_a_re_reported_grant_counts_and_charges_in_the_team_its_id_names() -> None:
+    clock, log = FakeClock(), MemoryLog()
+    first = owner(1, clock, log)
+    grant_id, _ = await acquire(first, "a")
+    second = await successor_of(first, clock, log)
+    second.adopt(holder="h", grants=[HeldGrant(grant_id, "b", 0, False, 0)], complete=True)
+    teams = {t.team: t for t in second.pool.snapshot()}
+    assert (teams["a"].in_flight, teams["b"].in_flight) == (1, 0)
+    second.release(GrantRef.decode(grant_id), 3.0)
+    assert (second.pool.usage_of("a"), second.pool.usage_of("b")) == (3.0, 0.0)
