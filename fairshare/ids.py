@@ -42,8 +42,11 @@ _UNSIGNED_PARTS = 6
 """Dot-separated parts of an unsigned id: tag, epoch, seq, pool, team, holder."""
 _SIGNED_PARTS = _UNSIGNED_PARTS + 1
 """A signed id's parts (``g2``): those of an unsigned one, then the MAC."""
-_STANDING_PARTS = _SIGNED_PARTS + 1
-"""A signed id with its standing (``g3``): those of an unsigned one, the standing, the MAC."""
+_STANDING_PARTS = _SIGNED_PARTS + 2
+"""A signed id with its standing (``g3``): those of an unsigned one, the standing, the
+session, the MAC."""
+_SESSION_CHARS: Final = 64
+"""The longest session part a ``g3`` id may carry (a session id is 22 characters)."""
 _STANDINGS: Final = {"w": False, "b": True}
 """A ``g3`` id's standing part: within share or borrowing."""
 MAC_BYTES = 16
@@ -67,10 +70,12 @@ class GrantRef:
 
     Three forms (see docs/ha.md, "Grant ids"):
 
-    - signed, issued by a replica, with the grant's standing: ``g3.<epoch>.<seq>.<pool>.
-      <team>.<holder>.<standing>.<mac>``, ``standing`` ``w`` (within share) or ``b``
-      (borrowing), so that a later owner counts a re-reported grant with the standing
-      it was decided with, whatever its holder claims;
+    - signed, issued by a replica, with the grant's standing and session: ``g3.<epoch>.
+      <seq>.<pool>.<team>.<holder>.<standing>.<session>.<mac>``, ``standing`` ``w``
+      (within share) or ``b`` (borrowing), ``session`` the id of the holder session it
+      was made in (``fairshare.sessions``; empty: none), so that a later owner counts a
+      re-reported grant with the standing and in the session it was decided with,
+      whatever its holder claims;
     - signed, as replicas issued them before ids carried a standing: ``g2.<epoch>.<seq>.
       <pool>.<team>.<holder>.<mac>`` (``borrowing`` None: unknown);
     - unsigned, made by a client while no replica answered: ``g1.<epoch>.<seq>.<pool>.
@@ -92,6 +97,8 @@ class GrantRef:
     borrowing: bool | None = None
     """The standing a signed id was issued with; None when the id does not say (``g2``,
     unsigned). Signed with the rest, so a holder cannot change it."""
+    session: str = ""
+    """The id of the holder session a ``g3`` id was issued in; empty when none."""
 
     def signed_text(self) -> str:
         """What the MAC covers: the id's fields in their canonical encoding (``g3`` with
@@ -106,7 +113,7 @@ class GrantRef:
         ]
         if self.borrowing is not None:
             fields[0] = _STANDING_TAG
-            fields.append("b" if self.borrowing else "w")
+            fields += ("b" if self.borrowing else "w", self.session)
         return ".".join(fields)
 
     def encode(self) -> str:
@@ -142,14 +149,15 @@ class GrantRef:
         except (ValueError, binascii.Error, UnicodeDecodeError):
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}") from None
         borrowing: bool | None = None
+        session = ""
         if form[0] == _STANDING_TAG:
-            if parts[6] not in _STANDINGS:
+            if parts[6] not in _STANDINGS or len(parts[7]) > _SESSION_CHARS:
                 raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
-            borrowing = _STANDINGS[parts[6]]
+            borrowing, session = _STANDINGS[parts[6]], parts[7]
         mac = parts[-1] if form[0] != _UNSIGNED_TAG else ""
         if not pool or epoch < 0 or seq < 0 or (form[0] != _UNSIGNED_TAG and not mac):
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
-        return cls(PoolName(pool), Epoch(epoch), seq, team, holder, mac, borrowing)
+        return cls(PoolName(pool), Epoch(epoch), seq, team, holder, mac, borrowing, session)
 
 
 _FORMS: Final = {

@@ -25,3 +25,5 @@ MAX_ANSWER_BYTES: Final = 32 * 2**20
 """Bytes of remembered answers (request-id dedupe) one pool keeps; the oldest go first."""
 MAX_ANSWERS: Final = 100_000
 """Most remembered answers one pool keeps, whatever their size."""
+MAX_SESSIONS: Final = 16_384
+"""Most holder sessions one pool's owner keeps open at once (``ha.sessions``)."""

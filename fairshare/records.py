@@ -50,6 +50,23 @@ class HeldGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class KeepAliveResult:
+    """What a KeepAlive renewed.
+
+    Attributes:
+        renewed: pools whose owner renewed the session.
+        unknown: pools whose owner does not know the session (never opened there, or
+            lapsed: its grants there no longer count).
+        ttl_s: the session TTL of the owners that answered (the shortest); 0 when none
+            did. A holder renews every third of it.
+    """
+
+    renewed: Sequence[str]
+    unknown: Sequence[str]
+    ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class AdoptResult:
     """What an Adopt changed: grants counted again and phantoms dropped."""
 

@@ -36,7 +36,15 @@ from fairshare.ids import (
     NodeId,
     PoolName,
 )
-from fairshare.records import AdoptResult, Decision, HeldGrant, PoolInfo, PoolView
+from fairshare.records import (
+    AdoptResult,
+    Decision,
+    HeldGrant,
+    KeepAliveResult,
+    PoolInfo,
+    PoolView,
+)
+from fairshare.sessions import Session
 
 # -- status ------------------------------------------------------------------------------
 
@@ -135,6 +143,7 @@ class Allocator(Protocol):
         try_only: bool = False,
         epoch: Epoch = ANY_EPOCH,
         forwarded: bool = False,
+        session: Session | None = None,
     ) -> Decision:
         """Decides one request; forwards to the owner when this replica is not it.
 
@@ -142,6 +151,7 @@ class Allocator(Protocol):
         call names the ``epoch`` its forwarder routed to: a replica that does not own the
         pool at exactly that epoch (at any, for ``ANY_EPOCH``) raises WrongEpoch instead
         of forwarding again. ``epoch`` means nothing in a call that is not forwarded.
+        The grant belongs to ``session`` when one is given (``ha.sessions``).
         """
         ...
 
@@ -158,12 +168,22 @@ class Allocator(Protocol):
         grants: Sequence[HeldGrant],
         complete: bool,
         forwarded: bool = False,
+        session: Session | None = None,
     ) -> AdoptResult:
         """Re-reports a holder's live grants of earlier epochs to the current owner.
 
         ``epoch`` is the owner epoch the holder expects (``ANY_EPOCH``: the current one);
-        an owner at another epoch raises WrongEpoch.
+        an owner at another epoch raises WrongEpoch. A complete inventory closes only the
+        phantoms of ``session`` (of ``holder`` made without a session, when none).
         """
+        ...
+
+    async def keep_alive(
+        self, pools: Sequence[str], session: Session, *, forwarded: bool = False
+    ) -> KeepAliveResult:
+        """Renews ``session`` with the owner of each of ``pools`` (forwarding to the
+        owners of pools this replica does not own); pools no owner answered for are in
+        neither list of the result."""
         ...
 
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
@@ -196,7 +216,7 @@ class Peers(Protocol):
     and UnknownPool, InvalidArgument, NoOwner as the peer raised them.
     """
 
-    async def acquire(
+    async def acquire(  # noqa: PLR0913 (the call's fields, keyword-only)
         self,
         address: str,
         *,
@@ -209,6 +229,7 @@ class Peers(Protocol):
         try_only: bool,
         epoch: Epoch,
         timeout: float,
+        session: Session | None = None,
     ) -> Decision:
         """Acquire on the owner at ``address``, which must own ``pool`` at ``epoch``."""
         ...
@@ -227,8 +248,15 @@ class Peers(Protocol):
         grants: Sequence[HeldGrant],
         complete: bool,
         timeout: float,
+        session: Session | None = None,
     ) -> AdoptResult:
         """Adopt on the owner at ``address``."""
+        ...
+
+    async def keep_alive(
+        self, address: str, pools: Sequence[str], session: Session, timeout: float
+    ) -> KeepAliveResult:
+        """KeepAlive on the owner at ``address`` of ``pools``."""
         ...
 
     async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
@@ -261,6 +289,7 @@ __all__ = [
     "GrantRef",
     "HeldGrant",
     "InvalidArgument",
+    "KeepAliveResult",
     "LimitExceeded",
     "MemberStatus",
     "NoOwner",
@@ -273,6 +302,7 @@ __all__ = [
     "PoolName",
     "PoolStatus",
     "PoolView",
+    "Session",
     "StoreFull",
     "StoreUnavailable",
     "UnknownNode",

@@ -1,9 +1,15 @@
 """The grants an owner counts in flight: its own, and earlier ones it counted again.
 
+A grant made in a holder session (``ha.sessions``) lives as long as its session: it never
+expires by age, however long its request runs, and ``lapse`` ends it with its session. A
+grant made without one (a client that opens no session, a degraded grant re-reported)
+lives at most ``max_request_s``.
+
 Guarantees: each grant is kept once, with the time it was issued (or adopted, or the
-deadline its phantom had) and its standing (a successor's phantom keeps it); ``expire``
-releases, charging nothing, every grant older than ``max_request_s``; ``live`` and
-``rows`` list exactly the grants kept, for a snapshot.
+deadline its phantom had), its standing (a successor's phantom keeps it) and its session;
+``expire`` releases, charging nothing, every grant without a session older than
+``max_request_s``; ``lapse`` every grant of one session; ``live`` and ``rows`` list
+exactly the grants kept, for a snapshot.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class Held:
     wall: float  # when it was issued or adopted (the epoch's clock)
     row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
     unsigned: bool = False  # a client-made degraded grant (no MAC)
+    session: str = ""  # the holder session it belongs to; empty: none (it ages)
 
 
 class HeldGrants:
@@ -38,60 +45,105 @@ class HeldGrants:
     def __init__(self, epoch: Epoch, max_request_s: float) -> None:
         self._epoch = epoch
         self._limit = max_request_s
+        # Grants without a session, in the order they were issued (they expire by age).
         self._own: dict[int, Held] = {}  # this epoch's grants by sequence number
         self._adopted: dict[GrantKey, Held] = {}  # earlier grants counted again
+        # Grants of sessions (they live as long as their session).
+        self._in_session: dict[GrantKey, Held] = {}
+        self._by_session: dict[str, set[GrantKey]] = {}
 
-    def issue(self, seq: int, grant: Grant, holder: str, team: str, wall: float) -> Held:
+    def issue(
+        self, seq: int, grant: Grant, holder: str, team: str, wall: float, session: str = ""
+    ) -> Held:
         """Keeps a grant of this epoch, issued at ``wall``; returns it as kept."""
-        held = self._own[seq] = self._held(grant, GrantKey(self._epoch, seq, holder), team, wall)
+        key = GrantKey(self._epoch, seq, holder)
+        held = self._held(grant, key, team, wall, session)
+        if session:
+            self._keep_in_session(held)
+        else:
+            self._own[seq] = held
         return held
 
-    def adopt(self, key: GrantKey, grant: Grant, wall: float, *, unsigned: bool) -> Held:
+    def adopt(
+        self, key: GrantKey, grant: Grant, wall: float, *, unsigned: bool, session: str = ""
+    ) -> Held:
         """Keeps an earlier grant counted again, as if issued at ``wall``; returns it as
         kept."""
-        held = self._adopted[key] = self._held(grant, key, grant.team, wall)
+        held = self._held(grant, key, grant.team, wall, session)
         held.unsigned = unsigned
+        if session:
+            self._keep_in_session(held)
+        else:
+            self._adopted[key] = held
         return held
 
-    def take_own(self, seq: int) -> Held | None:
-        """Forgets this epoch's grant ``seq`` (released) and returns it, if kept."""
-        return self._own.pop(seq, None)
+    def take_own(self, key: GrantKey) -> Held | None:
+        """Forgets this epoch's grant ``key`` (released) and returns it, if kept."""
+        held = self._own.get(key.seq)
+        if held is not None and held.key == key:
+            return self._own.pop(key.seq)
+        return self._take_in_session(key)
 
     def take_adopted(self, key: GrantKey) -> Held | None:
         """Forgets the adopted grant ``key`` (released) and returns it, if kept."""
-        return self._adopted.pop(key, None)
+        held = self._adopted.pop(key, None)
+        return held if held is not None else self._take_in_session(key)
 
     def adopted(self, key: GrantKey) -> bool:
-        return key in self._adopted
+        return key in self._adopted or key in self._in_session
 
     def unsigned_of(self, holder: str) -> int:
         """How many unsigned (client-made degraded) grants of ``holder`` are kept."""
         return sum(1 for h in self._adopted.values() if h.unsigned and h.key.holder == holder)
 
+    def of_session(self, session: str) -> set[GrantKey]:
+        """The keys of the grants kept for ``session``."""
+        return set(self._by_session.get(session, ()))
+
     def expire(self, horizon: float) -> list[GrantKey]:
-        """Releases (charging nothing) the grants issued before ``horizon``; returns
-        their keys."""
+        """Releases (charging nothing) the grants without a session issued before
+        ``horizon``; returns their keys."""
         return _expire(self._own, horizon) + _expire(self._adopted, horizon)
+
+    def lapse(self, session: str) -> list[GrantKey]:
+        """Releases (charging nothing) every grant of ``session``; returns their keys."""
+        keys = list(self._by_session.pop(session, ()))
+        for key in keys:
+            self._in_session.pop(key).grant.release(0.0)
+        return keys
 
     def live(self) -> list[LiveGrant]:
         """The grants as a snapshot's live list."""
         limit = self._limit
         return [
-            LiveGrant(held.key, held.team, held.wall + limit, held.grant.borrowing)
-            for held in chain(self._own.values(), self._adopted.values())
+            LiveGrant(held.key, held.team, held.wall + limit, held.grant.borrowing, held.session)
+            for held in self._all()
         ]
 
     def rows(self) -> Iterator[str]:
         """The grants' encoded live rows (what ``live`` encodes to)."""
-        return chain(
-            (held.row for held in self._own.values()),
-            (held.row for held in self._adopted.values()),
-        )
+        return (held.row for held in self._all())
 
-    def _held(self, grant: Grant, key: GrantKey, team: str, wall: float) -> Held:
+    def _all(self) -> Iterator[Held]:
+        return chain(self._own.values(), self._adopted.values(), self._in_session.values())
+
+    def _keep_in_session(self, held: Held) -> None:
+        self._in_session[held.key] = held
+        self._by_session.setdefault(held.session, set()).add(held.key)
+
+    def _take_in_session(self, key: GrantKey) -> Held | None:
+        held = self._in_session.pop(key, None)
+        if held is not None:
+            keys = self._by_session[held.session]
+            keys.discard(key)
+            if not keys:
+                del self._by_session[held.session]
+        return held
+
+    def _held(self, grant: Grant, key: GrantKey, team: str, wall: float, session: str) -> Held:
         until = wall + self._limit
-        row = live_row(LiveGrant(key, team, until, grant.borrowing))
-        return Held(grant, key, team, wall, row)
+        row = live_row(LiveGrant(key, team, until, grant.borrowing, session))
+        return Held(grant, key, team, wall, row, session=session)
 
 
 def _expire(table: dict[_K, Held], horizon: float) -> list[GrantKey]:

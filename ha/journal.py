@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, decode_live
+from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, decode_live, decode_sessions
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class Changes:
     teams: set[str] = field(default_factory=set)
     settled: dict[GrantKey, float] = field(default_factory=dict)
     uncounted: dict[GrantKey, float] = field(default_factory=dict)
+    sessions: dict[str, tuple[str, str] | None] = field(default_factory=dict)
+    """Session id -> (digest, holder) when opened, None when it lapsed."""
 
     def counted(self, key: GrantKey, row: str) -> None:
         """``key`` is counted in flight, as ``row`` (``ha.snapshot.live_row``)."""
@@ -182,6 +184,8 @@ def encode_record(
             "drop": drop,
             "settled": _entries(changes.settled),
             "uncounted": _entries(changes.uncounted),
+            "sessions": [[sid, *s] for sid, s in changes.sessions.items() if s is not None],
+            "lapsed": [sid for sid, s in changes.sessions.items() if s is None],
         }
     )
     record = f'{head[:-1]},"live":[{",".join(live)}]}}'.encode()
@@ -209,6 +213,8 @@ def encode_checkpoint(state: PoolSnapshot, live_rows: Iterable[str]) -> Checkpoi
     for name, table in (("settled", state.settled), ("uncounted", state.uncounted)):
         for key, wall in table.items():
             packer.add(name, _dumps([key.epoch, key.seq, key.holder, wall]))
+    for sid, (digest, holder) in state.sessions.items():
+        packer.add("sessions", _dumps([sid, digest, holder]))
     return Checkpoint(head, packer.parts())
 
 
@@ -263,6 +269,7 @@ def _replay(
     live: dict[GrantKey, LiveGrant] = {}
     settled: dict[GrantKey, float] = {}
     uncounted: dict[GrantKey, float] = {}
+    sessions: dict[str, tuple[str, str]] = {}
     for raw in parts:
         part = json.loads(raw)
         for team, used in part.get("usage", ()):
@@ -270,6 +277,7 @@ def _replay(
         _add_live(live, part.get("live", ()))
         _add_entries(settled, part.get("settled", ()))
         _add_entries(uncounted, part.get("uncounted", ()))
+        sessions.update(decode_sessions(part.get("sessions", ())))
     for raw in records:
         record = json.loads(raw)
         if int(record["epoch"]) != epoch:
@@ -289,6 +297,9 @@ def _replay(
             live.pop(GrantKey(int(e), int(s), str(h)), None)
         _add_entries(settled, record["settled"])
         _add_entries(uncounted, record["uncounted"])
+        sessions.update(decode_sessions(record.get("sessions", ())))
+        for sid in record.get("lapsed", ()):
+            sessions.pop(str(sid), None)
     return PoolSnapshot(
         pool=str(head["pool"]),
         epoch=epoch,
@@ -307,6 +318,7 @@ def _replay(
         settled=settled,
         # Fixed for an epoch (its writer's configuration), so in its checkpoint only.
         configured=None if head.get("configured") is None else int(head["configured"]),
+        sessions=sessions,
     )
 
 

@@ -50,6 +50,7 @@ from ha.api import (
     Decision,
     Epoch,
     HeldGrant,
+    KeepAliveResult,
     MemberStatus,
     NodeId,
     Peers,
@@ -57,6 +58,7 @@ from ha.api import (
     PoolName,
     PoolStatus,
     PoolView,
+    Session,
 )
 from ha.clock import Clock, SystemClock, system_clock
 from ha.cluster import ClusterView
@@ -326,6 +328,7 @@ class Node:
         try_only: bool = False,
         epoch: Epoch = ANY_EPOCH,
         forwarded: bool = False,
+        session: Session | None = None,
     ) -> Decision:
         """``ha.api.Allocator.acquire``."""
         return await self._router.acquire(
@@ -338,6 +341,7 @@ class Node:
             try_only=try_only,
             epoch=epoch,
             forwarded=forwarded,
+            session=session,
         )
 
     async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
@@ -353,6 +357,7 @@ class Node:
         grants: Sequence[HeldGrant],
         complete: bool,
         forwarded: bool = False,
+        session: Session | None = None,
     ) -> AdoptResult:
         """``ha.api.Allocator.adopt``."""
         return await self._router.adopt(
@@ -362,7 +367,14 @@ class Node:
             grants=grants,
             complete=complete,
             forwarded=forwarded,
+            session=session,
         )
+
+    async def keep_alive(
+        self, pools: Sequence[str], session: Session, *, forwarded: bool = False
+    ) -> KeepAliveResult:
+        """``ha.api.Allocator.keep_alive``."""
+        return await self._router.keep_alive(pools, session, forwarded=forwarded)
 
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
         """``ha.api.Allocator.snapshot``."""

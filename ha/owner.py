@@ -43,6 +43,8 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 
 from fairshare import Class, Pool, TeamStat
+from fairshare.limits import MAX_SESSIONS
+from fairshare.sessions import Session
 from ha.answers import Answer, Answers
 from ha.api import (
     DEGRADED_EPOCH,
@@ -65,6 +67,7 @@ from ha.grantkeys import GrantKeys, ephemeral_keys
 from ha.held import HeldGrants
 from ha.journal import Changes, Journal, StateWriter, encode_checkpoint, encode_record
 from ha.phantoms import Phantoms
+from ha.sessions import Sessions
 from ha.settings import PoolConfig
 from ha.settled import Settled
 from ha.snapshot import GrantKey, PoolSnapshot
@@ -101,6 +104,7 @@ class OwnedPool:
         release_memory_s: float,
         keys: GrantKeys | None = None,
         counters: IdCounters | None = None,
+        session_ttl_s: float = 30.0,
     ) -> None:
         """Args:
         config: the pool's configuration.
@@ -118,6 +122,7 @@ class OwnedPool:
         keys: the cluster's grant keys; None: this process's ephemeral key (tests).
         counters: where refused ids and clamped charges are counted (kept by the node
             across epochs); None: a fresh one.
+        session_ttl_s: how long a holder session lives unrenewed (``ha.sessions``).
         """
         self.config = config
         self.name = PoolName(config.name)
@@ -142,6 +147,7 @@ class OwnedPool:
         # Earlier grants the previous owner counted, each standing for one phantom.
         self._phantoms = Phantoms(self.pool)
         self._earlier = Settled(config.name)  # earlier grants nobody counted (ha.settled)
+        self._sessions = Sessions(session_ttl_s, MAX_SESSIONS)
         self._answers = Answers()  # (holder, request id) -> the first answer
         self._teams_cache: tuple[float, Sequence[TeamStat], Mapping[str, int]] | None = None
         self._release_memory_s = release_memory_s
@@ -211,7 +217,11 @@ class OwnedPool:
         # from now: chained failovers do not stretch it.
         shift = now - snapshot.wall
         latest = now + self.config.max_request_s
-        self._phantoms.restore(snapshot.live, now=now, shift=shift, latest=latest)
+        # Every session gets one TTL from now to be renewed (its holder keeps it alive).
+        self._sessions.restore(((sid, d, h) for sid, (d, h) in snapshot.sessions.items()), now)
+        self._phantoms.restore(
+            snapshot.live, now=now, shift=shift, latest=latest, sessions=self._sessions
+        )
         self._earlier.restore(snapshot, self.epoch, now, shift)
         self._forget(now)
         return len(snapshot.usage), len(self._phantoms)
@@ -299,16 +309,26 @@ class OwnedPool:
         holder: str,
         request_id: str,
         try_only: bool,
+        session: Session | None = None,
     ) -> Decision:
-        """Decides one request; within-share grants are durable before they return.
+        """Decides one request; within-share grants are durable before they return, and
+        so is the session a call opens.
+
+        The grant belongs to ``session`` (it lives as long as the session does), or to
+        none (it lives at most ``max_request_s``).
 
         Raises:
             NotDeciding: the node may not decide for this pool now.
             InvalidArgument: bad team, class or tokens.
+            PermissionDenied: ``session`` is open with another secret or holder.
+            LimitExceeded: opening ``session`` would keep too many.
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
-        key = (holder, request_id)
+        opened = session is not None and self._open(session, holder)
+        sid = session.id if session is not None else ""
+        # Two sessions of one holder name may reuse request ids: each has its own.
+        key = (f"{holder}\x00{sid}" if sid else holder, request_id)
         if request_id:
             answered = self._answers.get(key)
             if answered is not None:
@@ -329,16 +349,41 @@ class OwnedPool:
             answer = (False, "", 0, False, True)
         else:
             self._seq += 1
-            ref = GrantRef(self.name, self.epoch, self._seq, team, holder, "", grant.borrowing)
-            held = self._held.issue(self._seq, grant, holder, team, self._now())
+            ref = GrantRef(self.name, self.epoch, self._seq, team, holder, "", grant.borrowing, sid)
+            held = self._held.issue(self._seq, grant, holder, team, self._now(), sid)
             self._changes.counted(held.key, held.row)
             answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
         decision = Decision(*answer, False, self.node, self.epoch)
         if request_id:
             self._answers.remember(key, answer)
-        if grant is not None and not grant.borrowing:
+        if opened or (grant is not None and not grant.borrowing):
             await self.durable()
         return decision
+
+    def keep_alive(self, session: Session) -> bool:
+        """Renews ``session``; False when it is not open here (never opened with this
+        owner's pool, or lapsed: its grants no longer count).
+
+        Raises:
+            NotDeciding: the node may not decide for this pool now.
+            PermissionDenied: the session is open with another secret.
+        """
+        if not self.can_decide():
+            raise NotDeciding(self.name)
+        return self._sessions.renew(session, self._now())
+
+    @property
+    def session_ttl_s(self) -> float:
+        return self._sessions.ttl_s
+
+    def _open(self, session: Session, holder: str) -> bool:
+        """Checks and renews ``session`` for ``holder``; records it when this call opens
+        it (returns True: the caller makes it durable before answering)."""
+        if not self._sessions.check(session, holder, self._now()):
+            return False
+        self._changes.sessions[session.id] = (session.digest, holder)
+        self._touch()
+        return True
 
     def release(self, ref: GrantRef, consumed: float) -> None:
         """Ends a grant of this epoch or an earlier one; idempotent across owners.
@@ -353,15 +398,15 @@ class OwnedPool:
         consumed = self._ids.bounded(ref, consumed)
         self._touch()
         changes = self._changes
+        key = GrantKey(ref.epoch, ref.seq, ref.holder)
         if ref.epoch == self.epoch:
-            held = self._held.take_own(ref.seq)
+            held = self._held.take_own(key)
             if held is not None:
                 held.grant.release(consumed)
                 changes.dropped(held.key)
                 changes.team(held.team)
-            return
-        key = GrantKey(ref.epoch, ref.seq, ref.holder)
-        adopted = self._held.take_adopted(key)
+                return
+        adopted = None if ref.epoch == self.epoch else self._held.take_adopted(key)
         if adopted is not None:
             adopted.grant.release(consumed)
             changes.dropped(key)
@@ -378,8 +423,9 @@ class OwnedPool:
             changes.team(team)
             self._settle(key)
         elif self._earlier.chargeable(key) and not self._earlier.is_settled(key):
-            # No owner ever counted it (made after a crashed owner's last write, or
-            # degraded): charge it, once.
+            # No owner counts it (made after a crashed owner's last write, degraded, or
+            # ended unreleased: its session lapsed, or it outlived max_request_s):
+            # charge what it consumed, once.
             self._admit(ref.team or "unknown")
             self.pool.charge(ref.team or "unknown", consumed)
             changes.team(ref.team or "unknown")
@@ -387,21 +433,35 @@ class OwnedPool:
         # Otherwise it was settled before the snapshot this owner restored: its
         # consumption is already in the usage.
 
-    def adopt(self, *, holder: str, grants: Sequence[HeldGrant], complete: bool) -> AdoptResult:
+    def adopt(
+        self,
+        *,
+        holder: str,
+        grants: Sequence[HeldGrant],
+        complete: bool,
+        session: Session | None = None,
+    ) -> AdoptResult:
         """Counts a holder's live grants of earlier epochs again.
 
-        Each is counted in the team its id names and with the standing
-        ``adopted_standing`` gives it, never those the holder claims. A grant the previous owner counted closes its own phantom; a
-        grant nobody counted (see ``release``) is simply counted; a grant already settled
-        is ignored. A complete inventory closes every phantom of ``holder`` it did not
-        claim, if it carries a signed grant of ``holder`` (an unsigned one proves
-        nothing).
+        Each is counted in the team, with the standing (``adopted_standing``) and in the
+        session its id names, never those the holder claims; a grant of a session that is
+        not open here (it lapsed) is not counted again. A grant the previous owner counted
+        closes its own phantom; a grant nobody counted (see ``release``) is simply counted;
+        a grant already settled is ignored.
+
+        A complete inventory speaks for the caller's own grants only. Presented with a
+        ``session``, it closes every phantom of that session it did not claim; without
+        one, every phantom of ``holder`` made without a session, if it carries a signed
+        grant of ``holder`` (an unsigned one proves nothing). Nobody closes another
+        session's phantoms: two processes that share a holder name do not disturb each
+        other.
 
         Raises:
             NotDeciding: the node may not decide for this pool now (an adopt is a
                 decision: it changes what the pool counts in flight).
             PermissionDenied: a grant id is not genuine, or is unsigned and names
-                another holder; nothing is counted then.
+                another holder, or ``session`` is open with another secret or holder;
+                nothing is counted then.
             InvalidArgument: a grant is of another pool.
 
         Unsigned grants beyond the holder's bound (``capacity`` counted at a time) are
@@ -411,13 +471,15 @@ class OwnedPool:
             raise NotDeciding(self.name)
         refs = [GrantRef.decode(held.grant_id) for held in grants]
         proven = self._check_adopted(holder, refs)
+        if session is not None:
+            self._open(session, holder)
         self._touch()
         unsigned_live = self._held.unsigned_of(holder)
         adopted = 0
         dropped = 0
         for held, ref in zip(grants, refs, strict=True):
             key = GrantKey(ref.epoch, ref.seq, ref.holder)
-            if ref.epoch >= self.epoch or self._held.adopted(key) or self._earlier.is_settled(key):
+            if not self._counts_again(key, ref):
                 continue
             if not ref.mac:
                 if unsigned_live >= self.pool.capacity:
@@ -432,8 +494,6 @@ class OwnedPool:
                     continue
                 unsigned_live += 1
             recorded = self._phantoms.get(key)
-            if recorded is None and not self._earlier.chargeable(key):
-                continue  # settled or expired before the snapshot
             borrowing = adopted_standing(ref, None if recorded is None else recorded.borrowing)
             # The id's team, never the one the holder claims: a grant signed for one team
             # re-reported as another would be counted and charged there.
@@ -446,14 +506,27 @@ class OwnedPool:
             phantom = self._phantoms.take(key)
             # It keeps the deadline its phantom had: re-counting does not extend a request.
             issued = self._now() if phantom is None else phantom.until - self.config.max_request_s
-            kept = self._held.adopt(key, grant, issued, unsigned=not ref.mac)
+            kept = self._held.adopt(key, grant, issued, unsigned=not ref.mac, session=ref.session)
             self._changes.counted(key, kept.row)
             adopted += 1
             if phantom is not None and self._phantoms.drop(phantom):
                 dropped += 1
         if complete:
-            dropped += self._close_unclaimed(holder, proven)
+            if session is not None:
+                dropped += self._uncount(*self._phantoms.close_session(session.id))
+            else:
+                dropped += self._close_unclaimed(holder, proven)
         return AdoptResult(adopted, dropped, self.node, self.epoch)
+
+    def _counts_again(self, key: GrantKey, ref: GrantRef) -> bool:
+        """Whether a re-reported grant of an earlier epoch is counted again: not when it is
+        counted already or was released, nor when its session lapsed; only when the
+        previous owner counted it (a phantom) or no owner ever did (see ``release``)."""
+        if ref.epoch >= self.epoch or self._held.adopted(key) or self._earlier.is_settled(key):
+            return False
+        if ref.session and not self._sessions.live(ref.session):
+            return False
+        return key in self._phantoms or self._earlier.chargeable(key)
 
     def _check_adopted(self, holder: str, refs: Sequence[GrantRef]) -> bool:
         """Checks every re-reported grant before any is counted; returns whether one of
@@ -495,30 +568,53 @@ class OwnedPool:
             return 0
         # The holder does not hold these any more: their releases may still be on the way,
         # so they stay chargeable, but they no longer count in flight.
-        closed, ended = self._phantoms.close(holder)
+        return self._uncount(*self._phantoms.close(holder))
+
+    def _uncount(self, keys: list[GrantKey], ended: int = 0) -> int:
+        """Records grants (or phantoms) that no longer count in flight but whose release
+        may still come and must be charged once; returns ``ended``."""
+        if not keys:
+            return ended
         now = self._now()
-        self._earlier.uncount(closed, now)
-        for key in closed:
+        self._earlier.uncount(keys, now)
+        for key in keys:
             self._changes.dropped(key)
             if key in self._earlier.uncounted:  # not dropped at once by the table's cap
                 self._changes.uncounted[key] = now
+        self._touch()
         return ended
 
     def expire(self) -> int:
-        """Ends grants older than ``max_request_s``; returns how many.
+        """Ends the grants whose holder is presumed dead; returns how many.
 
-        No request lives longer than that, so such a grant belongs to a holder that died
-        without releasing it. Without this a dead gateway would keep its team's slots for
-        ever; with it, it keeps them no longer than a phantom would. Nothing is charged.
+        A grant of a holder session ends when its session lapses (nobody renewed it for
+        ``session_ttl_s``), with every phantom of that session; a grant without one when
+        it is older than ``max_request_s`` (no such request lives longer). Without this a
+        dead gateway would keep its team's slots for ever. Nothing is charged now; a late
+        release is, once, for what it consumed.
         """
         now = self._now()
         self._forget(now)  # phantoms end here too: the pool's never expire by themselves
+        lapsed = self._sessions.lapsed(now)
+        for sid in lapsed:
+            self._uncount(self._held.lapse(sid))
+            self._uncount(*self._phantoms.close_session(sid))
+            self._changes.sessions[sid] = None
+            self._touch()
+        if lapsed:
+            logger.warning(
+                "pool %s at epoch %d: %d holder sessions lapsed (not renewed for %gs); "
+                "their grants and phantoms no longer count",
+                self.name,
+                self.epoch,
+                len(lapsed),
+                self._sessions.ttl_s,
+            )
+            self._committer.nudge()
         horizon = now - self.config.max_request_s
         expired = len(keys := self._held.expire(horizon))
         if expired:
-            for key in keys:
-                self._changes.dropped(key)
-            self._touch()
+            self._uncount(keys)
             logger.warning(
                 "pool %s at epoch %d: %d grants outlived max_request_s (%gs) unreleased; "
                 "their holders are presumed dead",
@@ -586,6 +682,7 @@ class OwnedPool:
             uncounted=dict(self._earlier.uncounted),
             settled=dict(self._earlier.settled),
             configured=self.config.capacity,
+            sessions={sid: (d, h) for sid, d, h in self._sessions.rows()},
         )
 
     async def _persist(self) -> None:

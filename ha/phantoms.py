@@ -18,7 +18,7 @@ ends them, one by one); a phantom never outlives ``until``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 from fairshare import Pool
@@ -30,6 +30,7 @@ class Phantom(NamedTuple):
     until: float  # time (of the epoch's clock) after which its request cannot be running
     row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
     borrowing: bool | None  # its grant's standing; None: unknown (counted as within)
+    session: str  # the holder session of its grant; empty: none
 
     @property
     def counted_borrowing(self) -> bool:
@@ -51,17 +52,26 @@ class Phantoms:
         return key in self._phantoms
 
     def restore(
-        self, live: Iterable[LiveGrant], *, now: float, shift: float, latest: float
+        self,
+        live: Iterable[LiveGrant],
+        *,
+        now: float,
+        shift: float,
+        latest: float,
+        sessions: Container[str],
     ) -> None:
         """Counts the grants a snapshot lists as live, each for the time it had left at
         the snapshot, from ``now`` (``shift``: now minus the snapshot's wall time), but
         never beyond ``latest`` (chained failovers do not stretch them); those ended at
-        the snapshot are not."""
+        the snapshot are not. A grant of one of ``sessions`` (open at the snapshot)
+        counts until ``latest``, or until its session lapses: it does not age."""
         counts: dict[tuple[str, bool], int] = {}
         for grant in live:
-            until = min(grant.until + shift, latest)
+            if grant.session and grant.session not in sessions:
+                continue  # its session had lapsed: it no longer counted
+            until = latest if grant.session else min(grant.until + shift, latest)
             if until > now:
-                phantom = _phantom(grant.key, grant.team, until, grant.borrowing)
+                phantom = _phantom(grant.key, grant.team, until, grant.borrowing, grant.session)
                 self._phantoms[grant.key] = phantom
                 kind = (grant.team, phantom.counted_borrowing)
                 counts[kind] = counts.get(kind, 0) + 1
@@ -76,7 +86,7 @@ class Phantoms:
         for team, slots in reserved.items():
             for i in range(slots):
                 key = GrantKey(-1, added + i, "")
-                self._phantoms[key] = _phantom(key, team, until, None)
+                self._phantoms[key] = _phantom(key, team, until, None, "")
             if slots:
                 self._pool.add_phantoms(team, slots, math.inf)
             added += slots
@@ -97,13 +107,22 @@ class Phantoms:
         return self._pool.drop_phantom(phantom.team, borrowing=phantom.counted_borrowing)
 
     def holds(self, holder: str) -> bool:
-        """True if a phantom of ``holder`` is counted."""
-        return any(k.holder == holder for k in self._phantoms)
+        """True if a phantom of ``holder`` made without a session is counted."""
+        return any(k.holder == holder and not p.session for k, p in self._phantoms.items())
 
     def close(self, holder: str) -> tuple[list[GrantKey], int]:
-        """Ends every phantom of ``holder``; returns their keys and how many the pool
+        """Ends every phantom of ``holder`` made without a session; returns their keys and
+        how many the pool dropped. (A session's phantoms are its own: ``close_session``.)"""
+        return self._close(
+            [k for k, p in self._phantoms.items() if k.holder == holder and not p.session]
+        )
+
+    def close_session(self, session: str) -> tuple[list[GrantKey], int]:
+        """Ends every phantom of ``session``; returns their keys and how many the pool
         dropped."""
-        closed = [k for k in self._phantoms if k.holder == holder]
+        return self._close([k for k, p in self._phantoms.items() if p.session == session])
+
+    def _close(self, closed: list[GrantKey]) -> tuple[list[GrantKey], int]:
         dropped = 0
         for key in closed:
             if self.drop(self._phantoms.pop(key)):
@@ -117,12 +136,18 @@ class Phantoms:
 
     def live(self) -> list[LiveGrant]:
         """The phantoms as a snapshot's live list."""
-        return [LiveGrant(key, p.team, p.until, p.borrowing) for key, p in self._phantoms.items()]
+        return [
+            LiveGrant(key, p.team, p.until, p.borrowing, p.session)
+            for key, p in self._phantoms.items()
+        ]
 
     def rows(self) -> Iterator[str]:
         """The phantoms' encoded live rows (what ``live`` encodes to)."""
         return (p.row for p in self._phantoms.values())
 
 
-def _phantom(key: GrantKey, team: str, until: float, borrowing: bool | None) -> Phantom:
-    return Phantom(team, until, live_row(LiveGrant(key, team, until, borrowing)), borrowing)
+def _phantom(
+    key: GrantKey, team: str, until: float, borrowing: bool | None, session: str
+) -> Phantom:
+    row = live_row(LiveGrant(key, team, until, borrowing, session))
+    return Phantom(team, until, row, borrowing, session)

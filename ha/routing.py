@@ -36,6 +36,7 @@ from ha.api import (
     Epoch,
     GrantRef,
     HeldGrant,
+    KeepAliveResult,
     NodeId,
     NoOwner,
     Peers,
@@ -43,6 +44,7 @@ from ha.api import (
     PoolInfo,
     PoolName,
     PoolView,
+    Session,
     StoreUnavailable,
     UnknownNode,
     UnknownPool,
@@ -119,6 +121,7 @@ class Router:
         try_only: bool = False,
         epoch: Epoch = ANY_EPOCH,
         forwarded: bool = False,
+        session: Session | None = None,
     ) -> Decision:
         """``ha.api.Allocator.acquire``."""
         config = self._config(pool)
@@ -135,6 +138,7 @@ class Router:
             holder=holder,
             request_id=request_id,
             try_only=try_only,
+            session=session,
         )
         if forwarded:  # answer from our own state only
             try:
@@ -163,6 +167,7 @@ class Router:
                         try_only=try_only,
                         epoch=route.epoch,
                         timeout=max(self.timing.rpc_timeout_s, deadline - self._clock.monotonic()),
+                        session=session,
                     )
                 except (WrongEpoch, PeerUnavailable) as e:
                     logger.debug("forward of %s to %s failed: %s", pool, route.node, e)
@@ -221,6 +226,7 @@ class Router:
         grants: Sequence[HeldGrant],
         complete: bool,
         forwarded: bool = False,
+        session: Session | None = None,
     ) -> AdoptResult:
         """``ha.api.Allocator.adopt``."""
         self._config(pool)
@@ -229,7 +235,7 @@ class Router:
         if owned is not None:
             if epoch not in (ANY_EPOCH, owned.epoch):
                 raise WrongEpoch(name, self.node_id, self.address, owned.epoch)
-            return owned.adopt(holder=holder, grants=grants, complete=complete)
+            return owned.adopt(holder=holder, grants=grants, complete=complete, session=session)
         if forwarded:
             raise self._wrong_epoch(name)
         route = self.view.route(name)
@@ -247,8 +253,46 @@ class Router:
                 grants=grants,
                 complete=complete,
                 timeout=self.timing.rpc_timeout_s,
+                session=session,
             ),
         )
+
+    async def keep_alive(
+        self, pools: Sequence[str], session: Session, *, forwarded: bool = False
+    ) -> KeepAliveResult:
+        """``ha.api.Allocator.keep_alive``: renews here what this replica owns, and asks
+        each other owner once for its pools."""
+        renewed: list[str] = []
+        unknown: list[str] = []
+        ttls: list[float] = []
+        elsewhere: dict[str, list[str]] = {}
+        for pool in dict.fromkeys(pools):
+            self._config(pool)
+            owned = self._ownership.deciding(PoolName(pool))
+            if owned is not None:
+                try:
+                    alive = owned.keep_alive(session)
+                except NotDeciding:
+                    continue
+                (renewed if alive else unknown).append(pool)
+                ttls.append(owned.session_ttl_s)
+                continue
+            route = self.view.route(PoolName(pool))
+            if not forwarded and route is not None and route.node != self.node_id:
+                elsewhere.setdefault(route.address, []).append(pool)
+        for address, names in elsewhere.items():
+            try:
+                answer = await self._peers.keep_alive(
+                    address, names, session, self.timing.rpc_timeout_s
+                )
+            except (WrongEpoch, PeerUnavailable) as e:
+                logger.debug("keepalive of %s at %s failed: %s", names, address, e)
+                continue
+            renewed += answer.renewed
+            unknown += answer.unknown
+            if answer.ttl_s > 0:
+                ttls.append(answer.ttl_s)
+        return KeepAliveResult(renewed, unknown, min(ttls, default=0.0))
 
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
         """``ha.api.Allocator.snapshot``."""

@@ -168,6 +168,9 @@ class Timing:
     """Overall deadline of a forwarded call, retries (route refreshes) included."""
     release_memory_s: float = 3600.0
     """How long an owner remembers released grant ids, so a retried release is a no-op."""
+    session_ttl_s: float = 30.0
+    """How long a holder session lives without being renewed (``ha.sessions``); its grants
+    then stop counting. Clients renew every third of it."""
 
     @property
     def close_bound_s(self) -> float:
@@ -207,6 +210,8 @@ class Timing:
                 f"{path}.snapshot_interval_s",
                 f"must be in (0, lease_ttl_s/2 = {t / 2:g}], got {self.snapshot_interval_s:g}",
             )
+        if self.session_ttl_s <= 0:
+            raise ConfigError(f"{path}.session_ttl_s", "must be > 0")
         if self.fence_margin_s <= 0 or self.fence_margin_s >= t:
             raise ConfigError(f"{path}.fence_margin_s", "must be in (0, lease_ttl_s)")
         if self.release_memory_s < max_request_s:

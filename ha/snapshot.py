@@ -62,6 +62,8 @@ class LiveGrant(NamedTuple):
     team: str
     until: float
     borrowing: bool | None = None
+    session: str = ""
+    """The holder session it was made in (``ha.sessions``); empty when none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,8 @@ class PoolSnapshot:
             configured otherwise takes its own (a changed configuration is the new intent,
             SetCapacity an override until then). None in snapshots written before it was
             kept: the stored capacity stands.
+        sessions: session id -> (digest of its secret, holder): the holder sessions open
+            at the writer (``ha.sessions``).
     """
 
     pool: str
@@ -100,6 +104,7 @@ class PoolSnapshot:
     uncounted: Mapping[GrantKey, float] = field(default_factory=dict)
     settled: Mapping[GrantKey, float] = field(default_factory=dict)
     configured: int | None = None
+    sessions: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def in_flight(self) -> dict[str, int]:
         """Team -> requests in flight."""
@@ -130,6 +135,7 @@ class PoolSnapshot:
                 "uncounted": [[k.epoch, k.seq, k.holder, w] for k, w in self.uncounted.items()],
                 "settled": [[k.epoch, k.seq, k.holder, w] for k, w in self.settled.items()],
                 "configured": self.configured,
+                "sessions": [[sid, d, h] for sid, (d, h) in self.sessions.items()],
             },
             separators=(",", ":"),
         )
@@ -160,6 +166,7 @@ class PoolSnapshot:
                 uncounted=_keys(doc["uncounted"]),
                 settled=_keys(doc["settled"]),
                 configured=None if doc.get("configured") is None else int(doc["configured"]),
+                sessions=decode_sessions(doc.get("sessions", ())),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             logger.error("ignoring an unreadable pool snapshot: %s", e)
@@ -172,6 +179,8 @@ def live_row(grant: LiveGrant) -> str:
     k = grant.key
     until = float(grant.until)
     standing = "" if grant.borrowing is None else (",1" if grant.borrowing else ",0")
+    if grant.session:
+        standing = f"{standing or ',null'},{_string(grant.session)}"
     if not math.isfinite(until):
         row = [k.epoch, k.seq, k.holder, grant.team, until]
         return f"{_COMPACT.encode(row)[:-1]}{standing}]"
@@ -184,16 +193,24 @@ _ROW_FIELDS: Final = 5
 
 
 def decode_live(row: Sequence[Any]) -> LiveGrant:
-    """A ``live_row`` as read back (five entries: standing unknown).
+    """A ``live_row`` as read back (five entries: standing unknown; seven: with the
+    session, the standing possibly null).
 
     Raises:
         ValueError, TypeError: not a live row.
     """
-    if len(row) not in (_ROW_FIELDS, _ROW_FIELDS + 1):
-        raise ValueError(f"a live row has 5 or 6 entries, not {len(row)}")
+    if not _ROW_FIELDS <= len(row) <= _ROW_FIELDS + 2:
+        raise ValueError(f"a live row has 5 to 7 entries, not {len(row)}")
     e, s, h, t, u = row[:_ROW_FIELDS]
-    borrowing = None if len(row) == _ROW_FIELDS else _standing(row[_ROW_FIELDS])
-    return LiveGrant(GrantKey(int(e), int(s), str(h)), str(t), float(u), borrowing)
+    extra = row[_ROW_FIELDS:]
+    borrowing = None if not extra or extra[0] is None else _standing(extra[0])
+    session = str(extra[1]) if len(extra) > 1 else ""
+    return LiveGrant(GrantKey(int(e), int(s), str(h)), str(t), float(u), borrowing, session)
+
+
+def decode_sessions(rows: Iterable[Sequence[Any]]) -> dict[str, tuple[str, str]]:
+    """Session rows ``[id, digest, holder]`` as read back."""
+    return {str(sid): (str(digest), str(holder)) for sid, digest, holder in rows}
 
 
 def _standing(value: object) -> bool:

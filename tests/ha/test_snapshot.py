@@ -24,7 +24,12 @@ names = st.text(min_size=0, max_size=8)  # any text: quotes, backslashes, non-AS
 walls = st.floats(min_value=0.0, max_value=2e9, allow_nan=False)
 keys = st.builds(GrantKey, st.integers(-1, 2**40), st.integers(0, 2**62), names)
 live = st.builds(
-    LiveGrant, keys, names, st.one_of(walls, st.just(math.inf)), st.one_of(st.none(), st.booleans())
+    LiveGrant,
+    keys,
+    names,
+    st.one_of(walls, st.just(math.inf)),
+    st.one_of(st.none(), st.booleans()),
+    st.one_of(st.just(""), names),
 )
 
 
@@ -62,8 +67,10 @@ def test_encode_round_trips_and_kept_rows_encode_the_same(
 def test_a_live_row_is_the_compact_json_of_its_fields(grant: LiveGrant) -> None:
     k = grant.key
     fields: list[object] = [k.epoch, k.seq, k.holder, grant.team, grant.until]
-    if grant.borrowing is not None:
-        fields.append(int(grant.borrowing))
+    if grant.borrowing is not None or grant.session:
+        fields.append(None if grant.borrowing is None else int(grant.borrowing))
+    if grant.session:
+        fields.append(grant.session)
     assert live_row(grant) == json.dumps(fields, separators=(",", ":"))
     assert decode_live(json.loads(live_row(grant))) == grant
 
