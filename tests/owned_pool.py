@@ -10,7 +10,14 @@ from ha.owner import OwnedPool
 from ha.settings import PoolConfig
 
 
-def owned_pool(config: PoolConfig, epoch: int, clock: FakeClock, log: StateWriter) -> OwnedPool:
+def owned_pool(
+    config: PoolConfig,
+    epoch: int,
+    clock: FakeClock,
+    log: StateWriter,
+    *,
+    session_ttl_s: float = 30.0,
+) -> OwnedPool:
     """The owner of ``config``'s pool at ``epoch`` (node ``n<epoch>``), writing to ``log``."""
     return OwnedPool(
         config=config,
@@ -22,4 +29,5 @@ def owned_pool(config: PoolConfig, epoch: int, clock: FakeClock, log: StateWrite
         commit_window_s=0.0,
         release_commit_s=0.0,
         release_memory_s=600.0,
+        session_ttl_s=session_ttl_s,
     )
