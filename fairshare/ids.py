@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final, NewType
 
 from fairshare.errors import InvalidArgument
+from fairshare.limits import MAX_NAME_BYTES
 
 PoolName = NewType("PoolName", str)
 NodeId = NewType("NodeId", str)
@@ -157,6 +158,11 @@ class GrantRef:
         mac = parts[-1] if form[0] != _UNSIGNED_TAG else ""
         if not pool or epoch < 0 or seq < 0 or (form[0] != _UNSIGNED_TAG and not mac):
             raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
+        if any(len(name.encode("utf-8")) > MAX_NAME_BYTES for name in (pool, team, holder)):
+            # The limit every request's names have, on this path too.
+            raise InvalidArgument(
+                "grant_id", f"a name in the grant id is longer than {MAX_NAME_BYTES} bytes"
+            )
         return cls(PoolName(pool), Epoch(epoch), seq, team, holder, mac, borrowing, session)
 
 

@@ -13,6 +13,7 @@ from owned_pool import owned_pool
 from fairshare import Class
 from ha.api import DEGRADED_EPOCH, Epoch, GrantRef, HeldGrant, PoolName
 from ha.clock import FakeClock
+from ha.genuine import degraded_grant_id
 from ha.grantkeys import ephemeral_keys
 from ha.journal import MemoryLog
 from ha.owner import OwnedPool, adopted_standing
@@ -150,8 +151,9 @@ async def test_a_wall_clock_step_on_the_successor_neither_ends_phantoms_nor_forg
     held = [await acquire(first, "a") for _ in range(4)]
     log2 = MemoryLog()
     second = await successor_of(first, clock, log, into=log2)
-    # A degraded grant released to the second owner is settled there: charged once.
-    degraded = GrantRef(PoolName("p"), DEGRADED_EPOCH, 77, "b", "h")
+    # A replica's degraded grant released to the second owner is settled there: charged
+    # once.
+    degraded = GrantRef.decode(degraded_grant_id("p", "b", "h", ephemeral_keys()))
     second.release(degraded, 2.0)
     clock.step_wall(step_s)
     third = await successor_of(second, clock, log2)
