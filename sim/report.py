@@ -216,19 +216,27 @@ def _subplots(n: int) -> tuple[Figure, list[Axes]]:
 
 
 def plot_preemptions(result: ScenarioResult, path: Path) -> Path:
-    """Preemptions per team, one bar per run."""
+    """Preemptions per team, one bar per run: within-share victims hatched at the bottom,
+    borrowers above them; the label is the total."""
     teams = list(result.shares)
     fig, ax = _figure(7.0, 3.8)
     runs = list(result.runs.items())
     width = 0.8 / len(runs)
     for i, (label, run) in enumerate(runs):
         xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(teams))]
-        counts = [run.preemptions.get(team, 0) for team in teams]
-        bars = ax.bar(xs, counts, width, label=label)
-        ax.bar_label(bars, fontsize=7)
+        within = [run.within_preemptions.get(team, 0) for team in teams]
+        borrowing = [
+            run.preemptions.get(team, 0) - w for team, w in zip(teams, within, strict=True)
+        ]
+        color = f"C{i % 10}"
+        ax.bar(xs, within, width, color=color, hatch="///", edgecolor="white", linewidth=0)
+        bars = ax.bar(xs, borrowing, width, bottom=within, color=color, label=label)
+        ax.bar_label(
+            bars, labels=[str(w + b) for w, b in zip(within, borrowing, strict=True)], fontsize=7
+        )
     ax.set_xticks(range(len(teams)), teams)
     ax.set_title(f"{result.title}: KV-cache preemptions per team")
-    ax.set_xlabel("team")
+    ax.set_xlabel("team (hatched: victims granted within share; in FCFS runs vLLM ignores it)")
     ax.set_ylabel("preemptions (requests re-prefilled)")
     ax.legend(fontsize=8)
     return _save(fig, path)

@@ -102,6 +102,8 @@ class _Pooled:
     large: list[float]
     service: list[float]
     preemptions: int = 0
+    within_preemptions: int = 0
+    within_beside_borrower: int = 0
     small_served: float = 0.0
     first: SimResult | None = None
 
@@ -111,6 +113,8 @@ class _Pooled:
         self.large += result.waits("large")
         self.service += [r.service_s for r in result.completed()]
         self.preemptions += sum(result.preemptions.values())
+        self.within_preemptions += sum(result.within_preemptions.values())
+        self.within_beside_borrower += sum(result.within_beside_borrower.values())
         self.small_served += served_fractions(result, ["large", "small"], 0.0)["small"] / SEEDS
         if self.first is None:
             self.first = result
@@ -164,6 +168,8 @@ def multi_instance(
             figures[f"{key}_small_all_p99_wait_s"] = percentile(p.everyone_small, 99)
             figures[f"{key}_large_p50_wait_s"] = percentile(p.large, 50)
             figures[f"{key}_preemptions"] = p.preemptions
+            figures[f"{key}_within_preemptions"] = p.within_preemptions
+            figures[f"{key}_within_preempted_beside_borrower"] = p.within_beside_borrower
             figures[f"{key}_small_served_fraction"] = p.small_served
             figures[f"{key}_small_within_requests"] = len(p.within)
             series[f"k = {k}: {v.label}"] = p.within
@@ -171,7 +177,8 @@ def multi_instance(
                 f"| {k} | {v.label}{' **(shipped)**' if v == SHIPPED else ''} "
                 f"| {p99:.2f} | {max(p.within, default=math.nan):.2f} "
                 f"| {percentile(p.everyone_small, 99):.2f} | {percentile(p.large, 50):.1f} "
-                f"| {p.preemptions} | {p99_fcfs:.1f} ({_fcfs_variant(v).label}) "
+                f"| {p.preemptions} ({p.within_preemptions}) "
+                f"| {p99_fcfs:.1f} ({_fcfs_variant(v).label}) "
                 f"| {figures[f'{key}_fcfs_over_fairshare_p99']:.0f} × |"
             )
         for v in FCFS_VARIANTS:
@@ -217,7 +224,8 @@ def multi_instance(
             "requests; FCFS is vLLM's default policy with the router named):",
             "",
             "| k | router | within p99 | within max | small, all, p99 | large p50 "
-            "| preemptions (all seeds) | within p99 under FCFS | FCFS ÷ fairshare |",
+            "| preemptions (of them within share), all seeds | within p99 under FCFS "
+            "| FCFS ÷ fairshare |",
             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *rows,
             "",

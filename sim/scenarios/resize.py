@@ -6,7 +6,7 @@ from sim.allocators import AllocatorFactory
 from sim.engine import Simulator
 from sim.model import Policy
 from sim.scenarios.result import ScenarioResult, Target, percentile
-from sim.scenarios.runs import Setup, run, served_fractions
+from sim.scenarios.runs import Setup, preemption_figures, run, served_fractions
 from sim.workloads import BATCH, INTERACTIVE, Bursts, Flood, Poisson, Source
 
 
@@ -63,8 +63,7 @@ def elastic(
                     unit="s",
                 )
             )
-    for team in shares:
-        figures[f"preemptions_{team}"] = fair.preemptions.get(team, 0)
+    figures.update(preemption_figures(fair, shares))
     description = (
         f"Shares a 0.5 / b 0.3 / c 0.2. C = 16, then `set_capacity(8)` at {t1:.0f} s "
         f"(instances drained: the requests over the new C or KV budget are preempted, "

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sim.allocators import Allocator, AllocatorFactory, FcfsAllocator, PoolSpec, in_process
@@ -97,3 +97,19 @@ def served_fractions(
     served = {team: result.served_s(team, start_s, end_s) for team in teams}
     total = math.fsum(served.values())
     return {team: (v / total if total > 0 else 0.0) for team, v in served.items()}
+
+
+def preemption_figures(result: SimResult, teams: Iterable[str]) -> dict[str, float]:
+    """Each team's preemptions, by standing (see ``SimResult``).
+
+    Returns:
+        ``preemptions_<team>`` (every victim), ``preemptions_<team>_within`` (victims
+        granted within share) and ``within_preempted_beside_borrower`` (within-share
+        victims while a borrower ran on their instance, every team together).
+    """
+    figures: dict[str, float] = {}
+    for team in teams:
+        figures[f"preemptions_{team}"] = result.preemptions.get(team, 0)
+        figures[f"preemptions_{team}_within"] = result.within_preemptions.get(team, 0)
+    figures["within_preempted_beside_borrower"] = sum(result.within_beside_borrower.values())
+    return figures

@@ -8,7 +8,7 @@ import math
 from sim.allocators import AllocatorFactory
 from sim.model import Policy
 from sim.scenarios.result import ScenarioResult, Target, percentile
-from sim.scenarios.runs import Setup, run, served_fractions
+from sim.scenarios.runs import Setup, preemption_figures, run, served_fractions
 from sim.workloads import BATCH, INTERACTIVE, Bursts, Flood, Poisson, Source
 
 # -- 1. two institutions --------------------------------------------------------------
@@ -49,9 +49,8 @@ def two_institutions(
         "large_p50_wait_s": percentile(fair.waits("large"), 50),
         "large_p50_wait_fcfs_s": percentile(fcfs.waits("large"), 50),
         "small_served_fraction": served_fractions(fair, list(shares), 0.0)["small"],
-        "preemptions_large": fair.preemptions.get("large", 0),
-        "preemptions_small": fair.preemptions.get("small", 0),
         "small_within_requests": len(fair.waits("small", within_share=True)),
+        **preemption_figures(fair, shares),
     }
     targets = [
         Target(
@@ -123,9 +122,7 @@ def three_teams(
         "c_within_p99_wait_s": percentile(fair.waits("c", within_share=True), 99),
         "c_within_p99_wait_fcfs_s": percentile(fcfs.waits("c", within_share=True), 99),
         "mean_service_s": fair.mean_service_s(),
-        "preemptions_a": fair.preemptions.get("a", 0),
-        "preemptions_b": fair.preemptions.get("b", 0),
-        "preemptions_c": fair.preemptions.get("c", 0),
+        **preemption_figures(fair, shares),
     }
     targets = [
         Target(
