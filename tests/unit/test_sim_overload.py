@@ -4,12 +4,24 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
 from fairshare import Class, Pool
-from sim.allocators import InFlightRuleAllocator, PoolAllocator
-from sim.model import Request
+from sim.allocators import (
+    AllocatorFactory,
+    FcfsAllocator,
+    InFlightRuleAllocator,
+    PoolAllocator,
+    in_flight_rule,
+    in_process,
+)
+from sim.engine import Simulator
+from sim.holdings import Holdings, sample_holdings
+from sim.model import Hardware, Request
+from sim.scenarios.runs import Setup, run
+from sim.workloads import Flood, Shape, Tokens
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,3 +85,42 @@ def test_the_old_rule_uses_the_pools_priorities_usage_and_phantoms() -> None:
     stranger = Request(3, "z", Class.INTERACTIVE, 0.0, 10, 10, 1.0)
     allocator.admit(stranger)
     assert stranger.borrowing and stranger.grant is not None
+
+
+def _flood_holdings(fairshare: AllocatorFactory, horizon_s: float = 60.0) -> Holdings:
+    """Team a (reservation 2 of C = 4) keeps 3 fixed-size requests in flight; b none."""
+    shape = Shape(Class.INTERACTIVE, Tokens(100, 0.0), Tokens(50, 0.0))  # 1.01 s each
+    sampled: list[Holdings] = []
+    setup = Setup(
+        capacity=4,
+        shares={"a": 0.5, "b": 0.5},
+        sources=[Flood("a", outstanding=3, shape=shape)],
+        horizon_s=horizon_s,
+        seed=1,
+        half_life_s=600.0,
+        pool="p",
+        controls=lambda sim: sampled.append(sample_holdings(sim, ["a", "b"], every_s=0.25)),
+    )
+    run(setup, fairshare=fairshare)
+    return sampled[0]
+
+
+def test_holdings_sample_each_teams_requests_in_flight_and_within_share() -> None:
+    held = _flood_holdings(in_process)
+    assert held.times[:3] == [0.0, 0.25, 0.5] and held.times[-1] <= 60.0
+    assert held.in_flight["a"][0] == 0  # sampled before the flood's first requests
+    assert set(held.in_flight["a"][1:]) == {3} and set(held.in_flight["b"]) == {0}
+    assert set(held.within["a"][1:]) == {2}
+    assert held.held_fraction("a", 2) == held.held_fraction("b", 2) == 1.0
+    assert held.mean(held.within_running, "a", after_s=1.0) == 2.0
+    assert math.isnan(held.held_fraction("a", 2, after_s=61.0))
+    # The rule before: after the first two finish, a holds none within share.
+    old = _flood_holdings(in_flight_rule)
+    assert set(old.within["a"][old.times.index(5.0) :]) == {0}
+    assert old.held_fraction("a", 2, after_s=5.0) == 0.0
+    with pytest.raises(ValueError, match="every_s"):
+        sample_holdings(
+            Simulator(capacity=1, hardware=Hardware(), allocator=FcfsAllocator(), horizon_s=1.0),
+            ["a"],
+            0.0,
+        )
