@@ -288,12 +288,70 @@ def plot_series(result: ScenarioResult, path: Path) -> Path:
     return _save(fig, path)
 
 
+ZOOM_S = 60.0
+"""The holdings plot draws the first minute of the run beside the whole of it."""
+
+
+def plot_holdings(result: ScenarioResult, path: Path) -> Path:
+    """Each team's within-share requests held over time, one row per team: the whole run
+    on the left, its first ``ZOOM_S`` seconds on the right. One line per run of
+    ``result.holdings`` (the first solid, the others dashed); the team's requests in
+    flight faint; its reservation (``reserved_<team>`` of the figures) dotted."""
+    plt = _pyplot()
+    teams = list(result.shares)
+    fig, axes = plt.subplots(
+        len(teams),
+        2,
+        figsize=(9.0, 2.6 * len(teams) + 0.8),
+        dpi=DPI,
+        sharey="row",
+        squeeze=False,
+        gridspec_kw={"width_ratios": [3, 1]},
+    )
+    every_s = next(iter(result.holdings.values())).every_s
+    for (whole, zoom), team in zip(axes, teams, strict=True):
+        top = 1
+        for i, (label, held) in enumerate(result.holdings.items()):
+            style = "-" if i == 0 else "--"
+            color = f"C{i % 10}"
+            lines = [
+                (held.within[team], f"within share: {label}", {}),
+                (held.in_flight[team], f"in flight: {label}", {"linewidth": 0.7, "alpha": 0.4}),
+            ]
+            for ax in (whole, zoom):
+                for values, name, thin in lines:
+                    ax.step(
+                        held.times, values, style, where="post", color=color, label=name, **thin
+                    )
+            top = max(top, *held.in_flight[team])
+        reserved = result.figures.get(f"reserved_{team}")
+        for ax in (whole, zoom):
+            if reserved is not None:
+                ax.axhline(reserved, color="0.3", linewidth=0.9, linestyle=":", label="reservation")
+        _decorate_time(whole, result)
+        whole.set_ylim(0, top * 1.1)
+        zoom.set_xlim(0, ZOOM_S)
+        whole.set_title(f"team {team}: requests in flight, and of them within share")
+        zoom.set_title("the first minute")
+        whole.set_ylabel("requests")
+    axes[-1][0].set_xlabel(f"simulated time (s), sampled every {_fmt(every_s)} s")
+    axes[-1][1].set_xlabel("simulated time (s)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def write_plots(result: ScenarioResult, out_dir: Path) -> list[Path]:
     """Draws every plot of ``result`` into ``out_dir``; returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [plot_served(result, out_dir / f"{result.name}-served.png")]
     if result.series:
         paths.append(plot_series(result, out_dir / f"{result.name}-routers.png"))
+    if result.holdings:
+        paths.append(plot_holdings(result, out_dir / f"{result.name}-within.png"))
     if result.wait_series:
         paths.append(plot_wait_series(result, out_dir / f"{result.name}-waits.png"))
     else:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
+from pathlib import Path
 
 import pytest
 
 from fairshare import Class, Pool
+from sim import command
 from sim.allocators import (
     AllocatorFactory,
     FcfsAllocator,
@@ -20,8 +23,9 @@ from sim.allocators import (
 from sim.engine import Simulator
 from sim.holdings import Holdings, sample_holdings
 from sim.model import Hardware, Request
+from sim.scenarios import SCENARIOS, ScenarioResult, overload, sustained_overload
 from sim.scenarios.runs import Setup, run
-from sim.workloads import Flood, Shape, Tokens
+from sim.workloads import BATCH, INTERACTIVE, Flood, Mix, Shape, Tokens
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -113,6 +117,7 @@ def test_holdings_sample_each_teams_requests_in_flight_and_within_share() -> Non
     assert set(held.within["a"][1:]) == {2}
     assert held.held_fraction("a", 2) == held.held_fraction("b", 2) == 1.0
     assert held.mean(held.within_running, "a", after_s=1.0) == 2.0
+    assert held.running_fraction("a", 2) == 1.0 and set(held.running["a"][1:]) == {3}
     assert math.isnan(held.held_fraction("a", 2, after_s=61.0))
     # The rule before: after the first two finish, a holds none within share.
     old = _flood_holdings(in_flight_rule)
@@ -124,3 +129,74 @@ def test_holdings_sample_each_teams_requests_in_flight_and_within_share() -> Non
             ["a"],
             0.0,
         )
+
+
+def test_a_mix_draws_its_shapes_by_weight() -> None:
+    rng = random.Random(1)
+    assert {Mix(((INTERACTIVE, 1.0), (BATCH, 0.0))).draw(rng) for _ in range(50)} == {INTERACTIVE}
+    drawn = [Mix(((INTERACTIVE, 3.0), (BATCH, 1.0))).draw(rng) for _ in range(4000)]
+    assert drawn.count(BATCH) / len(drawn) == pytest.approx(0.25, abs=0.03)
+
+
+# -- the sustained-overload scenario, at a tenth of the report's horizon -----------------
+
+
+@pytest.fixture(scope="module")
+def overloaded() -> ScenarioResult:
+    return sustained_overload(scale=0.1)
+
+
+def test_sustained_overload_meets_its_targets(overloaded: ScenarioResult) -> None:
+    assert SCENARIOS["sustained-overload"] is sustained_overload
+    missed = [f"{t.text}: {t.value:.3f} vs {t.bound:.3f}" for t in overloaded.targets if not t.met]
+    assert overloaded.ok, missed
+    figures = overloaded.figures
+    for team in overload.SHARES:
+        # The current rule holds the reservation at every sample; the rule before, never.
+        assert figures[f"{team}_held_pct"] == 100.0
+        assert figures[f"{team}_within_mean"] == figures[f"reserved_{team}"]
+        assert figures[f"{team}_held_pct_before"] == 0.0
+        assert figures[f"{team}_within_requests_before"] < figures[f"{team}_within_requests"]
+        # A team has its reservation's worth running more often under the current rule.
+        assert figures[f"{team}_running_pct"] > figures[f"{team}_running_pct_before"]
+    assert figures["within_preempted_beside_borrower"] == 0
+    assert sum(figures[f"preemptions_{t}"] for t in overload.SHARES) > 0  # KV pressure
+
+
+def test_sustained_overload_compares_the_rule_before(overloaded: ScenarioResult) -> None:
+    assert (
+        list(overloaded.runs)
+        == list(overloaded.holdings)
+        == [
+            overload.SHIPPED,
+            overload.BEFORE,
+        ]
+    )
+    assert overloaded.compared == overload.BEFORE
+    held = [c for c in overloaded.comparisons if "within share, after the warm-up" in c.text]
+    assert len(held) == len(overload.SHARES)
+    assert all((c.value, c.other) == (100.0, 0.0) for c in held)
+    # Where the wait target stops holding: the KV cache holds fewer requests of the long
+    # mix than are reserved; the standing still holds.
+    figures = overloaded.figures
+    assert figures["kv_holds_requests"] > sum(figures[f"reserved_{t}"] for t in overload.SHARES)
+    assert figures["kv_holds_requests_long_mix"] < sum(
+        figures[f"reserved_{t}"] for t in overload.SHARES
+    )
+    for team in overload.SHARES:
+        assert figures[f"{team}_held_pct_long_mix"] == 100.0
+        assert figures[f"{team}_within_p99_wait_s_long_mix"] > figures["mean_service_s_long_mix"]
+
+
+def test_the_cli_draws_the_within_share_requests_held(tmp_path: Path) -> None:
+    out = tmp_path / "simulation"
+    args = ["--scenario", "sustained-overload", "--out", str(out), "--scale", "0.05", "--check"]
+    assert command.main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "sustained-overload-preemptions.png",
+        "sustained-overload-served.png",
+        "sustained-overload-waits.png",
+        "sustained-overload-within.png",
+    ]
+    text = (tmp_path / "simulation.md").read_text(encoding="utf-8")
+    assert "](simulation/sustained-overload-within.png)" in text
