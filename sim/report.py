@@ -499,7 +499,13 @@ def document(sections: Sequence[str], command: str) -> str:
         "Queueing delay is the time from a request's arrival to its first start (requests "
         "never started count with their wait until the end of the run). *Within share* "
         "means the pool granted the request inside its team's reservation (priority 0 or "
-        "1); in FCFS runs the pool still records that standing, but vLLM ignores it.",
+        "1): the team had fewer within-share requests in flight than its reservation "
+        "(docs/spec.md §4; borrowers do not use up the reservation); in FCFS runs the pool "
+        "still records that standing, but vLLM ignores it. Before the within-share count, "
+        "every request in flight counted, and a busy team's reservation eroded to nothing; "
+        "`two-institutions`, `three-teams`, `elastic` and `sustained-overload` run that rule "
+        "too (simulator-only, `sim/allocators.py`) and print its figures beside their own, "
+        "with what moved and why.",
         "",
         "A scheduler with the same ordering also runs as a real server, for the gateway's "
         "tests, the demo and its benchmark: the stand-in vLLM server `sim/standin/` "

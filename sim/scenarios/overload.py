@@ -19,8 +19,16 @@ from fairshare import apportion
 from sim.allocators import AllocatorFactory, in_flight_rule
 from sim.holdings import Holdings, sample_holdings
 from sim.results import SimResult
+from sim.scenarios import before
 from sim.scenarios.result import Comparison, ScenarioResult, Target, percentile
-from sim.scenarios.runs import HARDWARE, Setup, preemption_figures, run, served_fractions
+from sim.scenarios.runs import (
+    Setup,
+    kv_holds,
+    never_beside_a_borrower,
+    preemption_figures,
+    run,
+    served_fractions,
+)
 from sim.workloads import BATCH, INTERACTIVE, LONG, Flood, Mix, Source
 
 NAME = "sustained-overload"
@@ -46,7 +54,7 @@ HELD_BOUND = 99.9
 requests within share."""
 SHIPPED = "fairshare"
 """The label of the checked run: the pool's current rule."""
-BEFORE = "fairshare, rule before (every request in flight counts)"
+BEFORE = before.LABEL
 """The label of the comparison run: ``allocators.in_flight_rule``."""
 
 
@@ -83,22 +91,6 @@ def _one(
     return result, sampled[0]
 
 
-def _kv_holds(result: SimResult) -> float:
-    """How many requests of the run's mix the pool's KV cache holds at once.
-
-    A request's context grows from its prompt to prompt plus answer while it runs; over its
-    run it holds (prompt + answer / 2) tokens' blocks on average. Weighted by service time
-    (what the cache sees at a random moment), over the completed requests.
-    """
-    done = result.completed()
-    busy = math.fsum(r.service_s for r in done)
-    if not done or busy <= 0 or HARDWARE.kv_blocks_per_slot is None:
-        return math.nan
-    tokens = math.fsum(r.service_s * (r.prompt_tokens + r.output_tokens / 2) for r in done)
-    blocks = tokens / busy / HARDWARE.block_tokens
-    return HARDWARE.kv_blocks_per_slot * CAPACITY / blocks
-
-
 def _figures(result: SimResult, held: Holdings, suffix: str) -> dict[str, float]:
     """The figures of one run; ``suffix`` ends every name ('' for the checked run)."""
     reserved = apportion(CAPACITY, SHARES, SHARES)
@@ -116,11 +108,11 @@ def _figures(result: SimResult, held: Holdings, suffix: str) -> dict[str, float]
         figures[f"{team}_all_p99_wait_s"] = percentile(
             result.waits(team, arrived=(WARMUP_S, math.inf)), 99
         )
-        figures[f"{team}_served_fraction"] = served[team]
+        figures[f"{team}_served_pct"] = 100 * served[team]
     figures.update(preemption_figures(result, SHARES))
     figures["mean_service_s"] = result.mean_service_s()
-    figures["kv_holds_requests"] = _kv_holds(result)
-    return {f"{name}{suffix}": value for name, value in figures.items()}
+    figures["kv_holds_requests"] = kv_holds(result)
+    return before.suffixed(figures, suffix)
 
 
 def _checks(figures: dict[str, float]) -> tuple[list[Target], list[Comparison]]:
@@ -143,27 +135,29 @@ def _checks(figures: dict[str, float]) -> tuple[list[Target], list[Comparison]]:
                 unit="s",
             ),
         ]
-        pairs = [
-            (held, "held_pct", "%"),
-            (
-                f"{team} had min(reservation, in flight) requests running, whatever their "
-                "standing, after the warm-up",
-                "running_pct",
-                "%",
-            ),
-            (p99, "within_p99_wait_s", "s"),
-            (f"{team}'s p99 wait, every request, after the warm-up", "all_p99_wait_s", "s"),
-            (f"{team}'s part of the service after the warm-up (share {share:.0%})", "", "%"),
-        ]
-        for text, key, unit in pairs:
-            if key:
-                value, other = figures[f"{team}_{key}"], figures[f"{team}_{key}_before"]
-            else:
-                value = 100 * figures[f"{team}_served_fraction"]
-                other = 100 * figures[f"{team}_served_fraction_before"]
-            comparisons.append(Comparison(text, value, other, unit))
-    beside = "within-share requests preempted while a borrower ran on their instance"
-    targets.append(Target(beside, figures["within_preempted_beside_borrower"], 0.0, at_most=True))
+        running = (
+            f"{team} had min(reservation, in flight) requests running, whatever their "
+            "standing, after the warm-up"
+        )
+        comparisons += before.beside(
+            figures,
+            [
+                (held, f"{team}_held_pct", "%"),
+                (running, f"{team}_running_pct", "%"),
+                (p99, f"{team}_within_p99_wait_s", "s"),
+                (
+                    f"{team}'s p99 wait, every request, after the warm-up",
+                    f"{team}_all_p99_wait_s",
+                    "s",
+                ),
+                (
+                    f"{team}'s part of the service after the warm-up (share {share:.0%})",
+                    f"{team}_served_pct",
+                    "%",
+                ),
+            ],
+        )
+    targets.append(never_beside_a_borrower(figures))
     return targets, comparisons
 
 
@@ -179,7 +173,7 @@ def sustained_overload(
     holdings: dict[str, Holdings] = {}
     for label, mix, factory, suffix in (
         (SHIPPED, MIX, fairshare, ""),
-        (BEFORE, MIX, in_flight_rule, "_before"),
+        (BEFORE, MIX, in_flight_rule, before.SUFFIX),
         ("long mix", LONG_MIX, fairshare, "_long_mix"),
     ):
         result, held = _one(seed, horizon, mix, factory)
@@ -251,8 +245,8 @@ def _notes(figures: dict[str, float]) -> str:
             f"{each('running_pct_before', '.0f')} % of the samples, against "
             f"{each('running_pct', '.0f')} % now. The split of the service after the "
             "warm-up is the same under both rules, in proportion to the shares (the decayed "
-            f"usage ranks the borrowers either way: {each('served_fraction', '.3f')} now, "
-            f"{each('served_fraction_before', '.3f')} before), and so is the mean service "
+            f"usage ranks the borrowers either way: {each('served_pct', '.1f')} % now, "
+            f"{each('served_pct_before', '.1f')} % before), and so is the mean service "
             "time; what moves is who waits: the borrowers, now behind every reserved "
             f"request (p99 wait of all of a team's requests: {each('all_p99_wait_s')} s, "
             f"against {each('all_p99_wait_s_before')} s before).",

@@ -12,7 +12,7 @@ from sim import command, scenarios
 from sim.allocators import SetupError
 from sim.engine import Routing, Simulator
 from sim.model import Hardware, Policy, Request
-from sim.scenarios import many_instances
+from sim.scenarios import before, many_instances
 from sim.scenarios.owner_crash import FailoverAllocator
 from sim.scenarios.result import percentile
 
@@ -240,6 +240,10 @@ def test_two_institutions_meets_its_targets() -> None:
     # large keeps its 13 reserved slots within share under the flood.
     assert result.figures["preemptions_small_within"] == 0
     assert result.figures["within_preempted_beside_borrower"] == 0
+    # The rule before runs beside it: there large's reservation eroded and small's
+    # borrowers ran in large's reserved slots, so none of small's requests was preempted.
+    assert result.compared == before.LABEL
+    assert result.figures["preemptions_small_before"] == 0
 
 
 def test_three_teams_converges_to_two_to_one() -> None:
