@@ -370,13 +370,18 @@ def _fmt(value: float) -> str:
     return f"{value:.1f}"
 
 
+def _unit(unit: str, value: float = 0.0) -> str:
+    """The unit after a table's number, none after a missing one (NaN)."""
+    return f" {unit}" if unit and not math.isnan(value) else ""
+
+
 def section(result: ScenarioResult, images: Sequence[Path], base: Path) -> str:
     """The markdown section of one scenario; image links are relative to ``base``."""
     lines = [f"## {result.title} (`{result.name}`)", "", result.description, ""]
     lines += ["| target | value | bound | met |", "| --- | ---: | ---: | :---: |"]
     for t in result.targets:
         op = "≤" if t.at_most else "≥"
-        unit = f" {t.unit}" if t.unit else ""
+        unit = _unit(t.unit)
         mark = "yes" if t.met else "**no**"
         lines.append(f"| {t.text} | {_fmt(t.value)}{unit} | {op} {_fmt(t.bound)}{unit} | {mark} |")
     if result.comparisons:
@@ -389,8 +394,8 @@ def section(result: ScenarioResult, images: Sequence[Path], base: Path) -> str:
             "| --- | ---: | ---: |",
         ]
         for c in result.comparisons:
-            unit = f" {c.unit}" if c.unit else ""
-            lines.append(f"| {c.text} | {_fmt(c.value)}{unit} | {_fmt(c.other)}{unit} |")
+            value = f"{_fmt(c.value)}{_unit(c.unit, c.value)}"
+            lines.append(f"| {c.text} | {value} | {_fmt(c.other)}{_unit(c.unit, c.other)} |")
     lines += ["", "<details><summary>All figures</summary>", ""]
     lines += ["| figure | value |", "| --- | ---: |"]
     lines += [f"| `{k}` | {_fmt(v)} |" for k, v in result.figures.items()]

@@ -313,9 +313,10 @@ def _moved(figures: dict[str, float]) -> str:
         "it keeps its reservation within share on every instance. Small's within-share "
         "requests were ahead of the flood's either way, and their p99 wait with "
         f"{SHIPPED.label} moved little (measured before the change, {now}). What moved is "
-        "who is preempted: the flood's within-share requests, when an instance's KV cache "
-        f"fills with reserved requests only ({within}, {SHIPPED.label}, all seeds), and "
-        "the borrowers beside them; no within-share request was preempted while a borrower "
+        "who is preempted: within-share requests, when an instance's KV cache fills with "
+        f"reserved requests only ({within}, {SHIPPED.label}, all seeds), and the borrowers "
+        "beside the flood's reserved requests; no within-share request was preempted while a "
+        "borrower "
         f"ran on its instance, with any router ({beside:.0f})."
     )
 

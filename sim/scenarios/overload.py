@@ -206,7 +206,7 @@ def sustained_overload(
     )
     return ScenarioResult(
         name=NAME,
-        title="Sustained overload: every team above its reservation",
+        title="Sustained overload: three busy teams",
         description=description,
         shares=dict(SHARES),
         runs=runs,
