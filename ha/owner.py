@@ -391,11 +391,11 @@ class OwnedPool:
         """Counts a holder's live grants of earlier epochs again.
 
         Each is counted in the team its id names and with the standing
-        ``adopted_standing`` gives it, never those the holder claims. A grant the previous owner counted closes its own phantom; a
-        grant nobody counted (see ``release``) is simply counted; a grant already settled
-        is ignored. A complete inventory closes every phantom of ``holder`` it did not
-        claim, if it carries a signed grant of ``holder`` (an unsigned one proves
-        nothing).
+        ``adopted_standing`` gives it, never those the holder claims. A grant the
+        previous owner counted closes its own phantom; a grant nobody counted (see
+        ``release``) is simply counted; a grant already settled is ignored. A complete
+        inventory closes every phantom of ``holder`` it did not claim, if it carries a
+        signed grant of ``holder`` (an unsigned one proves nothing).
 
         Raises:
             NotDeciding: the node may not decide for this pool now (an adopt is a
