@@ -431,6 +431,9 @@ def failover(
             "restored phantoms stand for every request in flight at the crash, of unknown "
             "standing, so they count as within share (the safe side, docs/spec.md §8): "
             "until the gateways re-report, a team that had its reservation or more in "
-            "flight at the crash borrows."
+            "flight at the crash borrows. This models the most cautious restore (a state "
+            "written before live rows carried a standing); the allocator restores each "
+            "phantom with its request's standing (docs/design.md §11), which gives a team "
+            "its slots back as soon as its own within-share requests end."
         ),
     )
