@@ -1,0 +1,49 @@
+"""The bounds on what an owner counts in flight: for the whole pool and for one holder.
+
+Without them one holder could take grants without end (they are cheap to ask for and
+each stays until released or ``max_request_s``): memory, the size of every checkpoint,
+the phantoms a successor restores and, in replicated mode, etcd's quota would grow with
+them until every pool loses its owner. With them what one pool keeps in flight is at
+most ``max_in_flight`` grants, of which one holder's at most
+``max_in_flight_per_holder`` (``ha.settings.PoolConfig.in_flight_bounds``: by default a
+multiple of the live capacity).
+
+Guarantees: ``beyond`` reads two counts (``ha.held.HeldGrants``), O(1) whatever is in
+flight; it names the limit a grant would pass, the pool's first. What is counted is what
+the owner keeps as held grants, its own and adopted ones: phantoms are not (they stand for
+a predecessor's grants, which obeyed the same bounds, and end within ``max_request_s``;
+counting them would refuse every request after a failover of a busy pool until its
+holders re-report).
+"""
+
+from __future__ import annotations
+
+from ha.api import LimitExceeded
+from ha.held import HeldGrants, holding_key
+from ha.settings import PoolConfig
+from ha.snapshot import GrantKey
+
+
+def beyond(
+    config: PoolConfig, capacity: int, held: HeldGrants, key: GrantKey
+) -> LimitExceeded | None:
+    """None when the pool may count one more grant of ``key``'s holder while its live
+    capacity is ``capacity``; else the error naming the limit it would pass
+    (``max_in_flight``, then ``max_in_flight_per_holder``), for the caller to raise or
+    log."""
+    pool_bound, holder_bound = config.in_flight_bounds(capacity)
+    if len(held) >= pool_bound:
+        return LimitExceeded(
+            "max_in_flight",
+            f"pool {config.name} counts {len(held)} grants in flight, at most {pool_bound} "
+            f"(capacity {capacity}); refused until some are released",
+        )
+    holding = held.holding(key)
+    if holding >= holder_bound:
+        return LimitExceeded(
+            "max_in_flight_per_holder",
+            f"holder {holding_key(key)!r} holds {holding} grants in flight in pool "
+            f"{config.name}, at most {holder_bound} (capacity {capacity}); refused until some "
+            "are released",
+        )
+    return None
