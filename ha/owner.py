@@ -11,9 +11,11 @@ Guarantees:
 - A within-share grant is returned only after a fenced write that covers it succeeded.
   A failed write loses the pool (``lost``): nothing more is decided from it.
 - A retried Acquire (same holder and request id) returns the first answer.
-- At most ``max_in_flight`` grants are counted in flight (issued or adopted; phantoms
-  apart), at most ``max_in_flight_per_holder`` of them of one holder (``ha.bounds``): an
-  Acquire past either is refused (``LimitExceeded``), an Adopt leaves the rest out.
+- A borrowing grant is counted in flight (issued or adopted) only while fewer than
+  ``max_in_flight`` grants are (phantoms apart), and fewer than
+  ``max_in_flight_per_holder`` of its holder (``ha.bounds``): an Acquire past either is
+  refused (``LimitExceeded``), an Adopt leaves it out. Within-share grants are never held
+  back (the reservations bound them).
 - A release is counted once per grant id, whatever the epoch that issued it.
 - Only genuine ids count: a signed id whose MAC does not verify under the cluster's grant
   keys, or an unsigned id of an epoch other than ``DEGRADED_EPOCH`` (0), is refused
@@ -310,8 +312,9 @@ class OwnedPool:
         Raises:
             NotDeciding: the node may not decide for this pool now.
             InvalidArgument: bad team, class or tokens.
-            LimitExceeded: the pool, or the holder, already has its bound of grants in
-                flight (``ha.bounds``); nothing is counted or admitted.
+            LimitExceeded: the request would borrow and the pool, or the holder,
+                already has its bound of grants in flight (``ha.bounds``); nothing is
+                counted or admitted.
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
@@ -321,7 +324,14 @@ class OwnedPool:
             if answered is not None:
                 await self.durable()  # the first answer may still be in its commit
                 return Decision(*answered, False, self.node, self.epoch)
-        full = beyond(self.config, self.pool.capacity, self._held, self._next_key(holder))
+        within_share = self.pool.within_share_next(team)
+        full = beyond(
+            self.config,
+            self.pool.capacity,
+            self._held,
+            self._next_key(holder),
+            within_share=within_share,
+        )
         if full is not None:
             raise full
         self._admit(team)
@@ -415,10 +425,10 @@ class OwnedPool:
             InvalidArgument: a grant is of another pool.
 
         Unsigned grants beyond the holder's bound (``capacity`` counted at a time) are
-        not counted, and logged. So are grants beyond the bounds on grants in flight
-        (``ha.bounds``, the pool's and the grant's holder's): each keeps its phantom, if
-        it has one, until it ends, and a complete inventory that left any out closes no
-        other phantom (they stay until they expire: the cautious side).
+        not counted, and logged. So are borrowing grants beyond the bounds on grants in
+        flight (``ha.bounds``, the pool's and the grant's holder's): each keeps its
+        phantom, if it has one, until it ends, and a complete inventory that left any out
+        closes no other phantom (they stay until they expire: the cautious side).
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
@@ -449,11 +459,13 @@ class OwnedPool:
             recorded = self._phantoms.get(key)
             if recorded is None and not self._earlier.chargeable(key):
                 continue  # settled or expired before the snapshot
-            met = beyond(self.config, self.pool.capacity, self._held, key)
+            borrowing = adopted_standing(ref, None if recorded is None else recorded.borrowing)
+            met = beyond(
+                self.config, self.pool.capacity, self._held, key, within_share=not borrowing
+            )
             if met is not None:
                 left_out, full = left_out + 1, met  # its phantom, if any, counts on
                 continue
-            borrowing = adopted_standing(ref, None if recorded is None else recorded.borrowing)
             self._admit(held.team or ref.team)
             try:
                 grant = self.pool.adopt(

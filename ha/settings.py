@@ -82,10 +82,11 @@ class PoolConfig:
         max_teams: most teams the pool keeps state for at once, configured ones
             included; a request that would add one more is refused with
             RESOURCE_EXHAUSTED once no idle team can be forgotten. Default 1024.
-        max_in_flight: most grants the owner counts in flight for the pool at once
-            (issued or adopted, phantoms not included); an Acquire past it is refused
-            with RESOURCE_EXHAUSTED. None (default): ``IN_FLIGHT_PER_CAPACITY`` x the
-            live capacity, at least ``MIN_IN_FLIGHT``. Never below the live capacity
+        max_in_flight: grants the owner counts in flight for the pool (issued or
+            adopted, phantoms not included) past which a request that would borrow is
+            refused with RESOURCE_EXHAUSTED (one within its team's share never is:
+            ``ha.bounds``). None (default): ``IN_FLIGHT_PER_CAPACITY`` x the live
+            capacity, at least ``MIN_IN_FLIGHT``. Never below the live capacity
             (``in_flight_bounds``).
         max_in_flight_per_holder: the same, for the grants of one holder. None
             (default): ``HOLDER_IN_FLIGHT_PER_CAPACITY`` x the live capacity, at least
@@ -113,7 +114,7 @@ class PoolConfig:
         """(the pool's bound, one holder's bound) on grants in flight while the pool's
         live capacity is ``capacity``: the configured values, else the defaults, which
         follow the capacity (a SetCapacity moves them). The pool's bound is never below
-        ``capacity``: these bounds never refuse a request the pool has room for."""
+        ``capacity``."""
         pool = self.max_in_flight
         if pool is None:
             pool = max(IN_FLIGHT_PER_CAPACITY * capacity, MIN_IN_FLIGHT)

@@ -1,5 +1,6 @@
 """A gateway at its allocator's bound on grants in flight: 429, ``Retry-After``, the limit
-named; room again once its requests end. Real processes, the ``openai`` SDK as client."""
+named, while another team within its share is still served; room again once its requests
+end. Real processes, the ``openai`` SDK as client."""
 
 from __future__ import annotations
 
@@ -39,10 +40,9 @@ async def test_a_gateway_at_its_bound_answers_429_with_retry_after(tmp_path: Pat
         running = [asyncio.create_task(long_request()) for _ in range(HOLDER_BOUND)]
         try:
             await eventually(lambda: _in_flight(stack, HOLDER_BOUND))
+            # team-a holds its one reserved slot and borrows two: one more would borrow.
             with pytest.raises(openai.RateLimitError) as refused:
-                await stack.client("team-b").chat.completions.create(
-                    model=MODEL, messages=MESSAGES, max_tokens=1
-                )
+                await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)
             answer = refused.value.response
             assert answer.status_code == 429
             assert answer.headers["retry-after"] == "1"
@@ -53,6 +53,11 @@ async def test_a_gateway_at_its_bound_answers_429_with_retry_after(tmp_path: Pat
             assert error["code"] == "allocator_refused"
             assert "max_in_flight_per_holder" in error["message"]
             assert await stack.metric("fairshare_gateway_requests_total", status="429") == 1
+            # team-b asks for no more than its share (its one slot): served all the same.
+            raw = await stack.client("team-b").chat.completions.with_raw_response.create(
+                model=MODEL, messages=MESSAGES, max_tokens=1
+            )
+            assert raw.headers["x-fairshare-standing"] == "within"
         finally:
             for task in running:
                 task.cancel()

@@ -4,6 +4,10 @@ The finding they answer: one holder took 204 800 grants on a pool of capacity 4,
 one of them stayed in memory, in each checkpoint and, after a crash, as a phantom. Past a
 bound an Acquire is refused naming it; a release or an expiry makes room; a SetCapacity
 moves the default bounds; an Adopt counts only what fits and leaves the rest as phantoms.
+What the bounds hold back is borrowing: a request within its team's share is always served.
+
+The pools share C between "a" and "b"; the floods come from "x", a team without share,
+whose every request borrows.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from ha.snapshot import GrantKey
 pytestmark = pytest.mark.timeout(30)
 
 
+SHARES = {"a": 0.5, "b": 0.5}
+
+
 async def acquire(
-    owned: OwnedPool, holder: str, team: str = "a", request_id: str = "", *, try_only: bool = False
+    owned: OwnedPool, holder: str, team: str = "x", request_id: str = "", *, try_only: bool = False
 ) -> str:
     """A grant id for ``holder``; raises what the owner raises."""
     d = await owned.acquire(
@@ -54,7 +61,7 @@ def release(owned: OwnedPool, grant_id: str) -> None:
 
 
 async def test_the_pool_bound_refuses_past_it_and_a_release_makes_room() -> None:
-    config = PoolConfig("p", 2, {"a": 1.0}, max_in_flight=5)
+    config = PoolConfig("p", 2, SHARES, max_in_flight=5)
     owned = owned_pool(config, 1, FakeClock(), MemoryLog())
     grants = [await acquire(owned, f"h{i % 3}") for i in range(5)]
     assert await refused(owned, "fresh") == "max_in_flight"
@@ -68,7 +75,7 @@ async def test_the_pool_bound_refuses_past_it_and_a_release_makes_room() -> None
 
 
 async def test_the_holder_bound_refuses_one_holder_only_and_a_release_makes_room() -> None:
-    config = PoolConfig("p", 2, {"a": 1.0}, max_in_flight_per_holder=3)
+    config = PoolConfig("p", 2, SHARES, max_in_flight_per_holder=3)
     owned = owned_pool(config, 1, FakeClock(), MemoryLog())
     mine = [await acquire(owned, "h") for _ in range(3)]
     assert await refused(owned, "h") == "max_in_flight_per_holder"
@@ -82,9 +89,30 @@ async def test_the_holder_bound_refuses_one_holder_only_and_a_release_makes_room
     assert await refused(owned, "g") == "max_in_flight_per_holder"
 
 
+async def test_a_request_within_its_share_is_served_at_either_bound() -> None:
+    """One team floods a gateway every team shares: the holder reaches its bound and the
+    pool its own, yet a team asking for no more than its share is served, up to its
+    reservation (C = 4: 2 each for a and b)."""
+    config = PoolConfig("p", 4, SHARES, max_in_flight=8, max_in_flight_per_holder=4)
+    owned = owned_pool(config, 1, FakeClock(), MemoryLog())
+    for _ in range(4):
+        await acquire(owned, "shared")
+    assert await refused(owned, "shared") == "max_in_flight_per_holder"
+    await acquire(owned, "shared", team="a")
+    await acquire(owned, "shared", team="a")
+    assert await refused(owned, "shared", team="a") == "max_in_flight_per_holder"  # a borrows
+    await acquire(owned, "other")
+    await acquire(owned, "other")  # the pool's bound: 8 counted after it
+    assert await refused(owned, "other") == "max_in_flight"
+    await acquire(owned, "other", team="b")
+    await acquire(owned, "other", team="b")
+    assert len([t for t in owned.teams() if t.in_flight]) == 3
+    assert await refused(owned, "other", team="b") == "max_in_flight"
+
+
 async def test_a_retried_acquire_past_the_bound_gets_its_first_answer() -> None:
     owned = owned_pool(
-        PoolConfig("p", 2, {"a": 1.0}, max_in_flight_per_holder=2), 1, FakeClock(), MemoryLog()
+        PoolConfig("p", 2, SHARES, max_in_flight_per_holder=2), 1, FakeClock(), MemoryLog()
     )
     first = await acquire(owned, "h", request_id="r1")
     await acquire(owned, "h", request_id="r2")
@@ -94,7 +122,7 @@ async def test_a_retried_acquire_past_the_bound_gets_its_first_answer() -> None:
 
 async def test_expired_grants_make_room() -> None:
     clock = FakeClock()
-    config = PoolConfig("p", 2, {"a": 1.0}, max_request_s=60.0, max_in_flight_per_holder=2)
+    config = PoolConfig("p", 2, SHARES, max_request_s=60.0, max_in_flight_per_holder=2)
     owned = owned_pool(config, 1, clock, MemoryLog())
     await acquire(owned, "dead")
     await acquire(owned, "dead")
@@ -115,7 +143,7 @@ def test_the_defaults_follow_the_capacity_with_a_floor() -> None:
 
 
 async def test_a_set_capacity_moves_the_default_bounds() -> None:
-    owned = owned_pool(PoolConfig("p", 4, {"a": 1.0}), 1, FakeClock(), MemoryLog())
+    owned = owned_pool(PoolConfig("p", 4, SHARES), 1, FakeClock(), MemoryLog())
     held = [await acquire(owned, "h") for _ in range(32)]
     assert await refused(owned, "h") == "max_in_flight_per_holder"
     owned.set_capacity(10)  # 4 x 10 = 40 per holder
@@ -160,7 +188,7 @@ def phantoms(owned: OwnedPool) -> int:
 
 
 def report(grant_ids: list[str]) -> list[HeldGrant]:
-    return [HeldGrant(g, "a", 0, False) for g in grant_ids]
+    return [HeldGrant(g, "x", 0, True) for g in grant_ids]
 
 
 async def test_an_adopt_counts_what_fits_and_leaves_the_rest_as_phantoms() -> None:
@@ -168,7 +196,7 @@ async def test_an_adopt_counts_what_fits_and_leaves_the_rest_as_phantoms() -> No
     counted again, the rest keep their phantoms (their slots stay counted), and the
     complete re-report closes no other phantom of the holder."""
     clock, log = FakeClock(), MemoryLog()
-    config = PoolConfig("p", 4, {"a": 1.0}, max_in_flight_per_holder=3)
+    config = PoolConfig("p", 4, SHARES, max_in_flight_per_holder=3)
     first = owned_pool(config, 1, clock, log)
     old = [await acquire(first, "h") for _ in range(3)]
     await acquire(first, "gone")  # another holder's: stays a phantom
@@ -191,7 +219,7 @@ async def test_an_adopt_counts_what_fits_and_leaves_the_rest_as_phantoms() -> No
 
 async def test_an_adopt_respects_the_pool_bound() -> None:
     clock, log = FakeClock(), MemoryLog()
-    config = PoolConfig("p", 4, {"a": 1.0}, max_in_flight=4)
+    config = PoolConfig("p", 4, SHARES, max_in_flight=4)
     first = owned_pool(config, 1, clock, log)
     old = [await acquire(first, "h") for _ in range(2)]
     second = await successor(first, clock, log)

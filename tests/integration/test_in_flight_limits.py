@@ -4,9 +4,9 @@ The finding, scaled down: one holder took 204 800 grants on a pool of capacity 4
 restart after a crash restored every one as a phantom. Here one holder floods a pool of
 capacity 4 with the default bounds: it gets 32 (4 x C, at least 32), then
 RESOURCE_EXHAUSTED naming ``max_in_flight_per_holder``, through the raw stub and through
-the client library alike; the pool's own bound refuses every holder past it; a release
-makes room; the refusals are counted in the metrics; after a SIGKILL the successor
-restores what was held, not what was asked for.
+the client library alike, while a team within its share is still served; the pool's own
+bound refuses every holder past it; a release makes room; the refusals are counted in the
+metrics; after a SIGKILL the successor restores what was held, not what was asked for.
 """
 
 from __future__ import annotations
@@ -63,10 +63,8 @@ def trailing(error: aio.AioRpcError) -> dict[str, str]:
     return {k: v for k, v in (error.trailing_metadata() or ()) if isinstance(v, str)}
 
 
-async def acquire(stub: pb_grpc.AllocatorStub, pool: str, holder: str) -> str:
-    reply = await stub.Acquire(
-        pb.AcquireRequest(pool=pool, team="team-a", holder=holder), timeout=5
-    )
+async def acquire(stub: pb_grpc.AllocatorStub, pool: str, holder: str, team: str = "team-a") -> str:
+    reply = await stub.Acquire(pb.AcquireRequest(pool=pool, team=team, holder=holder), timeout=5)
     assert reply.granted
     return str(reply.grant_id)
 
@@ -118,19 +116,21 @@ async def test_one_holder_flooding_a_pool_stops_at_its_bound(
         assert granted == 32  # 4 x capacity 4, at least 32
         assert refused == {"max_in_flight_per_holder": 200 - 32}
         assert await in_flight(stub, "small") == (32, 0)
-        # Another holder is not held back by the flood.
+        # Another holder is not held back by the flood, nor another team of the same
+        # holder that asks for no more than its share (2 of 4).
         await acquire(stub, "small", "honest")
+        await acquire(stub, "small", "flood", team="team-b")
     assert (await asyncio.to_thread(refusals, metrics))["max_in_flight_per_holder"] >= 168
 
     # A crash: the successor (the same node restarted on its state) restores what was
-    # held as phantoms, 33 of them, not the 200 asked for. Borrowing grants are written
+    # held as phantoms, 34 of them, not the 200 asked for. Borrowing grants are written
     # by the next periodic snapshot (1 s): wait for it first.
     await asyncio.sleep(2.0)
     server.kill()
     server.start()
     await wait_serving(server.address, process=server)
     async with aio.insecure_channel(server.address) as channel:
-        assert await in_flight(pb_grpc.AllocatorStub(channel), "small") == (0, 33)
+        assert await in_flight(pb_grpc.AllocatorStub(channel), "small") == (0, 34)
 
 
 async def test_the_pool_bound_and_the_holder_bound_and_a_release(
