@@ -3,10 +3,10 @@
 Without them one holder could take grants without end (they are cheap to ask for and
 each stays until released or ``max_request_s``): memory, the size of every checkpoint,
 the phantoms a successor restores and, in replicated mode, etcd's quota would grow with
-them until every pool loses its owner. With them what one pool keeps in flight is at
-most ``max_in_flight`` grants, of which one holder's at most
-``max_in_flight_per_holder`` (``ha.settings.PoolConfig.in_flight_bounds``: by default a
-multiple of the live capacity).
+them until every pool loses its owner. With them a request may borrow only while the
+pool counts fewer than ``max_in_flight`` grants in flight and its holder fewer than
+``max_in_flight_per_holder`` (``ha.settings.PoolConfig.in_flight_bounds``: by default
+multiples of the live capacity).
 
 Guarantees: ``beyond`` reads two counts (``ha.held.HeldGrants``), O(1) whatever is in
 flight; it names the limit a grant would pass, the pool's first. What is counted is what

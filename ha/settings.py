@@ -52,14 +52,18 @@ MAX_MAX_TEAMS = 4096
 """The largest ``max_teams`` accepted; it keeps a snapshot of a pool whose team names are
 all 256 bytes long under etcd's 1.5 MiB request limit (the figures: docs/ha.md, "Cost per
 call")."""
-IN_FLIGHT_PER_CAPACITY = 8
-"""Default ``max_in_flight``: this many times the pool's live capacity ..."""
-MIN_IN_FLIGHT = 64
-"""... and never fewer than this many grants."""
-HOLDER_IN_FLIGHT_PER_CAPACITY = 4
-"""Default ``max_in_flight_per_holder``: this many times the pool's live capacity ..."""
-MIN_HOLDER_IN_FLIGHT = 32
-"""... and never fewer than this many grants."""
+HOLDER_IN_FLIGHT_PER_CAPACITY = 16
+"""Default ``max_in_flight_per_holder``: this many times the pool's live capacity ...
+Twice the deepest queue the simulator's scenarios model through one gateway (a batch job
+with 8 x C outstanding, ``sim.scenarios``), so an honest gateway meets it only with a
+queue of 16 service times at vLLM."""
+MIN_HOLDER_IN_FLIGHT = 128
+"""... and never fewer than this many grants (small pools)."""
+IN_FLIGHT_PER_CAPACITY = 32
+"""Default ``max_in_flight``: this many times the pool's live capacity (two gateways at
+their default bound) ..."""
+MIN_IN_FLIGHT = 256
+"""... and never fewer than this many grants (small pools)."""
 
 
 @dataclass(frozen=True, slots=True)

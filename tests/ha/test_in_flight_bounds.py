@@ -134,9 +134,9 @@ async def test_expired_grants_make_room() -> None:
 
 def test_the_defaults_follow_the_capacity_with_a_floor() -> None:
     config = PoolConfig("p", 4)
-    assert config.in_flight_bounds(4) == (64, 32)  # the floors: a small pool
-    assert config.in_flight_bounds(0) == (64, 32)
-    assert config.in_flight_bounds(100) == (800, 400)  # 8 x C and 4 x C
+    assert config.in_flight_bounds(4) == (256, 128)  # the floors: a small pool
+    assert config.in_flight_bounds(0) == (256, 128)
+    assert config.in_flight_bounds(100) == (3200, 1600)  # 32 x C and 16 x C
     fixed = PoolConfig("p", 4, max_in_flight=10, max_in_flight_per_holder=3)
     assert fixed.in_flight_bounds(4) == (10, 3)
     assert fixed.in_flight_bounds(50) == (50, 3)  # never below the live capacity
@@ -144,16 +144,16 @@ def test_the_defaults_follow_the_capacity_with_a_floor() -> None:
 
 async def test_a_set_capacity_moves_the_default_bounds() -> None:
     owned = owned_pool(PoolConfig("p", 4, SHARES), 1, FakeClock(), MemoryLog())
-    held = [await acquire(owned, "h") for _ in range(32)]
+    held = [await acquire(owned, "h") for _ in range(128)]
     assert await refused(owned, "h") == "max_in_flight_per_holder"
-    owned.set_capacity(10)  # 4 x 10 = 40 per holder
-    held += [await acquire(owned, "h") for _ in range(8)]
+    owned.set_capacity(10)  # 16 x 10 = 160 per holder
+    held += [await acquire(owned, "h") for _ in range(32)]
     assert await refused(owned, "h") == "max_in_flight_per_holder"
-    owned.set_capacity(2)  # back to the floor (32), below the 40 held: room below 32 only
-    for grant_id in held[:8]:
+    owned.set_capacity(2)  # back to the floor (128), below the 160 held: room below 128 only
+    for grant_id in held[:32]:
         release(owned, grant_id)
     assert await refused(owned, "h") == "max_in_flight_per_holder"
-    release(owned, held[8])
+    release(owned, held[32])
     await acquire(owned, "h")
 
 
