@@ -176,17 +176,19 @@ async def test_the_client_library_raises_the_limit_and_does_not_fail_open(
 
 
 @pytest.mark.parametrize(
-    ("line", "key"),
+    ("line", "key", "why"),
     [
-        ("max_in_flight: 1", "pools[0].max_in_flight"),  # below the capacity
-        ("max_in_flight_per_holder: 0", "pools[0].max_in_flight_per_holder"),
-        ("max_in_flight_per_holder: many", "pools[0].max_in_flight_per_holder"),
+        ("max_in_flight: 1", "pools[0].max_in_flight", "must be >= capacity (4)"),
+        ("max_in_flight_per_holder: 0", "pools[0].max_in_flight_per_holder", "must be >= 1"),
+        ("max_in_flight_per_holder: many", "pools[0].max_in_flight_per_holder", "must be an int"),
     ],
 )
-def test_a_bad_bound_exits_2_naming_the_key(tmp_path: pathlib.Path, line: str, key: str) -> None:
+def test_a_bad_bound_exits_2_naming_the_key(
+    tmp_path: pathlib.Path, line: str, key: str, why: str
+) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(f"pools:\n  - name: p\n    capacity: 4\n    {line}\n", encoding="utf-8")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FAIRSHARE_")}
     done = run_serve([*SERVE, "--config", str(path)], timeout_s=20, env=environ)
     assert done.returncode == 2, done.stderr
-    assert key in done.stderr, done.stderr
+    assert f"{key}: {why}" in done.stderr, done.stderr
