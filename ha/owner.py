@@ -11,6 +11,11 @@ Guarantees:
 - A within-share grant is returned only after a fenced write that covers it succeeded.
   A failed write loses the pool (``lost``): nothing more is decided from it.
 - A retried Acquire (same holder and request id) returns the first answer.
+- A borrowing grant is counted in flight (issued or adopted) only while fewer than
+  ``max_in_flight`` grants are (phantoms apart), and fewer than
+  ``max_in_flight_per_holder`` of its holder (``ha.bounds``): an Acquire past either is
+  refused (``LimitExceeded``), an Adopt leaves it out. Within-share grants are never held
+  back (the reservations bound them).
 - A release is counted once per grant id, whatever the epoch that issued it.
 - Only genuine ids count: a signed id whose MAC does not verify under the cluster's grant
   keys, or an unsigned id of an epoch other than ``DEGRADED_EPOCH`` (0), is refused
@@ -52,12 +57,14 @@ from ha.api import (
     GrantRef,
     HeldGrant,
     InvalidArgument,
+    LimitExceeded,
     NodeId,
     PermissionDenied,
     PoolName,
     PoolView,
     WrongEpoch,
 )
+from ha.bounds import beyond
 from ha.clock import Clock, EpochTime
 from ha.commit import CommitFailed, GroupCommitter
 from ha.genuine import IdCounters, IdGuard
@@ -305,6 +312,9 @@ class OwnedPool:
         Raises:
             NotDeciding: the node may not decide for this pool now.
             InvalidArgument: bad team, class or tokens.
+            LimitExceeded: the request would borrow and the pool, or the holder,
+                already has its bound of grants in flight (``ha.bounds``); nothing is
+                counted or admitted.
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
@@ -314,6 +324,16 @@ class OwnedPool:
             if answered is not None:
                 await self.durable()  # the first answer may still be in its commit
                 return Decision(*answered, False, self.node, self.epoch)
+        within_share = self.pool.within_share_next(team)
+        full = beyond(
+            self.config,
+            self.pool.capacity,
+            self._held,
+            self._next_key(holder),
+            within_share=within_share,
+        )
+        if full is not None:
+            raise full
         self._admit(team)
         self._touch()  # a team may be admitted even when nothing is granted
         try:
@@ -405,7 +425,10 @@ class OwnedPool:
             InvalidArgument: a grant is of another pool.
 
         Unsigned grants beyond the holder's bound (``capacity`` counted at a time) are
-        not counted, and logged.
+        not counted, and logged. So are borrowing grants beyond the bounds on grants in
+        flight (``ha.bounds``, the pool's and the grant's holder's): each keeps its
+        phantom, if it has one, until it ends, and a complete inventory that left any out
+        closes no other phantom (they stay until they expire: the cautious side).
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
@@ -415,6 +438,8 @@ class OwnedPool:
         unsigned_live = self._held.unsigned_of(holder)
         adopted = 0
         dropped = 0
+        left_out = 0  # grants beyond the in-flight bounds
+        full: LimitExceeded | None = None
         for held, ref in zip(grants, refs, strict=True):
             key = GrantKey(ref.epoch, ref.seq, ref.holder)
             if ref.epoch >= self.epoch or self._held.adopted(key) or self._earlier.is_settled(key):
@@ -435,6 +460,12 @@ class OwnedPool:
             if recorded is None and not self._earlier.chargeable(key):
                 continue  # settled or expired before the snapshot
             borrowing = adopted_standing(ref, None if recorded is None else recorded.borrowing)
+            met = beyond(
+                self.config, self.pool.capacity, self._held, key, within_share=not borrowing
+            )
+            if met is not None:
+                left_out, full = left_out + 1, met  # its phantom, if any, counts on
+                continue
             # The id's team, never the one the holder claims: a grant signed for one team
             # re-reported as another would be counted and charged there.
             team = ref.team or held.team
@@ -451,7 +482,19 @@ class OwnedPool:
             adopted += 1
             if phantom is not None and self._phantoms.drop(phantom):
                 dropped += 1
-        if complete:
+        if full is not None:
+            logger.warning(
+                "pool %s at epoch %d: %d grants re-reported by holder %r are not counted "
+                "again (%s); their phantoms count on until they end%s",
+                self.name,
+                self.epoch,
+                left_out,
+                holder,
+                full,
+                ", and so do the holder's unclaimed ones" if complete else "",
+            )
+        elif complete:
+            # (With grants left out, the unclaimed phantoms cannot be told from theirs.)
             dropped += self._close_unclaimed(holder, proven)
         return AdoptResult(adopted, dropped, self.node, self.epoch)
 
@@ -644,6 +687,10 @@ class OwnedPool:
             raise NotDeciding(f"{self.name}: durable write failed: {e}") from e
 
     # -- internals --------------------------------------------------------------------
+
+    def _next_key(self, holder: str) -> GrantKey:
+        """The key the next grant issued to ``holder`` will have."""
+        return GrantKey(self.epoch, self._seq + 1, holder)
 
     def _touch(self) -> None:
         """Records a change of the state a snapshot holds (see ``changed``)."""

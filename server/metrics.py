@@ -135,8 +135,8 @@ class Metrics:
         self.limited = Counter(
             "fairshare_limit_refusals",
             "Requests refused with RESOURCE_EXHAUSTED, by the limit they met "
-            "(max_teams, max_adopt_grants, max_calls_per_client, max_streams_per_client, "
-            "max_streams).",
+            "(max_teams, max_in_flight, max_in_flight_per_holder, max_adopt_grants, "
+            "max_calls_per_client, max_streams_per_client, max_streams).",
             ["limit"],
             registry=self.registry,
         )
