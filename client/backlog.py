@@ -27,6 +27,7 @@ from grpc import aio
 
 from client.calls import RETRYABLE, Calls
 from client.grants import ClientGrant, pool_of
+from fairshare.digest import grant_id_digest
 from fairshare.errors import AllocatorError
 from wire.errors import to_allocator_error
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -131,7 +132,7 @@ class Backlog(Calls):
                 return False
             # A release the server refuses for good (bad id, unknown pool) never succeeds.
             error: AllocatorError = to_allocator_error(e, address="")
-            logger.error("release of %s refused: %s", grant_id, error)
+            logger.error("release of grant %s refused: %s", grant_id_digest(grant_id), error)
         self._pending.pop(grant_id, None)
         return True
 

@@ -44,7 +44,8 @@ class ClientGrant:
 
     Attributes:
         pool, team, service_class, est_tokens: what was asked.
-        grant_id: the opaque id releases go by.
+        grant_id: the opaque id releases go by; left out of ``repr``, which may end
+            up in a log (``fairshare.digest``).
         priority: the vLLM priority to send the request with.
         borrowing: above the team's reservation.
         saturated: the pool was full when it was decided.
@@ -56,7 +57,7 @@ class ClientGrant:
     team: str
     service_class: Class
     est_tokens: int
-    grant_id: str
+    grant_id: str = field(repr=False)  # a bearer capability: kept out of logs
     priority: int
     borrowing: bool
     saturated: bool

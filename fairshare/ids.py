@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass
 from typing import Final, NewType
 
+from fairshare.digest import grant_id_digest
 from fairshare.errors import InvalidArgument
 from fairshare.limits import MAX_NAME_BYTES
 
@@ -63,6 +64,12 @@ def _b64(text: str) -> str:
 
 def _unb64(text: str) -> str:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("utf-8")
+
+
+def _not_a_grant_id(grant_id: str) -> InvalidArgument:
+    # The id is named by its digest only: echoed back or logged, an id (even a near miss
+    # of one) would hand a bearer capability to whoever reads the message.
+    return InvalidArgument("grant_id", f"not a grant id ({grant_id_digest(grant_id)})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,21 +150,21 @@ class GrantRef:
         parts = grant_id.split(".")
         form = (parts[0], len(parts))
         if form not in _FORMS:
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
+            raise _not_a_grant_id(grant_id)
         try:
             epoch, seq = int(parts[1], 16), int(parts[2], 16)
             pool, team, holder = (_unb64(p) for p in parts[3:6])
         except (ValueError, binascii.Error, UnicodeDecodeError):
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}") from None
+            raise _not_a_grant_id(grant_id) from None
         borrowing: bool | None = None
         session = ""
         if form[0] == _STANDING_TAG:
             if parts[6] not in _STANDINGS or len(parts[7]) > _SESSION_CHARS:
-                raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
+                raise _not_a_grant_id(grant_id)
             borrowing, session = _STANDINGS[parts[6]], parts[7]
         mac = parts[-1] if form[0] != _UNSIGNED_TAG else ""
         if not pool or epoch < 0 or seq < 0 or (form[0] != _UNSIGNED_TAG and not mac):
-            raise InvalidArgument("grant_id", f"not a grant id: {grant_id[:200]!r}")
+            raise _not_a_grant_id(grant_id)
         if any(len(name.encode("utf-8")) > MAX_NAME_BYTES for name in (pool, team, holder)):
             # The limit every request's names have, on this path too.
             raise InvalidArgument(

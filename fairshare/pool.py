@@ -344,6 +344,15 @@ class Pool:
         with self._lock:
             return {name: t.reserved for name, t in self._teams.items()}
 
+    def within_share_next(self, team: str) -> bool:
+        """Whether ``team``'s next ``acquire`` would be within share, if decided now: its
+        within-share count is below its reservation. False for a team the pool does not
+        know (it would have share 0). O(1); changes nothing but expired phantoms."""
+        with self._lock:
+            self._expire(self._clock())
+            state = self._teams.get(team)
+            return state is not None and state.within < state.reserved
+
     def within(self) -> dict[str, int]:
         """Every known team's within-share count: its grants in flight admitted within
         share plus its live phantoms whose standing is within share or unknown. A team's

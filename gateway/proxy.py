@@ -6,7 +6,10 @@ not) and ``GET /v1/models``. For one request:
 1. the team and class (``gateway.identity``; 401 without), the body (``gateway.body``; 400,
    413), the model (404 when not configured);
 2. a grant (``gateway.placement``: the primary pool, or a fallback when it is saturated);
-   ``NoOwner`` (a ``fail_closed`` pool without an owner) is 503 with ``Retry-After``;
+   ``NoOwner`` (a ``fail_closed`` pool without an owner) is 503 with ``Retry-After``, a
+   limit of the allocator (``LimitExceeded``: this gateway's grants in flight at the
+   pool's ``max_in_flight_per_holder``, the pool's at ``max_in_flight``, ...) is 429 with
+   ``Retry-After`` and ``x-fairshare-limit`` naming it;
 3. the body with the grant's ``priority`` goes to the upstream the route's router chooses
    for that priority (``gateway.upstreams``; ``fewest-ahead`` unless configured otherwise);
    a connection that cannot be opened goes to another one;
@@ -61,7 +64,14 @@ PATHS: Final[Mapping[Endpoint, str]] = {
     "completions": "/v1/completions",
 }
 RETRY_AFTER_S: Final = "1"
-"""What ``Retry-After`` says when no owner answers for a ``fail_closed`` pool."""
+"""What ``Retry-After`` says when no owner answers for a ``fail_closed`` pool, and when the
+allocator refuses at a limit (429). One second: the bounds on grants in flight are
+multiples of the pool's capacity, so a holder at its bound has many requests running and
+one of them ends within about a second at the request lengths of an LLM; the OpenAI SDK
+waits that long before each of its retries."""
+LIMIT_HEADER: Final = "x-fairshare-limit"
+"""The header of a 429 that names the allocator's limit met (``max_in_flight_per_holder``,
+``max_in_flight``, ``max_teams`` ...), as its ``fairshare-limit`` metadata does."""
 READ_CHUNK: Final = 64 * 1024
 """Bytes of a request body read at a time (the body is bounded by ``max_body_bytes``)."""
 PASSED_HEADERS: Final = ("content-type",)
@@ -126,7 +136,10 @@ def allocator_refusal(error: AllocatorError) -> tuple[Refusal, dict[str, str]]:
     if isinstance(error, NoOwner):
         return Refusal.NO_OWNER, {"Retry-After": RETRY_AFTER_S}
     if isinstance(error, LimitExceeded):
-        return Refusal.REFUSED_BY_ALLOCATOR, {"Retry-After": RETRY_AFTER_S}
+        return Refusal.REFUSED_BY_ALLOCATOR, {
+            "Retry-After": RETRY_AFTER_S,
+            LIMIT_HEADER: error.limit,
+        }
     if isinstance(error, PermissionDenied):
         return Refusal.FORBIDDEN_BY_ALLOCATOR, {}
     if isinstance(error, InvalidArgument):

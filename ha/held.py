@@ -9,7 +9,8 @@ Guarantees: each grant is kept once, with the time it was issued (or adopted, or
 deadline its phantom had), its standing (a successor's phantom keeps it) and its session;
 ``expire`` releases, charging nothing, every grant without a session older than
 ``max_request_s``; ``lapse`` every grant of one session; ``live`` and ``rows`` list
-exactly the grants kept, for a snapshot.
+exactly the grants kept, for a snapshot; ``len`` and ``holding`` count the grants kept, in
+all and of one holding (``holding_of``), in O(1) (what the in-flight bounds read).
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from ha.api import Epoch
 from ha.snapshot import GrantKey, LiveGrant, live_row
 
 _K = TypeVar("_K")
+
+
+def holding_of(holder: str, session: str) -> str:
+    """Whose grants ``HeldGrants.holding`` counts together: the holder session's, or the
+    holder's when it has none (a session id and a holder name cannot be confused: the
+    former is kept with a prefix no name has here)."""
+    return f"\x00{session}" if session else holder
 
 
 @dataclass(slots=True)
@@ -51,6 +59,15 @@ class HeldGrants:
         # Grants of sessions (they live as long as their session).
         self._in_session: dict[GrantKey, Held] = {}
         self._by_session: dict[str, set[GrantKey]] = {}
+        self._holdings: dict[str, int] = {}  # holding_of -> grants kept (none: absent)
+
+    def __len__(self) -> int:
+        """How many grants are kept."""
+        return len(self._own) + len(self._adopted) + len(self._in_session)
+
+    def holding(self, holding: str) -> int:
+        """How many grants of ``holding`` (``holding_of``) are kept."""
+        return self._holdings.get(holding, 0)
 
     def issue(
         self, seq: int, grant: Grant, holder: str, team: str, wall: float, session: str = ""
@@ -62,6 +79,7 @@ class HeldGrants:
             self._keep_in_session(held)
         else:
             self._own[seq] = held
+        self._count(held, 1)
         return held
 
     def adopt(
@@ -69,25 +87,27 @@ class HeldGrants:
     ) -> Held:
         """Keeps an earlier grant counted again, as if issued at ``wall``; returns it as
         kept."""
+        self.take_adopted(key)  # kept once: a second adoption replaces the first
         held = self._held(grant, key, grant.team, wall, session)
         held.unsigned = unsigned
         if session:
             self._keep_in_session(held)
         else:
             self._adopted[key] = held
+        self._count(held, 1)
         return held
 
     def take_own(self, key: GrantKey) -> Held | None:
         """Forgets this epoch's grant ``key`` (released) and returns it, if kept."""
         held = self._own.get(key.seq)
         if held is not None and held.key == key:
-            return self._own.pop(key.seq)
-        return self._take_in_session(key)
+            return self._counted_out(self._own.pop(key.seq))
+        return self._counted_out(self._take_in_session(key))
 
     def take_adopted(self, key: GrantKey) -> Held | None:
         """Forgets the adopted grant ``key`` (released) and returns it, if kept."""
         held = self._adopted.pop(key, None)
-        return held if held is not None else self._take_in_session(key)
+        return self._counted_out(held if held is not None else self._take_in_session(key))
 
     def adopted(self, key: GrantKey) -> bool:
         return key in self._adopted or key in self._in_session
@@ -103,13 +123,18 @@ class HeldGrants:
     def expire(self, horizon: float) -> list[GrantKey]:
         """Releases (charging nothing) the grants without a session issued before
         ``horizon``; returns their keys."""
-        return _expire(self._own, horizon) + _expire(self._adopted, horizon)
+        expired = _expire(self._own, horizon) + _expire(self._adopted, horizon)
+        for held in expired:
+            self._count(held, -1)
+        return [held.key for held in expired]
 
     def lapse(self, session: str) -> list[GrantKey]:
         """Releases (charging nothing) every grant of ``session``; returns their keys."""
         keys = list(self._by_session.pop(session, ()))
         for key in keys:
-            self._in_session.pop(key).grant.release(0.0)
+            held = self._in_session.pop(key)
+            held.grant.release(0.0)
+            self._count(held, -1)
         return keys
 
     def live(self) -> list[LiveGrant]:
@@ -140,13 +165,28 @@ class HeldGrants:
                 del self._by_session[held.session]
         return held
 
+    def _counted_out(self, held: Held | None) -> Held | None:
+        if held is not None:
+            self._count(held, -1)
+        return held
+
+    def _count(self, held: Held, change: int) -> None:
+        """Adds ``change`` to the count of ``held``'s holding; a count of 0 is dropped, so
+        the table holds only holdings with grants kept."""
+        who = holding_of(held.key.holder, held.session)
+        left = self._holdings.get(who, 0) + change
+        if left:
+            self._holdings[who] = left
+        else:
+            del self._holdings[who]
+
     def _held(self, grant: Grant, key: GrantKey, team: str, wall: float, session: str) -> Held:
         until = wall + self._limit
         row = live_row(LiveGrant(key, team, until, grant.borrowing, session))
         return Held(grant, key, team, wall, row, session=session)
 
 
-def _expire(table: dict[_K, Held], horizon: float) -> list[GrantKey]:
+def _expire(table: dict[_K, Held], horizon: float) -> list[Held]:
     """Releases the grants of ``table`` issued before ``horizon``; the table is in issue
     order, so the scan stops at the first live one."""
     expired = []
@@ -156,5 +196,5 @@ def _expire(table: dict[_K, Held], horizon: float) -> list[GrantKey]:
             break
         del table[key]
         held.grant.release(0.0)
-        expired.append(held.key)
+        expired.append(held)
     return expired

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from fairshare import Class, degraded_priority
+from fairshare.digest import grant_id_digest
 from ha.api import (
     ANY_EPOCH,
     DEGRADED_EPOCH,
@@ -200,7 +201,8 @@ class Router:
             try:
                 await owned.durable(lazy=True)
             except NotDeciding as e:
-                raise StoreUnavailable(f"release of {grant_id} not persisted: {e}") from e
+                digest = grant_id_digest(grant_id)
+                raise StoreUnavailable(f"release of grant {digest} not persisted: {e}") from e
             return
         if forwarded:
             raise self._wrong_epoch(ref.pool)

@@ -52,6 +52,18 @@ MAX_MAX_TEAMS = 4096
 """The largest ``max_teams`` accepted; it keeps a snapshot of a pool whose team names are
 all 256 bytes long under etcd's 1.5 MiB request limit (the figures: docs/ha.md, "Cost per
 call")."""
+HOLDER_IN_FLIGHT_PER_CAPACITY = 16
+"""Default ``max_in_flight_per_holder``: this many times the pool's live capacity ...
+Twice the deepest queue the simulator's scenarios model through one gateway (a batch job
+with 8 x C outstanding, ``sim.scenarios``), so an honest gateway meets it only with a
+queue of 16 service times at vLLM."""
+MIN_HOLDER_IN_FLIGHT = 128
+"""... and never fewer than this many grants (small pools)."""
+IN_FLIGHT_PER_CAPACITY = 32
+"""Default ``max_in_flight``: this many times the pool's live capacity (two gateways at
+their default bound) ..."""
+MIN_IN_FLIGHT = 256
+"""... and never fewer than this many grants (small pools)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +86,15 @@ class PoolConfig:
         max_teams: most teams the pool keeps state for at once, configured ones
             included; a request that would add one more is refused with
             RESOURCE_EXHAUSTED once no idle team can be forgotten. Default 1024.
+        max_in_flight: grants the owner counts in flight for the pool (issued or
+            adopted, phantoms not included) past which a request that would borrow is
+            refused with RESOURCE_EXHAUSTED (one within its team's share never is:
+            ``ha.bounds``). None (default): ``IN_FLIGHT_PER_CAPACITY`` x the live
+            capacity, at least ``MIN_IN_FLIGHT``. Never below the live capacity
+            (``in_flight_bounds``).
+        max_in_flight_per_holder: the same, for the grants of one holder. None
+            (default): ``HOLDER_IN_FLIGHT_PER_CAPACITY`` x the live capacity, at least
+            ``MIN_HOLDER_IN_FLIGHT``.
     """
 
     name: str
@@ -90,6 +111,21 @@ class PoolConfig:
 
     unknown_teams: UnknownTeams = UnknownTeams.ALLOW
     max_teams: int = DEFAULT_MAX_TEAMS
+    max_in_flight: int | None = None
+    max_in_flight_per_holder: int | None = None
+
+    def in_flight_bounds(self, capacity: int) -> tuple[int, int]:
+        """(the pool's bound, one holder's bound) on grants in flight while the pool's
+        live capacity is ``capacity``: the configured values, else the defaults, which
+        follow the capacity (a SetCapacity moves them). The pool's bound is never below
+        ``capacity``."""
+        pool = self.max_in_flight
+        if pool is None:
+            pool = max(IN_FLIGHT_PER_CAPACITY * capacity, MIN_IN_FLIGHT)
+        holder = self.max_in_flight_per_holder
+        if holder is None:
+            holder = max(HOLDER_IN_FLIGHT_PER_CAPACITY * capacity, MIN_HOLDER_IN_FLIGHT)
+        return max(pool, capacity), holder
 
     def validate(self, path: str = "pool") -> None:
         """Raises ConfigError naming the offending field."""
@@ -119,6 +155,25 @@ class PoolConfig:
                 f"{path}.max_teams",
                 f"must be in [max(1, number of teams in shares) = {max(1, len(self.shares))}, "
                 f"{MAX_MAX_TEAMS}], got {self.max_teams}",
+            )
+        self._check_in_flight(path)
+
+    def _check_in_flight(self, path: str) -> None:
+        """Raises ConfigError when a bound on grants in flight is set and not an int of
+        at least 1 (and, for the pool's, at least ``capacity``)."""
+        for name in ("max_in_flight", "max_in_flight_per_holder"):
+            bound = getattr(self, name)
+            if bound is None:
+                continue
+            if isinstance(bound, bool) or not isinstance(bound, int):
+                raise ConfigError(f"{path}.{name}", f"must be an int, got {bound!r}")
+            if bound < 1:
+                raise ConfigError(f"{path}.{name}", f"must be >= 1, got {bound}")
+        if self.max_in_flight is not None and self.max_in_flight < self.capacity:
+            raise ConfigError(
+                f"{path}.max_in_flight",
+                f"must be >= capacity ({self.capacity}), got {self.max_in_flight}: it would "
+                "refuse requests the pool has room for",
             )
 
 
@@ -223,8 +278,12 @@ class Timing:
 
 __all__ = [
     "DEFAULT_MAX_TEAMS",
+    "HOLDER_IN_FLIGHT_PER_CAPACITY",
+    "IN_FLIGHT_PER_CAPACITY",
     "MAX_CAPACITY",
     "MAX_MAX_TEAMS",
+    "MIN_HOLDER_IN_FLIGHT",
+    "MIN_IN_FLIGHT",
     "ConfigError",
     "DegradedMode",
     "PoolConfig",

@@ -3,7 +3,9 @@
 Start: load the configuration, bind the gRPC port (TLS / mTLS if configured), open the
 node (``ha.node.open_node``: embedded single-node mode without etcd endpoints), add the
 servicers, health (per service and overall) and reflection, start the node, the server
-and the metrics endpoint, then report SERVING.
+and the metrics endpoint, then report SERVING. Two interceptors guard the port: the
+per-client call limit (``server.intake``) and the bound on open streams
+(``server.streams``).
 
 Health: SERVING once started, also before the node has joined the cluster (etcd did not
 answer at start: the replica answers every call as when etcd is lost later, each pool per
@@ -59,6 +61,7 @@ from server.peers import GrpcPeers
 from server.servicer import AdminServicer, AllocatorServicer
 from server.status_page import StatusPage
 from server.status_report import status_report
+from server.streams import StreamLimit
 from server.tls_reload import peer_credentials, server_credentials
 from wire.credentials import read_token
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -347,8 +350,10 @@ async def start_server(
         on_malformed=metrics.count_malformed,
         on_refused=lambda method: metrics.count_limited("max_calls_per_client"),
     )
+    streams = StreamLimit(on_refused=metrics.count_limited)
+    metrics.watch_streams(streams.open_streams)
     server = aio.server(
-        interceptors=[intake],
+        interceptors=[intake, streams],
         options=[("grpc.so_reuseport", 0), *config.grpc.server_options()],
     )
     port = _bind(server, config)

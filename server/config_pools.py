@@ -25,6 +25,8 @@ POOL_KEYS: Final = (
     "max_charge_per_s",
     "unknown_teams",
     "max_teams",
+    "max_in_flight",
+    "max_in_flight_per_holder",
 )
 
 
@@ -97,6 +99,9 @@ def parse_pools(value: object) -> tuple[PoolConfig, ...]:
             ),
             unknown_teams=unknown,
             max_teams=spec.get("max_teams", defaults["max_teams"]),  # type: ignore[arg-type]
+            # Checked by validate; None (absent or null): the default, which follows C.
+            max_in_flight=spec.get("max_in_flight"),  # type: ignore[arg-type]
+            max_in_flight_per_holder=spec.get("max_in_flight_per_holder"),  # type: ignore[arg-type]
         )
         pool.validate(path)
         pools.append(pool)

@@ -24,7 +24,8 @@ Health checks are outside the per-client limit (see ``UNLIMITED_PREFIXES``).
 
 Guarantees: the interceptor keeps no state for a client without calls in flight, so its
 memory is bounded by the calls in flight. Streaming handlers (health watch, reflection)
-are passed through unchanged.
+are passed through unchanged: ``server.streams`` bounds them, per client as ``client_of``
+says and in total.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import grpc
 from grpc import aio
 
 from fairshare.errors import InvalidArgument, LimitExceeded
+from server.wrapping import Wrapping
 from wire.errors import abort
 
 logger = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ def peer_host(peer: str) -> str:
     return host if sep and port.isdigit() and host not in ("ipv4", "ipv6", "unix") else peer
 
 
-class Intake(aio.ServerInterceptor):  # type: ignore[misc]
+class Intake(Wrapping):
     """See the module doc."""
 
     def __init__(
@@ -110,13 +112,13 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
         """
         if max_calls < 1 or max_waiting < 0:
             raise ValueError("max_calls must be >= 1 and max_waiting >= 0")
+        super().__init__()
         self._max_calls = max_calls
         self._max_waiting = max_waiting
         self._warn_every_s = warn_every_s
         self._on_malformed = on_malformed
         self._on_refused = on_refused
         self._clients: dict[tuple[str, str], _Client] = {}
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._warned_at = -float("inf")
         self._unwarned = 0
 
@@ -124,24 +126,11 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
         """Clients with calls running or waiting now."""
         return len(self._clients)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        method: str = handler_call_details.method
-        known = self._wrapped.get(method)
-        if known is not None and known[0] is handler:
-            return known[1]
-        wrapped = self._wrap(method, handler)
-        # Only methods the server has a handler for get here: the cache is bounded by them.
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def takes(self, handler: grpc.RpcMethodHandler) -> bool:
+        """Every unary-unary handler (``Wrapping.takes``)."""
+        return handler.unary_unary is not None
 
-    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """``handler`` with the malformed-message check and the per-client limit."""
         inner: _Behavior = handler.unary_unary
         limited = not method.startswith(UNLIMITED_PREFIXES)
@@ -151,7 +140,7 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
                 await self._refuse_malformed(method, request, context)
             if not limited:
                 return await inner(request, context)
-            key = (peer_host(context.peer() or ""), _holder(request))
+            key = client_of(context, request)
             client = await self._enter(key, method, context)
             try:
                 return await inner(request, context)
@@ -228,6 +217,8 @@ class Intake(aio.ServerInterceptor):  # type: ignore[misc]
             del self._clients[key]
 
 
-def _holder(request: object) -> str:
+def client_of(context: aio.ServicerContext, request: object) -> tuple[str, str]:
+    """The client a call counts against: its peer's host (``peer_host``) and the request's
+    ``holder`` ('' when it has none: then the host alone)."""
     holder = getattr(request, "holder", "")
-    return holder if isinstance(holder, str) else ""
+    return peer_host(context.peer() or ""), holder if isinstance(holder, str) else ""

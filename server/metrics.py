@@ -27,7 +27,7 @@ from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -135,8 +135,14 @@ class Metrics:
         self.limited = Counter(
             "fairshare_limit_refusals",
             "Requests refused with RESOURCE_EXHAUSTED, by the limit they met "
-            "(max_teams, max_adopt_grants, max_calls_per_client).",
+            "(max_teams, max_in_flight, max_in_flight_per_holder, max_adopt_grants, "
+            "max_calls_per_client, max_streams_per_client, max_streams).",
             ["limit"],
+            registry=self.registry,
+        )
+        self.open_streams = Gauge(
+            "fairshare_open_streams",
+            "Streaming calls open now (health Watch, reflection), at most max_streams.",
             registry=self.registry,
         )
         # The labelled children of the two metrics every Acquire updates, kept so that a
@@ -197,6 +203,10 @@ class Metrics:
     def count_limited(self, limit: str) -> None:
         """Counts one request refused at ``limit``."""
         self.limited.labels(limit).inc()
+
+    def watch_streams(self, open_streams: Callable[[], int]) -> None:
+        """Reads ``fairshare_open_streams`` from ``open_streams`` at every scrape."""
+        self.open_streams.set_function(open_streams)
 
     def observe_forward(self, method: str, seconds: float) -> None:
         """Records the latency of one forwarded call."""

@@ -5,6 +5,9 @@
 - ``FcfsAllocator``: no allocator, every priority equal (the FCFS comparison).
 - ``PoolAllocator`` and ``in_process``: priorities from a ``fairshare.Pool`` whose clock
   is the simulated time (the default fairshare side).
+- ``InFlightRuleAllocator`` and ``in_flight_rule``: the same pool with the standing rule
+  it had before (every request in flight used up the reservation), simulator-only, kept
+  to show what that rule did under sustained load.
 - ``PoolSpec`` and ``AllocatorFactory``: how a scenario describes its pool and builds
   the fairshare side for a new simulator (``remote`` builds one over gRPC instead).
 """
@@ -15,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from fairshare import Pool
+from fairshare import Pool, borrowing_priority, within_share_priority
 from sim.model import Request
 
 if TYPE_CHECKING:
@@ -68,6 +71,38 @@ class PoolAllocator:
         self.pool.set_capacity(capacity)
 
 
+class InFlightRuleAllocator(PoolAllocator):
+    """The standing rule the pool had before the within-share count (docs/spec.md §4).
+
+    A request was within share iff the team's in-flight count before it (its grants and
+    live phantoms, borrowers included) was below its reservation. Under sustained load
+    that rule erodes a busy team's reservation to nothing: each within-share request that
+    ends is replaced by a borrower, since the team still has its reservation or more in
+    flight. Kept in the simulator only, to show that (``sustained-overload`` and the
+    comparisons of the other scenarios); ``fairshare`` has only the current rule.
+
+    The standing and priority come from the pool's snapshot (the team's reservation,
+    in-flight count, phantoms and rank, as the pool's own decision reads them); the
+    request is then counted with ``Pool.adopt``, so releases, usage and ranks are the
+    pool's. A team the pool does not know has no reservation: both rules borrow, and the
+    pool decides.
+    """
+
+    def admit(self, req: Request) -> None:
+        stat = next((s for s in self.pool.snapshot() if s.team == req.team), None)
+        if stat is None:
+            super().admit(req)
+            return
+        borrowing = stat.in_flight + stat.phantoms >= stat.reserved
+        if borrowing:
+            priority = borrowing_priority(stat.rank, req.cls)
+        else:
+            priority = within_share_priority(req.cls)
+        req.grant = self.pool.adopt(req.team, priority, borrowing, req.est_tokens)
+        req.priority = priority
+        req.borrowing = borrowing
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
     """The pool a scenario's fairshare run decides on.
@@ -106,3 +141,8 @@ def in_process(spec: PoolSpec, sim: Simulator) -> PoolAllocator:
         clock=lambda: sim.now,
     )
     return PoolAllocator(pool)
+
+
+def in_flight_rule(spec: PoolSpec, sim: Simulator) -> InFlightRuleAllocator:
+    """``in_process``'s pool with the standing rule it had before (``InFlightRuleAllocator``)."""
+    return InFlightRuleAllocator(in_process(spec, sim).pool)

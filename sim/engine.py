@@ -120,6 +120,8 @@ class Simulator:
         self._requests: list[Request] = []
         self._runs: list[Run] = []
         self._preemptions: dict[str, int] = {}
+        self._within_preemptions: dict[str, int] = {}
+        self._within_beside_borrower: dict[str, int] = {}
         self._capacity_log: list[tuple[float, int]] = [(0.0, capacity)]
 
     # -- what sources and scenarios call ------------------------------------------
@@ -236,6 +238,8 @@ class Simulator:
             runs=self._runs,
             capacity_log=self._capacity_log,
             preemptions=dict(self._preemptions),
+            within_preemptions=dict(self._within_preemptions),
+            within_beside_borrower=dict(self._within_beside_borrower),
         )
 
     # -- what the instances call ----------------------------------------------------
@@ -253,10 +257,21 @@ class Simulator:
         heapq.heappush(self._events, (time_s, next(self._seq), _ADMIT, inst, 0))
 
     def preempted(self, req: Request) -> None:
-        """Records that ``req``'s run (started at ``req.start_s``) was preempted now."""
+        """Records that ``req``'s run (started at ``req.start_s``) was preempted now.
+
+        Called once ``req`` has left its instance's running requests; counted by standing
+        (``SimResult``): a within-share victim, and whether a borrower still runs beside
+        it on that instance.
+        """
         assert req.start_s is not None
-        self._preemptions[req.team] = self._preemptions.get(req.team, 0) + 1
-        self._runs.append(Run(req.team, req.start_s, self.now, completed=False))
+        team = req.team
+        self._preemptions[team] = self._preemptions.get(team, 0) + 1
+        if not req.borrowing:
+            self._within_preemptions[team] = self._within_preemptions.get(team, 0) + 1
+            if any(r.borrowing for r in self.instances[req.instance].running.values()):
+                beside = self._within_beside_borrower
+                beside[team] = beside.get(team, 0) + 1
+        self._runs.append(Run(team, req.start_s, self.now, completed=False))
 
     def finished(self, req: Request) -> None:
         """``req`` finished now: the allocator and the gateway hear of it."""

@@ -216,19 +216,27 @@ def _subplots(n: int) -> tuple[Figure, list[Axes]]:
 
 
 def plot_preemptions(result: ScenarioResult, path: Path) -> Path:
-    """Preemptions per team, one bar per run."""
+    """Preemptions per team, one bar per run: within-share victims hatched at the bottom,
+    borrowers above them; the label is the total."""
     teams = list(result.shares)
     fig, ax = _figure(7.0, 3.8)
     runs = list(result.runs.items())
     width = 0.8 / len(runs)
     for i, (label, run) in enumerate(runs):
         xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(teams))]
-        counts = [run.preemptions.get(team, 0) for team in teams]
-        bars = ax.bar(xs, counts, width, label=label)
-        ax.bar_label(bars, fontsize=7)
+        within = [run.within_preemptions.get(team, 0) for team in teams]
+        borrowing = [
+            run.preemptions.get(team, 0) - w for team, w in zip(teams, within, strict=True)
+        ]
+        color = f"C{i % 10}"
+        ax.bar(xs, within, width, color=color, hatch="///", edgecolor="white", linewidth=0)
+        bars = ax.bar(xs, borrowing, width, bottom=within, color=color, label=label)
+        ax.bar_label(
+            bars, labels=[str(w + b) for w, b in zip(within, borrowing, strict=True)], fontsize=7
+        )
     ax.set_xticks(range(len(teams)), teams)
     ax.set_title(f"{result.title}: KV-cache preemptions per team")
-    ax.set_xlabel("team")
+    ax.set_xlabel("team (hatched: victims granted within share; in FCFS runs vLLM ignores it)")
     ax.set_ylabel("preemptions (requests re-prefilled)")
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -280,12 +288,70 @@ def plot_series(result: ScenarioResult, path: Path) -> Path:
     return _save(fig, path)
 
 
+ZOOM_S = 60.0
+"""The holdings plot draws the first minute of the run beside the whole of it."""
+
+
+def plot_holdings(result: ScenarioResult, path: Path) -> Path:
+    """Each team's within-share requests held over time, one row per team: the whole run
+    on the left, its first ``ZOOM_S`` seconds on the right. One line per run of
+    ``result.holdings`` (the first solid, the others dashed); the team's requests in
+    flight faint; its reservation (``reserved_<team>`` of the figures) dotted."""
+    plt = _pyplot()
+    teams = list(result.shares)
+    fig, axes = plt.subplots(
+        len(teams),
+        2,
+        figsize=(9.0, 2.6 * len(teams) + 0.8),
+        dpi=DPI,
+        sharey="row",
+        squeeze=False,
+        gridspec_kw={"width_ratios": [3, 1]},
+    )
+    every_s = next(iter(result.holdings.values())).every_s
+    for (whole, zoom), team in zip(axes, teams, strict=True):
+        top = 1
+        for i, (label, held) in enumerate(result.holdings.items()):
+            style = "-" if i == 0 else "--"
+            color = f"C{i % 10}"
+            lines = [
+                (held.within[team], f"within share: {label}", {}),
+                (held.in_flight[team], f"in flight: {label}", {"linewidth": 0.7, "alpha": 0.4}),
+            ]
+            for ax in (whole, zoom):
+                for values, name, thin in lines:
+                    ax.step(
+                        held.times, values, style, where="post", color=color, label=name, **thin
+                    )
+            top = max(top, *held.in_flight[team])
+        reserved = result.figures.get(f"reserved_{team}")
+        for ax in (whole, zoom):
+            if reserved is not None:
+                ax.axhline(reserved, color="0.3", linewidth=0.9, linestyle=":", label="reservation")
+        _decorate_time(whole, result)
+        whole.set_ylim(0, top * 1.1)
+        zoom.set_xlim(0, ZOOM_S)
+        whole.set_title(f"team {team}: requests in flight, and of them within share")
+        zoom.set_title("the first minute")
+        whole.set_ylabel("requests")
+    axes[-1][0].set_xlabel(f"simulated time (s), sampled every {_fmt(every_s)} s")
+    axes[-1][1].set_xlabel("simulated time (s)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def write_plots(result: ScenarioResult, out_dir: Path) -> list[Path]:
     """Draws every plot of ``result`` into ``out_dir``; returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [plot_served(result, out_dir / f"{result.name}-served.png")]
     if result.series:
         paths.append(plot_series(result, out_dir / f"{result.name}-routers.png"))
+    if result.holdings:
+        paths.append(plot_holdings(result, out_dir / f"{result.name}-within.png"))
     if result.wait_series:
         paths.append(plot_wait_series(result, out_dir / f"{result.name}-waits.png"))
     else:
@@ -304,13 +370,18 @@ def _fmt(value: float) -> str:
     return f"{value:.1f}"
 
 
+def _unit(unit: str, value: float = 0.0) -> str:
+    """The unit after a table's number, none after a missing one (NaN)."""
+    return f" {unit}" if unit and not math.isnan(value) else ""
+
+
 def section(result: ScenarioResult, images: Sequence[Path], base: Path) -> str:
     """The markdown section of one scenario; image links are relative to ``base``."""
     lines = [f"## {result.title} (`{result.name}`)", "", result.description, ""]
     lines += ["| target | value | bound | met |", "| --- | ---: | ---: | :---: |"]
     for t in result.targets:
         op = "≤" if t.at_most else "≥"
-        unit = f" {t.unit}" if t.unit else ""
+        unit = _unit(t.unit)
         mark = "yes" if t.met else "**no**"
         lines.append(f"| {t.text} | {_fmt(t.value)}{unit} | {op} {_fmt(t.bound)}{unit} | {mark} |")
     if result.comparisons:
@@ -323,8 +394,8 @@ def section(result: ScenarioResult, images: Sequence[Path], base: Path) -> str:
             "| --- | ---: | ---: |",
         ]
         for c in result.comparisons:
-            unit = f" {c.unit}" if c.unit else ""
-            lines.append(f"| {c.text} | {_fmt(c.value)}{unit} | {_fmt(c.other)}{unit} |")
+            value = f"{_fmt(c.value)}{_unit(c.unit, c.value)}"
+            lines.append(f"| {c.text} | {value} | {_fmt(c.other)}{_unit(c.unit, c.other)} |")
     lines += ["", "<details><summary>All figures</summary>", ""]
     lines += ["| figure | value |", "| --- | ---: |"]
     lines += [f"| `{k}` | {_fmt(v)} |" for k, v in result.figures.items()]
@@ -433,7 +504,13 @@ def document(sections: Sequence[str], command: str) -> str:
         "Queueing delay is the time from a request's arrival to its first start (requests "
         "never started count with their wait until the end of the run). *Within share* "
         "means the pool granted the request inside its team's reservation (priority 0 or "
-        "1); in FCFS runs the pool still records that standing, but vLLM ignores it.",
+        "1): the team had fewer within-share requests in flight than its reservation "
+        "(docs/spec.md §4; borrowers do not use up the reservation); in FCFS runs the pool "
+        "still records that standing, but vLLM ignores it. Before the within-share count, "
+        "every request in flight counted, and a busy team's reservation eroded to nothing; "
+        "`two-institutions`, `three-teams`, `elastic` and `sustained-overload` run that rule "
+        "too (simulator-only, `sim/allocators.py`) and print its figures beside their own, "
+        "with what moved and why.",
         "",
         "A scheduler with the same ordering also runs as a real server, for the gateway's "
         "tests, the demo and its benchmark: the stand-in vLLM server `sim/standin/` "

@@ -28,13 +28,25 @@ class Run:
 
 @dataclass
 class SimResult:
-    """Everything a run recorded."""
+    """Everything a run recorded.
+
+    Preemptions are counted per team: ``preemptions`` every one; ``within_preemptions``
+    those whose victim had been granted within share; ``within_beside_borrower`` those
+    whose within-share victim was preempted while a borrower ran on the same instance.
+    Under vLLM's priority policy the last is 0 whenever every borrower's priority is
+    above every within-share one (the victim is the largest priority); a within-share
+    request is preempted only when the requests of reservations alone overflow the
+    instance's KV cache. In FCFS runs the standing is the pool's record, which vLLM
+    ignores.
+    """
 
     horizon_s: float
     requests: list[Request]
     runs: list[Run]
     capacity_log: list[tuple[float, int]]
     preemptions: dict[str, int] = field(default_factory=dict)
+    within_preemptions: dict[str, int] = field(default_factory=dict)
+    within_beside_borrower: dict[str, int] = field(default_factory=dict)
 
     def completed(self) -> list[Request]:
         """Requests that finished before the horizon."""

@@ -57,6 +57,22 @@ INTERACTIVE = Shape(Class.INTERACTIVE, Tokens(600, 0.6, 16, 4096), Tokens(200, 0
 """Chat-like requests: medium prompts, short answers."""
 BATCH = Shape(Class.BATCH, Tokens(1200, 0.5, 16, 4096), Tokens(300, 0.6, 8, 1024))
 """Offline jobs: longer prompts and answers, throughput oriented."""
+LONG = Shape(Class.BATCH, Tokens(2400, 0.5, 64, 8192), Tokens(900, 0.5, 64, 2048))
+"""Long-context jobs: long prompts and long answers, the KV cache's heaviest users (about
+206 blocks of 16 tokens at their end, against 72 per unit of C in the scenarios)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """Several shapes, one drawn at random for each request with the given weights."""
+
+    shapes: tuple[tuple[Shape, float], ...]
+    """(shape, weight) pairs; the weights need not sum to 1."""
+
+    def draw(self, rng: random.Random) -> Shape:
+        """The shape of the next request."""
+        shapes = [shape for shape, _ in self.shapes]
+        return rng.choices(shapes, weights=[weight for _, weight in self.shapes])[0]
 
 
 class Source(Protocol):
@@ -73,10 +89,12 @@ class Source(Protocol):
 def _send(
     sim: Simulator,
     team: str,
-    shape: Shape,
+    shape: Shape | Mix,
     rng: random.Random,
     on_done: Callable[[Request], None] | None = None,
 ) -> None:
+    if isinstance(shape, Mix):
+        shape = shape.draw(rng)
     prompt = shape.prompt.sample(rng)
     output = shape.output.sample(rng)
     sim.send(team, shape.cls, prompt, output, on_done=on_done)
@@ -88,7 +106,7 @@ class Poisson:
 
     team: str
     rate_per_s: float
-    shape: Shape = INTERACTIVE
+    shape: Shape | Mix = INTERACTIVE
     start_s: float = 0.0
     stop_s: float = math.inf
 
@@ -109,7 +127,7 @@ class Bursts:
     team: str
     every_s: float
     size: int
-    shape: Shape = INTERACTIVE
+    shape: Shape | Mix = INTERACTIVE
     start_s: float = 0.0
     stop_s: float = math.inf
 
@@ -134,7 +152,7 @@ class Flood:
 
     team: str
     outstanding: int
-    shape: Shape = BATCH
+    shape: Shape | Mix = BATCH
     start_s: float = 0.0
     stop_s: float = math.inf
 

@@ -19,6 +19,8 @@ failover scenario builds its own owners and refuses any other fairshare side.
 - ``owner_crash``: an owner failover mid-run (in-process only).
 - ``many_instances``: pools of k vLLM instances behind three gateways, every router
   (in-process only).
+- ``overload``: three teams above their reservations for a long run, under the current
+  standing rule and the rule before it.
 
 This module is the registry: ``SCENARIOS`` maps each command-line name to its function.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sim.scenarios.many_instances import multi_instance
+from sim.scenarios.overload import sustained_overload
 from sim.scenarios.owner_crash import failover
 from sim.scenarios.resize import elastic
 from sim.scenarios.result import Comparison, ScenarioResult, Target
@@ -41,6 +44,7 @@ __all__ = [
     "elastic",
     "failover",
     "multi_instance",
+    "sustained_overload",
     "three_teams",
     "two_institutions",
 ]
@@ -51,6 +55,7 @@ SCENARIOS: dict[str, Callable[..., ScenarioResult]] = {
     "elastic": elastic,
     "failover": failover,
     "multi-instance": multi_instance,
+    "sustained-overload": sustained_overload,
 }
 """Command-line name -> scenario function (keyword arguments ``seed``, ``scale`` and
 ``fairshare``)."""

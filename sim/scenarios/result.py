@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from sim.holdings import Holdings
 from sim.results import SimResult
 
 
@@ -80,6 +81,8 @@ class ScenarioResult:
         series: waits drawn as distributions, one per label (see the field).
         compared: the label of the variant that ``comparisons`` set beside the checked run.
         comparisons: figures of the checked run beside the same of ``compared``.
+        holdings: label -> each team's requests in flight and within share over time
+            (see the field).
     """
 
     name: str
@@ -99,6 +102,10 @@ class ScenarioResult:
     within-share waits under each router); empty for the other scenarios."""
     compared: str = ""
     comparisons: list[Comparison] = field(default_factory=list)
+    holdings: dict[str, Holdings] = field(default_factory=dict)
+    """label -> the samples of what each team held (sustained-overload: the current rule
+    and the rule before); drawn per team, with its reservation when the figures hold
+    ``reserved_<team>``; empty for the other scenarios."""
 
     @property
     def ok(self) -> bool:

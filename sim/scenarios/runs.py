@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sim.allocators import Allocator, AllocatorFactory, FcfsAllocator, PoolSpec, in_process
 from sim.engine import Routing, Simulator
 from sim.model import Hardware, Policy
 from sim.results import SimResult
+from sim.scenarios.result import Target
 from sim.workloads import Source, start_all
 
 HARDWARE = Hardware(kv_blocks_per_slot=72)
@@ -97,3 +98,51 @@ def served_fractions(
     served = {team: result.served_s(team, start_s, end_s) for team in teams}
     total = math.fsum(served.values())
     return {team: (v / total if total > 0 else 0.0) for team, v in served.items()}
+
+
+def preemption_figures(result: SimResult, teams: Iterable[str]) -> dict[str, float]:
+    """Each team's preemptions, by standing (see ``SimResult``).
+
+    Returns:
+        ``preemptions_<team>`` (every victim), ``preemptions_<team>_within`` (victims
+        granted within share) and ``within_preempted_beside_borrower`` (within-share
+        victims while a borrower ran on their instance, every team together).
+    """
+    figures: dict[str, float] = {}
+    for team in teams:
+        figures[f"preemptions_{team}"] = result.preemptions.get(team, 0)
+        figures[f"preemptions_{team}_within"] = result.within_preemptions.get(team, 0)
+    figures["within_preempted_beside_borrower"] = sum(result.within_beside_borrower.values())
+    return figures
+
+
+BESIDE_BORROWER = "within-share requests preempted while a borrower ran on their instance"
+"""The target every scenario on one pool checks (``never_beside_a_borrower``)."""
+
+
+def never_beside_a_borrower(figures: Mapping[str, float]) -> Target:
+    """No within-share request preempted while a borrower ran on its instance: the figure
+    ``within_preempted_beside_borrower`` of ``preemption_figures`` is 0.
+
+    A within-share request may still be preempted when only reserved requests run and
+    they overflow the KV cache; no priority can prevent that.
+    """
+    return Target(BESIDE_BORROWER, figures["within_preempted_beside_borrower"], 0.0, at_most=True)
+
+
+def kv_holds(result: SimResult, team: str | None = None) -> float:
+    """How many requests like the run's (``team``'s only, if given) the pool's KV cache
+    holds at once, at the capacity the run started with.
+
+    A request's context grows from its prompt to prompt plus answer while it runs, so over
+    its run it holds the blocks of its prompt and half its answer on average; weighted by
+    service time (what the cache holds at a random moment), over the completed requests.
+    NaN without completed requests or with an unlimited cache.
+    """
+    done = [r for r in result.completed() if team is None or r.team == team]
+    busy = math.fsum(r.service_s for r in done)
+    per_slot = HARDWARE.kv_blocks_per_slot
+    if busy <= 0 or per_slot is None:
+        return math.nan
+    tokens = math.fsum(r.service_s * (r.prompt_tokens + r.output_tokens / 2) for r in done)
+    return per_slot * result.capacity_log[0][1] * busy / (tokens / HARDWARE.block_tokens)

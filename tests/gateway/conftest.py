@@ -31,9 +31,13 @@ MODEL = "standin"
 TEAM_HEADER = "x-fairshare-team"
 
 
+BOUNDS = ("max_in_flight", "max_in_flight_per_holder")
+"""Pool keys passed on as they are when a test gives them."""
+
+
 def pools_yaml(pools: Mapping[str, Mapping[str, object]]) -> str:
     """An allocator configuration (embedded) with these pools: name -> {capacity, shares,
-    degraded_mode}."""
+    degraded_mode, and any of ``BOUNDS``}."""
     lines = ["metrics_listen: ''", "pools:"]
     for name, pool in pools.items():
         lines += [
@@ -43,6 +47,7 @@ def pools_yaml(pools: Mapping[str, Mapping[str, object]]) -> str:
             "    half_life_s: 3600",
             "    max_request_s: 60",
             f"    degraded_mode: {pool.get('degraded_mode', 'fail_open')}",
+            *(f"    {key}: {pool[key]}" for key in BOUNDS if key in pool),
         ]
     return "\n".join(lines) + "\n"
 

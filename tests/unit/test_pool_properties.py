@@ -131,9 +131,11 @@ class PoolMachine(RuleBasedStateMachine):
         now = self.clock.now
         before, total = self.model.within(team, now), self.model.total(now)
         ranks = {s.team: s.rank for s in self.pool.snapshot()}
+        foreseen = self.pool.within_share_next(team)
         grant = self.pool.acquire(team, cls, tokens)
         self.model.known.add(team)
         self._check_decision(grant, team, cls, before, total)
+        assert foreseen == (not grant.borrowing)
         if grant.borrowing and team in ranks:
             expected = BORROW_BASE + RANK_STEP * min(ranks[team], MAX_RANK) + cls
             assert grant.priority == expected

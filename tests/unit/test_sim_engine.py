@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from sim import command, scenarios
 from sim.allocators import SetupError
 from sim.engine import Routing, Simulator
 from sim.model import Hardware, Policy, Request
-from sim.scenarios import many_instances
+from sim.scenarios import before, many_instances
 from sim.scenarios.owner_crash import FailoverAllocator
 from sim.scenarios.result import percentile
 
@@ -19,6 +20,9 @@ pytestmark = pytest.mark.timeout(60)
 
 # 1 ms per prompt token, 10 ms per output token, KV blocks of 16 tokens, no watermark.
 HW = Hardware(prefill_s_per_token=0.001, decode_s_per_token=0.01, block_tokens=16, watermark=0.0)
+ONE_BLOCK = dataclasses.replace(HW, kv_blocks_per_slot=1)
+"""HW with one KV block per slot: a request of a 16-token prompt needs a second block at its
+first output token."""
 
 
 class Fixed:
@@ -107,14 +111,7 @@ def test_a_waiting_request_never_preempts_a_running_one() -> None:
 def test_kv_exhaustion_preempts_the_largest_priority_then_latest_arrival() -> None:
     # 4 slots of 1 block each: three requests of 16-token prompts hold 3 blocks, and all
     # need a second block at their first output token.
-    hw = Hardware(
-        prefill_s_per_token=0.001,
-        decode_s_per_token=0.01,
-        block_tokens=16,
-        kv_blocks_per_slot=1,
-        watermark=0.0,
-    )
-    sim = _sim({"x0": 0, "x1": 10, "x2": 10}, capacity=4, hardware=hw, horizon_s=5.0)
+    sim = _sim({"x0": 0, "x1": 10, "x2": 10}, capacity=4, hardware=ONE_BLOCK, horizon_s=5.0)
     for team in ("x0", "x1", "x2"):
         sim.send(team, Class.INTERACTIVE, 16, 40)
     result = sim.run()
@@ -135,18 +132,44 @@ def test_kv_exhaustion_preempts_the_largest_priority_then_latest_arrival() -> No
 
 
 def test_fcfs_mode_preempts_the_latest_arrival() -> None:
-    hw = Hardware(
-        prefill_s_per_token=0.001,
-        decode_s_per_token=0.01,
-        block_tokens=16,
-        kv_blocks_per_slot=1,
-        watermark=0.0,
-    )
-    sim = _sim({"x0": 100, "x1": 0, "x2": 0}, capacity=4, hardware=hw, policy=Policy.FCFS)
+    sim = _sim({"x0": 100, "x1": 0, "x2": 0}, capacity=4, hardware=ONE_BLOCK, policy=Policy.FCFS)
     for team in ("x0", "x1", "x2"):
         sim.send(team, Class.INTERACTIVE, 16, 40)
     sim.run()
     assert sim.victims[:2] == ["x2", "x1"]
+
+
+class Standing(Fixed):
+    """Fixed priorities; a priority of 10 or more borrows, as fairshare's do."""
+
+    def admit(self, req: Request) -> None:
+        super().admit(req)
+        req.borrowing = req.priority >= 10
+
+
+@pytest.mark.parametrize(
+    ("policy", "beside"),
+    [
+        # priority: the borrower is the victim while it runs; a within-share request only
+        # once it has gone.
+        pytest.param(Policy.PRIORITY, {}, id="priority-evicts-the-borrower-first"),
+        # fcfs: the request admitted last, the within-share one, while the borrower runs.
+        pytest.param(Policy.FCFS, {"w1": 1}, id="fcfs-evicts-the-last-admitted"),
+    ],
+)
+def test_preemptions_are_counted_by_standing(policy: Policy, beside: dict[str, int]) -> None:
+    sim = _sim(
+        {"w0": 0, "b": 10, "w1": 1}, capacity=4, hardware=ONE_BLOCK, policy=policy, horizon_s=5.0
+    )
+    sim.allocator = Standing({"w0": 0, "b": 10, "w1": 1})
+    for team in ("w0", "b", "w1"):
+        sim.send(team, Class.INTERACTIVE, 16, 40)
+    result = sim.run()
+    assert sim.victims[0] == ("b" if policy is Policy.PRIORITY else "w1")
+    assert result.within_beside_borrower == beside
+    within = {t: n for t, n in result.preemptions.items() if t != "b"}
+    assert result.within_preemptions == within
+    assert sum(within.values()) >= 1
 
 
 def test_shrinking_preempts_the_largest_priority_first() -> None:
@@ -213,7 +236,14 @@ def _missed(result: scenarios.ScenarioResult) -> list[str]:
 def test_two_institutions_meets_its_targets() -> None:
     result = scenarios.two_institutions(scale=0.3)
     assert result.ok, _missed(result)
-    assert result.figures["preemptions_small"] == 0  # within share: never evicted
+    # small's within-share requests are never evicted; its borrowers may be, now that
+    # large keeps its 13 reserved slots within share under the flood.
+    assert result.figures["preemptions_small_within"] == 0
+    assert result.figures["within_preempted_beside_borrower"] == 0
+    # The rule before runs beside it: there large's reservation eroded and small's
+    # borrowers ran in large's reserved slots, so none of small's requests was preempted.
+    assert result.compared == before.LABEL
+    assert result.figures["preemptions_small_before"] == 0
 
 
 def test_three_teams_converges_to_two_to_one() -> None:
