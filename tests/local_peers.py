@@ -8,7 +8,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fairshare import Class
-from ha.api import AdoptResult, Decision, Epoch, HeldGrant, PeerUnavailable, PoolView
+from ha.api import (
+    AdoptResult,
+    Decision,
+    Epoch,
+    HeldGrant,
+    KeepAliveResult,
+    PeerUnavailable,
+    PoolView,
+    Session,
+)
 from ha.node import Node
 
 
@@ -37,6 +46,7 @@ class LocalPeers:
         try_only: bool,
         epoch: Epoch,
         timeout: float,
+        session: Session | None = None,
     ) -> Decision:
         return await self._node(address).acquire(
             pool=pool,
@@ -48,6 +58,7 @@ class LocalPeers:
             try_only=try_only,
             epoch=epoch,
             forwarded=True,
+            session=session,
         )
 
     async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
@@ -63,10 +74,22 @@ class LocalPeers:
         grants: Sequence[HeldGrant],
         complete: bool,
         timeout: float,
+        session: Session | None = None,
     ) -> AdoptResult:
         return await self._node(address).adopt(
-            pool=pool, epoch=epoch, holder=holder, grants=grants, complete=complete, forwarded=True
+            pool=pool,
+            epoch=epoch,
+            holder=holder,
+            grants=grants,
+            complete=complete,
+            forwarded=True,
+            session=session,
         )
+
+    async def keep_alive(
+        self, address: str, pools: Sequence[str], session: Session, timeout: float
+    ) -> KeepAliveResult:
+        return await self._node(address).keep_alive(pools, session, forwarded=True)
 
     async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
         return await self._node(address).snapshot(pool, forwarded=True)
