@@ -67,6 +67,8 @@ class Results:
     duration_s: float
     echo_ceiling: float = 0.0  # echo calls/s at 32 in flight, median over the rounds
     fraction: float | None = None  # rate derived as this share of the ceiling; None: fixed
+    session: bool = True  # the calls carried a holder session (and KeepAlives renewed it)
+    keepalives: int = 0  # KeepAlive calls sent during the run
 
 
 DEFAULT_FRACTION = 0.40
@@ -198,6 +200,18 @@ def verdicts(res: Results) -> tuple[str, bool, bool]:
     return text, ok_rate, ok_p99
 
 
+def session_text(res: Results) -> str:
+    """How the calls presented a holder session, in words, for the report."""
+    if not res.session:
+        return "The calls carried no holder session (`--no-session`), as before sessions."
+    return (
+        "Every Allocator call carried one holder session in its metadata "
+        "(`fairshare-session`), as the client library sends it: the owner checks its "
+        "secret's digest and renews it at each Acquire; a KeepAlive renewed it every third "
+        f"of the session TTL ({res.keepalives} during the run)."
+    )
+
+
 def section(res: Results, info: dict[str, str], args: argparse.Namespace) -> str:
     text, _, _ = verdicts(res)
     skipped = sum(len(r.samples.get("skipped")) for r in res.paced)
@@ -218,6 +232,7 @@ mode (no etcd; state file in a temporary directory on the local disk, default ti
 within-share grants and releases wait for the group-committed, fdatasync'd state log).
 Client: this benchmark's process, one asyncio loop, raw generated stubs on one channel
 per server, so client and server do not share a GIL (on 2 CPUs each has about one).
+{session_text(res)}
 
 Workload: one pool, C = 100, ten teams of share 0.1 (reservation 10). Eight teams hold
 their whole reservation for the whole run, so their requests borrow; a request is for

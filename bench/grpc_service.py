@@ -13,8 +13,10 @@ server each, health service on, log level WARNING):
 
 The load generator is this process (a single asyncio event loop, raw stubs on one channel
 per server), so client and server each have their own GIL; on a 2-core machine each has
-about one core. Rounds alternate echo and fairshare so that noise hits both alike; each
-figure is the median over the rounds.
+about one core. Every Allocator call carries a holder session in its metadata, as the
+client library sends it, and a KeepAlive renews it every third of the session TTL
+(``--no-session``: neither, the calls as before sessions). Rounds alternate echo and
+fairshare so that noise hits both alike; each figure is the median over the rounds.
 
 Workload: one pool, C = 100, ten teams with share 0.1 each (reservation 10). Before the
 run, eight teams get their whole reservation held (80 grants, never released), so their
@@ -77,8 +79,9 @@ async def measure(args: argparse.Namespace, echo_address: str, fs_address: str) 
         aio.insecure_channel(echo_address) as echo_channel,
         aio.insecure_channel(fs_address) as fs_channel,
     ):
-        gw = Gateway(echo_channel, fs_channel, seed=1)
+        gw = Gateway(echo_channel, fs_channel, seed=1, session=not args.no_session)
         await gw.fill()
+        keeper = asyncio.create_task(gw.keep_alive())
         # What exists now lives through the run: keep it out of this process's full
         # collections, whose pauses would show up in every latency measured (echo too).
         gc.freeze()
@@ -136,6 +139,9 @@ async def measure(args: argparse.Namespace, echo_address: str, fs_address: str) 
                 f"Acquire p99 {ms(percentile(paced[-1].samples.get('within'), 99))} ms",
                 flush=True,
             )
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
         return Results(
             rows,
             pair_latency,
@@ -146,6 +152,8 @@ async def measure(args: argparse.Namespace, echo_address: str, fs_address: str) 
             args.duration,
             echo_ceiling=ceiling,
             fraction=None if args.rate is not None else args.fraction,
+            session=not args.no_session,
+            keepalives=gw.keepalives,
         )
 
 
@@ -199,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paced-s", type=float, default=6.0, help="seconds per paced round")
     parser.add_argument("--paced-rounds", type=int, default=3, help="paced rounds")
     parser.add_argument("--no-write", action="store_true", help="do not touch docs/")
+    parser.add_argument(
+        "--no-session",
+        action="store_true",
+        help="send no holder session (the calls as before sessions; no KeepAlive)",
+    )
     parser.add_argument(
         "--commit-window-ms", type=float, help="the server's group-commit window (default: its own)"
     )

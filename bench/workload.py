@@ -4,7 +4,10 @@ One pool, C = 100, ten teams with share 0.1 each (reservation 10). ``Gateway.fil
 eight teams hold their whole reservation (80 grants, never released), so their requests
 borrow; ``Gateway.request`` picks one of the two free teams with probability 0.2 (within
 share) or a full team otherwise (borrowing), a random class, ``est_tokens`` 500 and a
-request id unique per holder. bench/grpc_service.py and bench/replicated.py both run it.
+request id unique per holder. Each call carries the gateway's holder session in its
+metadata, as the client library sends it (``session=False``: none, as before sessions);
+``Gateway.keep_alive`` renews it as the client library does while grants are live.
+bench/grpc_service.py and bench/replicated.py both run it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from grpc import aio
 
 from bench._common import Samples
 from bench.echo import ECHO_METHOD
+from fairshare.sessions import new_session
+from wire.metadata import Metadata, session_entry
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -49,9 +54,17 @@ class Gateway:
     """Issues the workload's calls on one channel per server."""
 
     def __init__(
-        self, echo: aio.Channel | None, allocator: aio.Channel, seed: int, name: str = "gw"
+        self,
+        echo: aio.Channel | None,
+        allocator: aio.Channel,
+        seed: int,
+        name: str = "gw",
+        *,
+        session: bool = True,
     ) -> None:
         self.name = name  # the holder; request ids are unique per holder
+        self.metadata: Metadata = (session_entry(new_session()),) if session else ()
+        self.keepalives = 0
         self.echo = echo.unary_unary(ECHO_METHOD) if echo is not None else None
         self.stub = pb_grpc.AllocatorStub(allocator)
         self.random = random.Random(seed)
@@ -79,7 +92,9 @@ class Gateway:
 
     async def acquire(self, samples: Samples, team: str | None = None) -> pb.AcquireResponse:
         t0 = time.perf_counter()
-        r: pb.AcquireResponse = await self.stub.Acquire(self.request(team), timeout=CALL_TIMEOUT_S)
+        r: pb.AcquireResponse = await self.stub.Acquire(
+            self.request(team), timeout=CALL_TIMEOUT_S, metadata=self.metadata
+        )
         elapsed = time.perf_counter() - t0
         samples.add("acquire", elapsed)
         samples.add("borrow" if r.borrowing else "within", elapsed)
@@ -91,7 +106,9 @@ class Gateway:
         t0 = time.perf_counter()
         consumed = self.random.uniform(0.1, 20.0)
         await self.stub.Release(
-            pb.ReleaseRequest(grant_id=grant_id, consumed=consumed), timeout=CALL_TIMEOUT_S
+            pb.ReleaseRequest(grant_id=grant_id, consumed=consumed),
+            timeout=CALL_TIMEOUT_S,
+            metadata=self.metadata,
         )
         samples.add("release", time.perf_counter() - t0)
 
@@ -111,6 +128,18 @@ class Gateway:
         while self.held:
             batch, self.held = self.held[:64], self.held[64:]
             await asyncio.gather(*(self.release(ignored, g) for g in batch))
+
+    async def keep_alive(self) -> None:
+        """Renews the session every third of the TTL the owner answers with, until
+        cancelled (nothing without a session)."""
+        if not self.metadata:
+            return
+        while True:
+            r: pb.KeepAliveResponse = await self.stub.KeepAlive(
+                pb.KeepAliveRequest(pools=[POOL]), timeout=CALL_TIMEOUT_S, metadata=self.metadata
+            )
+            self.keepalives += 1
+            await asyncio.sleep(r.ttl_s / 3)
 
     async def fill(self) -> None:
         """Holds the whole reservation of every full team (never released)."""

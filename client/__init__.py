@@ -7,8 +7,8 @@ tenacity only, never the server or the replication layer.
 
 Modules: ``client.allocator`` (the client), ``client.calls`` (retries over replicas),
 ``client.adoption`` (re-reporting grants to new owners), ``client.backlog`` (releases and
-acquires still owed), ``client.grants`` (the grants held), ``client.sync`` (the blocking
-wrapper).
+acquires still owed), ``client.grants`` (the grants held), ``client.sessions`` (the
+client's holder session and its keepalives), ``client.sync`` (the blocking wrapper).
 """
 
 from client.allocator import AllocatorClient

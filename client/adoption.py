@@ -185,6 +185,7 @@ class Adoption(Calls):
             return
         finally:
             self._reporting.discard(pool)
+        self._renewed_by_call(pool)
         unreported.difference_update(g.grant_id for g in grants)
         logger.info(
             "pool %s: re-reported %d live grants to %s at epoch %d (%d adopted%s)",
@@ -213,11 +214,7 @@ class Adoption(Calls):
         )
 
     def _ensure_watcher(self) -> None:
-        if self._closed or (self._watcher is not None and not self._watcher.done()):
-            return
-        self._watcher = asyncio.get_running_loop().create_task(
-            self._watch_epochs(), name=f"fairshare-client-{self.holder}-epochs"
-        )
+        self._watcher = self._background(self._watcher, self._watch_epochs, "epochs")
 
     async def _watch_epochs(self) -> None:
         """Reads ListPools now and then while grants are live (see ``epoch_check_s``)."""

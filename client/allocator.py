@@ -28,11 +28,18 @@ Guarantees:
   older than one the client had already seen, so missing from its complete re-report).
 - Degraded grant ids are random (see ``degraded_grant_id``): a restarted gateway does not
   reuse an id that an owner remembers as settled.
+- Each client object has its own holder session (``client.sessions``), made when it is
+  created and sent with every call: its grants live at their owners as long as it renews
+  the session (KeepAlive while grants are live), however long their requests run; its
+  complete re-reports close only its own phantoms, whatever other process shares its
+  holder name. When the process dies its grants stop counting within one session TTL
+  (``timing.session_ttl_s``, 30 s by default).
 
-Non-guarantees: releases buffered when the process dies are lost (the owner's phantoms
-then expire after the pool's ``max_request_s``), and so are the oldest buffered releases
-once ``max_pending_releases`` are buffered (counted in ``dropped_releases``; their grants
-stay counted at the owner until ``max_request_s`` and their consumption is not charged);
+Non-guarantees: releases buffered when the process dies are lost (its grants stop
+counting when its session lapses, and their consumption is not charged), and so are the
+oldest buffered releases once ``max_pending_releases`` are buffered (counted in
+``dropped_releases``; their grants stay counted at the owner until the session lapses, or
+``max_request_s`` for a grant made without one, and their consumption is not charged);
 a degraded grant counts nowhere until an owner answers the client.
 """
 
@@ -53,6 +60,7 @@ from client.adoption import Adoption
 from client.backlog import Backlog
 from client.calls import RETRYABLE
 from client.grants import ClientGrant, degraded_grant_id
+from client.sessions import SessionKeeper
 from fairshare import Class, degraded_priority
 from fairshare.errors import NoOwner
 from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, NodeId
@@ -64,8 +72,9 @@ from wire.pb.fairshare.v1 import allocator_pb2 as pb
 logger = logging.getLogger(__name__)
 
 
-class AllocatorClient(Adoption, Backlog):
-    """Asyncio client of the allocator for one gateway (``holder``)."""
+class AllocatorClient(Adoption, Backlog, SessionKeeper):
+    """Asyncio client of the allocator for one gateway (``holder``), in a holder session
+    of its own."""
 
     def __init__(  # noqa: PLR0913 (its tuning options: keyword-only, with defaults)
         self,
@@ -174,6 +183,7 @@ class AllocatorClient(Adoption, Backlog):
         self._calls_in_flight = calls_in_flight
         self._unbatched_until = -math.inf
         self._acquires, self._releases = self._batches()
+        self._open_session()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -200,7 +210,11 @@ class AllocatorClient(Adoption, Backlog):
             )
         tasks = [
             *self._tasks,
-            *(t for t in (self._flusher, self._watcher, self._learning) if t is not None),
+            *(
+                t
+                for t in (self._flusher, self._watcher, self._learning, self._keeper)
+                if t is not None
+            ),
         ]
         for task in tasks:
             task.cancel()
@@ -309,6 +323,8 @@ class AllocatorClient(Adoption, Backlog):
         answer = decision(r)
         known = self._epochs.get(pool, NO_EPOCH)
         self._saw_epoch(pool, answer.epoch)
+        if not answer.degraded:
+            self._renewed_by_call(pool)
         if not answer.granted:
             return None
         grant = ClientGrant(
@@ -335,6 +351,7 @@ class AllocatorClient(Adoption, Backlog):
         else:
             self._granted(grant)
         self._ensure_watcher()
+        self._ensure_keeper()
         return grant
 
     async def _decide(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
@@ -390,4 +407,5 @@ class AllocatorClient(Adoption, Backlog):
         # Counted nowhere yet: reported to the first owner of the pool that answers.
         self._unreported.setdefault(pool, set()).add(grant_id)
         self._ensure_watcher()
+        self._ensure_keeper()
         return grant

@@ -183,11 +183,7 @@ class Backlog(Calls):
         await asyncio.gather(*(send(call) for call in sends[1:]))
 
     def _ensure_flusher(self) -> None:
-        if self._closed or (self._flusher is not None and not self._flusher.done()):
-            return
-        self._flusher = asyncio.get_running_loop().create_task(
-            self._flush_loop(), name=f"fairshare-client-{self.holder}-release-flush"
-        )
+        self._flusher = self._background(self._flusher, self._flush_loop, "release-flush")
 
     async def _flush_loop(self) -> None:
         try:

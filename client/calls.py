@@ -15,6 +15,8 @@ would be alone (a refused item comes back as the failed call it stands for,
 that lacks the batched methods (an older version, ``UNIMPLEMENTED``) gets plain calls side
 by side for ``UNBATCHED_FOR_S``.
 
+Every call carries the client's holder session (``client.sessions``) in its metadata.
+
 Non-guarantees: a call that is not retryable fails at once, with the server's status; the
 caller maps it (``wire.errors.to_allocator_error``).
 """
@@ -43,6 +45,7 @@ from fairshare.limits import MAX_BATCH_ITEMS
 from fairshare.modes import DegradedMode
 from wire.channels import open_channel
 from wire.errors import item_failure
+from wire.metadata import Metadata
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -108,6 +111,13 @@ class Calls:
     _releases: Batches[pb.ReleaseRequest, pb.ReleaseResponse]
     _unbatched_until: float
     _calls_in_flight: int
+    _session: str
+    _call_metadata: Metadata
+    _keeper: asyncio.Task[None] | None
+    _session_ttl_s: float | None
+    _renewed: dict[str, float]
+    _lapsed: set[str]
+    _keepalive_failing: bool
 
     def _stub(self, target: str) -> pb_grpc.AllocatorStub:
         """The stub of ``target``'s channel, both made once (a stub builds a callable per
@@ -153,14 +163,18 @@ class Calls:
                     left = min(left, max(deadline_s / 3, 0.05))
                 if owner is not None and number == 0:
                     try:
-                        return await getattr(self._stub(owner), method)(request, timeout=left)  # type: ignore[no-any-return]
+                        return await getattr(self._stub(owner), method)(  # type: ignore[no-any-return]
+                            request, timeout=left, metadata=self._call_metadata
+                        )
                     except aio.AioRpcError as e:
                         if e.code() in RETRYABLE and self._owners.get(pool) == owner:
                             del self._owners[pool]  # learnt again at the next epoch
                         raise
                 index = self._preferred + number - (1 if owner is not None else 0)
                 target = self._targets[index % len(self._targets)]
-                response: T = await getattr(self._stub(target), method)(request, timeout=left)
+                response: T = await getattr(self._stub(target), method)(
+                    request, timeout=left, metadata=self._call_metadata
+                )
                 self._preferred = index % len(self._targets)
                 return response
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
@@ -233,6 +247,20 @@ class Calls:
             )
         self._unbatched_until = time.monotonic() + UNBATCHED_FOR_S
 
+    def _background(
+        self,
+        task: asyncio.Task[None] | None,
+        loop: Callable[[], Coroutine[object, object, None]],
+        name: str,
+    ) -> asyncio.Task[None] | None:
+        """``task`` while it runs, else a new task running ``loop()`` (none once the
+        client is closed): how each background loop of the client is started once."""
+        if self._closed or (task is not None and not task.done()):
+            return task
+        return asyncio.get_running_loop().create_task(
+            loop(), name=f"fairshare-client-{self.holder}-{name}"
+        )
+
     def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
         if self._closed:
             coro.close()
@@ -253,4 +281,8 @@ class Calls:
 
     def _ensure_flusher(self) -> None:
         """Starts the background retry of the backlog (``client.backlog``)."""
+        raise NotImplementedError
+
+    def _renewed_by_call(self, pool: str) -> None:
+        """Notes that an owner of ``pool`` renewed the session (``client.sessions``)."""
         raise NotImplementedError

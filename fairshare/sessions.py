@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from fairshare.errors import InvalidArgument
@@ -32,12 +32,19 @@ _ALPHABET: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """A session as a call presents it: its id and the digest of its secret (the secret
-    itself is not kept)."""
+    """A session as a call presents it: its id and the digest of its secret.
+
+    ``text`` is what the call presented (``<id>.<secret>``), kept only so that a replica
+    can forward the call with the caller's own session (``server.peers``): a session
+    made otherwise has none and cannot be forwarded. It is a bearer credential: it is
+    left out of ``repr`` and comparisons, and must never be logged or persisted (an
+    owner keeps ``id`` and ``digest`` only).
+    """
 
     id: str
     digest: str
     """Hex SHA-256 of the secret."""
+    text: str = field(default="", repr=False, compare=False)
 
     @classmethod
     def parse(cls, text: str) -> Session:
@@ -57,7 +64,7 @@ class Session:
             raise InvalidArgument(
                 SESSION_METADATA, f"a session is {ID_CHARS} + {SECRET_CHARS} base64url chars"
             )
-        return cls(sid, hashlib.sha256(secret.encode("ascii")).hexdigest())
+        return cls(sid, hashlib.sha256(secret.encode("ascii")).hexdigest(), text)
 
 
 def new_session() -> str:

@@ -450,6 +450,7 @@ class Ownership:
             commit_window_s=self.timing.commit_window_s,
             release_commit_s=self.timing.release_commit_s,
             release_memory_s=self.timing.release_memory_s,
+            session_ttl_s=self.timing.session_ttl_s,
             keys=self._grant_keys,
             counters=self._id_counters[name],
         )

@@ -2,7 +2,10 @@
 
 One cached ``grpc.aio`` channel per peer address (opened by ``wire.channels``); with TLS
 credentials that follow their files, the cache is replaced when they change. Every call
-carries the metadata ``fairshare-forwarded: 1`` so the receiver answers from its own state.
+carries the metadata ``fairshare-forwarded: 1`` so the receiver answers from its own state,
+and a forwarded Acquire, Adopt or KeepAlive its caller's holder session
+(``fairshare-session``, rebuilt from ``Session.text``): the owner sees the caller's
+session, never one of this replica's.
 A failed call is turned back into the exception the owner raised by
 ``wire.errors.to_allocator_error`` (the one table of ``wire.errors``): a limit met on the
 owner, a wrong epoch or a fail-closed pool reach the client as such instead of sending this
@@ -23,17 +26,19 @@ from grpc import aio
 
 from fairshare import Class
 from fairshare.ids import Epoch
-from fairshare.records import AdoptResult, Decision, HeldGrant, PoolView
+from fairshare.records import AdoptResult, Decision, HeldGrant, KeepAliveResult, PoolView
+from fairshare.sessions import Session
 from wire.channels import open_channel
 from wire.convert import (
     acquire_request,
     adopt_request,
     adopt_result,
     decision,
+    keep_alive_result,
     pool_view,
 )
 from wire.errors import to_allocator_error
-from wire.metadata import FORWARDED, Metadata, bearer
+from wire.metadata import FORWARDED, Metadata, bearer, session_entry
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -118,12 +123,45 @@ class GrpcPeers:
                 self._observe(method, time.perf_counter() - started)
         return response
 
-    def _metadata(self, *, admin: bool = False) -> Metadata:
+    def _metadata(self, *, admin: bool = False, session: Session | None = None) -> Metadata:
+        """The metadata of a forwarded call: the mark, the admin token of an admin call,
+        the caller's session when the call carries one.
+
+        Raises:
+            ValueError: ``session`` has no text (it was not read from a call), so it
+                cannot be sent on.
+        """
         if admin and self._admin_token:
             return (*FORWARDED, bearer(self._admin_token))
-        return FORWARDED
+        if session is None:
+            return FORWARDED
+        if not session.text:
+            raise ValueError("a session not read from a call cannot be forwarded")
+        return (*FORWARDED, session_entry(session.text))
 
-    async def acquire(
+    async def _forward(
+        self,
+        method: str,
+        address: str,
+        request: object,
+        *,
+        timeout: float,
+        session: Session | None = None,
+        pool: str = "",
+    ) -> T:
+        """``method`` of the Allocator service on ``address``, forwarded: with the mark
+        and, when given, the caller's ``session``."""
+        metadata = self._metadata(session=session)
+        return await self._call(
+            method,
+            address,
+            lambda ch: getattr(pb_grpc.AllocatorStub(ch), method)(
+                request, timeout=timeout, metadata=metadata
+            ),
+            pool=pool,
+        )
+
+    async def acquire(  # noqa: PLR0913 (the call's fields, keyword-only)
         self,
         address: str,
         *,
@@ -136,8 +174,10 @@ class GrpcPeers:
         try_only: bool,
         epoch: Epoch,
         timeout: float,
+        session: Session | None = None,
     ) -> Decision:
-        """Acquire on the owner at ``address``, which must own ``pool`` at ``epoch``."""
+        """Acquire on the owner at ``address``, which must own ``pool`` at ``epoch``, in
+        the caller's ``session``."""
         request = acquire_request(
             pool=pool,
             team=team,
@@ -148,26 +188,15 @@ class GrpcPeers:
             try_only=try_only,
             epoch=epoch,
         )
-        r: pb.AcquireResponse = await self._call(
-            "Acquire",
-            address,
-            lambda ch: pb_grpc.AllocatorStub(ch).Acquire(
-                request, timeout=timeout, metadata=self._metadata()
-            ),
-            pool=pool,
+        r: pb.AcquireResponse = await self._forward(
+            "Acquire", address, request, timeout=timeout, session=session, pool=pool
         )
         return decision(r)
 
     async def release(self, address: str, grant_id: str, consumed: float, timeout: float) -> None:
         """Release on the owner at ``address``."""
         request = pb.ReleaseRequest(grant_id=grant_id, consumed=consumed)
-        await self._call(
-            "Release",
-            address,
-            lambda ch: pb_grpc.AllocatorStub(ch).Release(
-                request, timeout=timeout, metadata=self._metadata()
-            ),
-        )
+        await self._forward("Release", address, request, timeout=timeout)
 
     async def adopt(
         self,
@@ -179,31 +208,33 @@ class GrpcPeers:
         grants: Sequence[HeldGrant],
         complete: bool,
         timeout: float,
+        session: Session | None = None,
     ) -> AdoptResult:
-        """Adopt on the owner at ``address``."""
+        """Adopt on the owner at ``address``, in the caller's ``session``."""
         request = adopt_request(
             pool=pool, epoch=epoch, holder=holder, complete=complete, grants=grants
         )
-        r: pb.AdoptResponse = await self._call(
-            "Adopt",
-            address,
-            lambda ch: pb_grpc.AllocatorStub(ch).Adopt(
-                request, timeout=timeout, metadata=self._metadata()
-            ),
-            pool=pool,
+        r: pb.AdoptResponse = await self._forward(
+            "Adopt", address, request, timeout=timeout, session=session, pool=pool
         )
         return adopt_result(r)
+
+    async def keep_alive(
+        self, address: str, pools: Sequence[str], session: Session, timeout: float
+    ) -> KeepAliveResult:
+        """KeepAlive on the owner at ``address`` of ``pools``, for the caller's
+        ``session``."""
+        request = pb.KeepAliveRequest(pools=list(pools))
+        r: pb.KeepAliveResponse = await self._forward(
+            "KeepAlive", address, request, timeout=timeout, session=session
+        )
+        return keep_alive_result(r)
 
     async def snapshot(self, address: str, pool: str, timeout: float) -> PoolView:
         """Snapshot from the owner at ``address``."""
         request = pb.SnapshotRequest(pool=pool)
-        r: pb.SnapshotResponse = await self._call(
-            "Snapshot",
-            address,
-            lambda ch: pb_grpc.AllocatorStub(ch).Snapshot(
-                request, timeout=timeout, metadata=self._metadata()
-            ),
-            pool=pool,
+        r: pb.SnapshotResponse = await self._forward(
+            "Snapshot", address, request, timeout=timeout, pool=pool
         )
         return pool_view(r)
 

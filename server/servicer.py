@@ -10,6 +10,11 @@ A call from a forwarding peer carries the metadata ``fairshare-forwarded: 1``; i
 answered from this replica's own state (``forwarded=True``) and not counted again in
 the decision metrics. An Acquire that names an epoch is answered from this replica's
 own state too, whatever its metadata: it is decided at that epoch or refused.
+
+Acquire, AcquireMany, Adopt and KeepAlive read the caller's holder session from the
+metadata ``fairshare-session`` (``fairshare.sessions``; KeepAlive requires it), once per
+call, and pass it to the allocator: a malformed one is ``INVALID_ARGUMENT`` naming
+``fairshare-session``. The other calls ignore it. Its secret is never logged.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from fairshare.limits import (
 )
 from fairshare.modes import DegradedMode
 from fairshare.records import HeldGrant
+from fairshare.sessions import Session
 from ha.api import Allocator as AllocatorApi
 from ha.settings import MAX_CAPACITY, PoolConfig
 from server.auth import AdminAuth, peer_identities
@@ -49,13 +55,14 @@ from wire.convert import (
     adopt_result_pb,
     decision_pb,
     held_grant,
+    keep_alive_result_pb,
     pool_info_pb,
     pool_view_pb,
     required_epoch,
     service_class,
 )
 from wire.errors import abort, item_error
-from wire.metadata import is_forwarded
+from wire.metadata import SESSION_KEY, is_forwarded, read_call
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -140,6 +147,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
     With ``peer_identities`` (mutual TLS), holders are bound to client certificates: a
     caller that is not a replica may acquire, release and re-report only as a holder named
     by its certificate (``_bound_to``), and its ``fairshare-forwarded`` mark is ignored.
+    Sessions come on top: the owner binds each session to the holder it was opened for.
     """
 
     def __init__(
@@ -164,14 +172,24 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self._metrics = metrics
         self._peers = frozenset(peer_identities)
 
-    def _caller(self, context: aio.ServicerContext) -> tuple[bool, list[str] | None]:
-        """(forwarded, the identities a holder must be bound to; None: not checked)."""
+    def _caller(
+        self, context: aio.ServicerContext, *, session: bool = False
+    ) -> tuple[bool, list[str] | None, Session | None]:
+        """What the call's metadata says, read once: (forwarded, the identities a holder
+        must be bound to (None: not checked), the caller's session when ``session`` is
+        asked for (None: it presents none, or it was not asked for)).
+
+        Raises:
+            InvalidArgument: the session is asked for and malformed.
+        """
+        forwarded, text = read_call(context.invocation_metadata())
+        presented = Session.parse(text) if session and text is not None else None
         if not self._peers:
-            return _forwarded(context), None
+            return forwarded, None, presented
         identities = peer_identities(context)
         if self._peers.intersection(identities):
-            return _forwarded(context), None  # a replica forwarding or re-reporting
-        return False, identities
+            return forwarded, None, presented  # a replica forwarding or re-reporting
+        return False, identities, presented
 
     def _limited(self, error: AllocatorError) -> None:
         """Counts a limit met in the metrics."""
@@ -187,9 +205,9 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self, request: pb.AcquireRequest, context: aio.ServicerContext
     ) -> pb.AcquireResponse:
         """Decides one request (see the proto for the fields)."""
-        forwarded, identities = self._caller(context)
         try:
-            return await self._acquire(request, forwarded, identities)
+            forwarded, identities, session = self._caller(context, session=True)
+            return await self._acquire(request, forwarded, identities, session)
         except AllocatorError as e:
             await self._fail(context, e)
 
@@ -201,10 +219,10 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
 
         Refused as a whole (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) only when the batch
         itself is bad: more than ``MAX_BATCH_ITEMS`` requests, or a holder the caller may
-        not act as.
+        not act as, or a malformed session.
         """
-        forwarded, identities = self._caller(context)
         try:
+            forwarded, identities, session = self._caller(context, session=True)
             _check_batch("requests", len(request.requests))
             _check_name("holder", request.holder, empty=True)
             _check_holder("holder", request.holder, identities)
@@ -215,7 +233,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             try:
                 if item.holder != request.holder:
                     raise InvalidArgument("holder", "differs from the batch's holder")
-                response = await self._acquire(item, forwarded, identities)
+                response = await self._acquire(item, forwarded, identities, session)
             except AllocatorError as e:
                 self._limited(e)
                 return pb.AcquireOutcome(error=item_error(e))
@@ -225,9 +243,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         return pb.AcquireManyResponse(outcomes=outcomes)
 
     async def _acquire(
-        self, request: pb.AcquireRequest, forwarded: bool, identities: list[str] | None
+        self,
+        request: pb.AcquireRequest,
+        forwarded: bool,
+        identities: list[str] | None,
+        session: Session | None,
     ) -> pb.AcquireResponse:
-        """Checks and decides one Acquire, counting it in the metrics.
+        """Checks and decides one Acquire in ``session``, counting it in the metrics.
 
         Raises:
             AllocatorError: the request is refused (its field, its pool, no owner...).
@@ -253,6 +275,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 epoch=ANY_EPOCH if required is None else required,
                 # An Acquire naming an epoch must be decided at it, whoever sends it.
                 forwarded=forwarded or required is not None,
+                session=session,
             )
         except NoOwner:
             if self._metrics is not None and not forwarded:
@@ -268,7 +291,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         self, request: pb.ReleaseRequest, context: aio.ServicerContext
     ) -> pb.ReleaseResponse:
         """Ends a grant; non-finite or negative consumption counts as 0 (not an error)."""
-        forwarded, identities = self._caller(context)
+        forwarded, identities, _ = self._caller(context)
         try:
             await self._release(request, forwarded, identities)
         except AllocatorError as e:
@@ -281,7 +304,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         """Ends each grant as ``Release`` would, all at once; a release refused is
         answered with its error in its place. Refused as a whole only for more than
         ``MAX_BATCH_ITEMS`` releases."""
-        forwarded, identities = self._caller(context)
+        forwarded, identities, _ = self._caller(context)
         try:
             _check_batch("releases", len(request.releases))
             _check_name("holder", request.holder, empty=True)
@@ -317,9 +340,10 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
     async def Adopt(  # noqa: N802 (gRPC method name)
         self, request: pb.AdoptRequest, context: aio.ServicerContext
     ) -> pb.AdoptResponse:
-        """Re-reports a holder's live grants to the pool's current owner."""
-        forwarded, identities = self._caller(context)
+        """Re-reports a holder's live grants to the pool's current owner, in the caller's
+        session (a complete inventory closes only that session's phantoms)."""
         try:
+            forwarded, identities, session = self._caller(context, session=True)
             _check_name("holder", request.holder, empty=True)
             _check_holder("holder", request.holder, identities)
             _check_pool(request.pool)
@@ -344,10 +368,36 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 grants=grants,
                 complete=request.complete,
                 forwarded=forwarded,
+                session=session,
             )
         except AllocatorError as e:
             await self._fail(context, e)
         return adopt_result_pb(result)
+
+    async def KeepAlive(  # noqa: N802 (gRPC method name)
+        self, request: pb.KeepAliveRequest, context: aio.ServicerContext
+    ) -> pb.KeepAliveResponse:
+        """Renews the caller's session with the owner of each pool named.
+
+        Refused as a whole: without a session (``INVALID_ARGUMENT``, field
+        ``fairshare-session``), with more than ``MAX_BATCH_ITEMS`` pools
+        (``RESOURCE_EXHAUSTED``), a bad or unknown pool name (``INVALID_ARGUMENT``,
+        ``NOT_FOUND``), or another secret for a session an owner knows
+        (``PERMISSION_DENIED``).
+        """
+        try:
+            forwarded, _, session = self._caller(context, session=True)
+            if session is None:
+                raise InvalidArgument(SESSION_KEY, "KeepAlive needs the caller's session")
+            _check_batch("pools", len(request.pools))
+            for i, pool in enumerate(request.pools):
+                _check_name(f"pools[{i}]", pool)
+            result = await self._allocator.keep_alive(
+                list(request.pools), session, forwarded=forwarded
+            )
+        except AllocatorError as e:
+            await self._fail(context, e)
+        return keep_alive_result_pb(result)
 
     async def Snapshot(  # noqa: N802 (gRPC method name)
         self, request: pb.SnapshotRequest, context: aio.ServicerContext

@@ -15,7 +15,14 @@ from fairshare import Class, TeamStat
 from fairshare.errors import InvalidArgument
 from fairshare.ids import Epoch, NodeId, PoolName
 from fairshare.modes import DegradedMode
-from fairshare.records import AdoptResult, Decision, HeldGrant, PoolInfo, PoolView
+from fairshare.records import (
+    AdoptResult,
+    Decision,
+    HeldGrant,
+    KeepAliveResult,
+    PoolInfo,
+    PoolView,
+)
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 _MAX_INT32: Final = 2**31 - 1
@@ -245,6 +252,21 @@ def adopt_result(message: pb.AdoptResponse) -> AdoptResult:
     return AdoptResult(
         message.adopted, message.phantoms_dropped, NodeId(message.owner), Epoch(message.epoch)
     )
+
+
+# -- KeepAlive -----------------------------------------------------------------------------
+
+
+def keep_alive_result_pb(result: KeepAliveResult) -> pb.KeepAliveResponse:
+    """What a KeepAlive renewed, as its answer."""
+    return pb.KeepAliveResponse(
+        renewed=list(result.renewed), unknown=list(result.unknown), ttl_s=result.ttl_s
+    )
+
+
+def keep_alive_result(message: pb.KeepAliveResponse) -> KeepAliveResult:
+    """A KeepAlive answer as the domain record."""
+    return KeepAliveResult(list(message.renewed), list(message.unknown), message.ttl_s)
 
 
 # -- ListPools -----------------------------------------------------------------------------

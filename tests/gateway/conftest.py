@@ -35,10 +35,16 @@ BOUNDS = ("max_in_flight", "max_in_flight_per_holder")
 """Pool keys passed on as they are when a test gives them."""
 
 
-def pools_yaml(pools: Mapping[str, Mapping[str, object]]) -> str:
+def pools_yaml(
+    pools: Mapping[str, Mapping[str, object]], timing: Mapping[str, float] | None = None
+) -> str:
     """An allocator configuration (embedded) with these pools: name -> {capacity, shares,
-    degraded_mode, and any of ``BOUNDS``}."""
-    lines = ["metrics_listen: ''", "pools:"]
+    degraded_mode, and any of ``BOUNDS``}, and these ``timing`` keys (its defaults
+    otherwise)."""
+    lines = ["metrics_listen: ''"]
+    if timing:
+        lines += ["timing:", *(f"  {key}: {value}" for key, value in timing.items())]
+    lines += ["pools:"]
     for name, pool in pools.items():
         lines += [
             f"  - name: {name}",
@@ -149,12 +155,14 @@ async def start_stack(
     pools: Mapping[str, Mapping[str, object]],
     standins: Mapping[str, Mapping[str, object]],
     models: Callable[[dict[str, Standin]], Sequence[Mapping[str, object]]],
+    timing: Mapping[str, float] | None = None,
     **gateway_settings: object,
 ) -> AsyncIterator[Stack]:
-    """Starts an allocator with ``pools``, the stand-ins (name -> ``Standin`` options), and
-    a gateway whose models ``models`` makes from the stand-ins; stops them all at the end."""
+    """Starts an allocator with ``pools`` (and ``timing``), the stand-ins (name ->
+    ``Standin`` options), and a gateway whose models ``models`` makes from the stand-ins;
+    stops them all at the end."""
     config = workdir / "pools.yaml"
-    config.write_text(pools_yaml(pools))
+    config.write_text(pools_yaml(pools, timing))
     allocator = Allocator(workdir, config)
     running: dict[str, Standin] = {}
     gateway: Gateway | None = None

@@ -20,6 +20,7 @@ from ha.api import (
     GrantRef,
     HeldGrant,
     InvalidArgument,
+    KeepAliveResult,
     MemberStatus,
     NodeId,
     NoOwner,
@@ -27,6 +28,7 @@ from ha.api import (
     PoolName,
     PoolStatus,
     PoolView,
+    Session,
     UnknownNode,
     UnknownPool,
     WrongEpoch,
@@ -61,6 +63,12 @@ class FakeAllocator:
         self.closed = False
         self.calls: list[str] = []
         self.forwarded_calls = 0
+        # Holder sessions: the ids presented (open ever after), each call's session, and
+        # the pools of each KeepAlive.
+        self.sessions: set[str] = set()
+        self.presented: list[Session | None] = []
+        self.keepalives: list[list[str]] = []
+        self.session_ttl_s = 30.0
         self._seq = itertools.count(1)
         self._lock = asyncio.Lock()
 
@@ -100,8 +108,10 @@ class FakeAllocator:
         try_only: bool = False,
         epoch: Epoch = ANY_EPOCH,
         forwarded: bool = False,
+        session: Session | None = None,
     ) -> Decision:
         target = self._pool(pool)
+        self._saw(session)
         if forwarded and epoch not in (ANY_EPOCH, self.epoch):
             raise WrongEpoch(pool, self.node_id, self.address, self.epoch)
         if not self.owned:
@@ -167,8 +177,10 @@ class FakeAllocator:
         grants: Sequence[HeldGrant],
         complete: bool,
         forwarded: bool = False,
+        session: Session | None = None,
     ) -> AdoptResult:
         target = self._pool(pool)
+        self._saw(session)
         if epoch != self.epoch:
             raise WrongEpoch(pool, self.node_id, self.address, self.epoch)
         adopted = dropped = 0
@@ -182,6 +194,21 @@ class FakeAllocator:
             adopted += 1
             dropped += int(target.drop_phantom(held.team))
         return AdoptResult(adopted, dropped, self.node_id, self.epoch)
+
+    async def keep_alive(
+        self, pools: Sequence[str], session: Session, *, forwarded: bool = False
+    ) -> KeepAliveResult:
+        for pool in pools:
+            self._pool(pool)
+        self.keepalives.append(list(pools))
+        known = [p for p in pools if session.id in self.sessions]
+        return KeepAliveResult(known, [p for p in pools if p not in known], self.session_ttl_s)
+
+    def _saw(self, session: Session | None) -> None:
+        """Remembers the session a call presented (a real owner opens or renews it)."""
+        self.presented.append(session)
+        if session is not None:
+            self.sessions.add(session.id)
 
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
         target = self._pool(pool)

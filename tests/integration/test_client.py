@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from typing import Any
 
@@ -249,3 +250,44 @@ async def test_sync_client(running: RunningServer, fake: FakeAllocator) -> None:
 
     assert await asyncio.to_thread(work) == 0
     assert fake.pools["gpu-a"].usage()[0]["inst-b"] == pytest.approx(1.5)
+
+
+async def test_each_client_has_its_session_sends_it_and_keeps_it_alive(
+    running: RunningServer, fake: FakeAllocator, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="client")
+    fake.session_ttl_s = 0.3  # a keepalive every 0.1 s once the client learnt it
+    one = AllocatorClient([running.address], holder="gw", calls_in_flight=1)
+    other = AllocatorClient([running.address], holder="gw")
+    try:
+        assert one.session_id != other.session_id
+        # Plain and batched Acquires carry the client's session, each client its own.
+        grants = await asyncio.gather(*(one.acquire("gpu-a", "inst-a") for _ in range(6)))
+        theirs = await other.acquire("gpu-b", "research")
+        assert {s.id for s in fake.presented if s is not None} == {
+            one.session_id,
+            other.session_id,
+        }
+        assert None not in fake.presented
+        # Kept alive while grants are live, for the pools they are in.
+        await eventually(lambda: len(fake.keepalives) >= 6, timeout_s=5)
+        assert {tuple(p) for p in fake.keepalives} == {("gpu-a",), ("gpu-b",)}
+        # A session its owner no longer knows is said once, by its id.
+        fake.sessions.discard(one.session_id)
+        await eventually(lambda: "does not know holder session" in caplog.text)
+        await asyncio.sleep(0.5)
+        lapsed = [r for r in caplog.records if "does not know holder session" in r.message]
+        assert len(lapsed) == 1 and one.session_id in lapsed[0].message
+        # No grant live: no keepalive.
+        for grant in [*grants, theirs]:
+            await grant.release(1.0)
+        await asyncio.sleep(0.3)
+        sent = len(fake.keepalives)
+        await asyncio.sleep(0.5)
+        assert len(fake.keepalives) == sent
+    finally:
+        await one.close()
+        await other.close()
+    # The secrets were never logged.
+    for client in (one, other):
+        assert client._session.partition(".")[2] not in caplog.text

@@ -4,7 +4,9 @@ One embedded server (real node, file store) runs on 127.0.0.1:0 in a thread of i
 Hypothesis sends it well-formed messages with random field values (strings of every size
 and script, numbers across their whole wire range, NaN and infinities), the same messages
 mutated (bytes flipped, cut short, appended to) and plain random bytes, to every method,
-with and without the admin token. After every example it checks that:
+with and without the admin token, and with or without a holder session in the metadata
+(a few valid ones reused across examples, so they are opened and renewed; one of them
+with another secret; random text). After every example it checks that:
 
 - the server still answers (health SERVING);
 - no call was answered UNKNOWN or INTERNAL (every refusal names its cause);
@@ -31,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fairshare.sessions import SESSION_METADATA, new_session
 from server.app import RunningServer, start_server
 from server.config import load_config
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -65,7 +68,10 @@ NO_OWNER = "has no reachable owner"
 REQUESTS: dict[str, type[Message]] = {
     "/fairshare.v1.Allocator/Acquire": pb.AcquireRequest,
     "/fairshare.v1.Allocator/Release": pb.ReleaseRequest,
+    "/fairshare.v1.Allocator/AcquireMany": pb.AcquireManyRequest,
+    "/fairshare.v1.Allocator/ReleaseMany": pb.ReleaseManyRequest,
     "/fairshare.v1.Allocator/Adopt": pb.AdoptRequest,
+    "/fairshare.v1.Allocator/KeepAlive": pb.KeepAliveRequest,
     "/fairshare.v1.Allocator/Snapshot": pb.SnapshotRequest,
     "/fairshare.v1.Allocator/ListPools": pb.ListPoolsRequest,
     "/fairshare.v1.Admin/SetCapacity": pb.SetCapacityRequest,
@@ -116,11 +122,31 @@ class ServerThread:
 def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, grpc.Channel]]:
     server = ServerThread(tmp_path_factory.mktemp("fuzz"))
     channel = grpc.insecure_channel(server.running.address)
+    open_sessions(channel)
     try:
         yield server, channel
     finally:
         channel.close()
         server.stop()
+
+
+def open_sessions(channel: grpc.Channel) -> None:
+    """Opens every session of ``SESSIONS`` at the owner of gpu-a (one grant each, released),
+    so that the examples renew them, or present them with another secret or holder."""
+    acquire = channel.unary_unary(
+        "/fairshare.v1.Allocator/Acquire",
+        request_serializer=pb.AcquireRequest.SerializeToString,
+        response_deserializer=pb.AcquireResponse.FromString,
+    )
+    release = channel.unary_unary(
+        "/fairshare.v1.Allocator/Release",
+        request_serializer=pb.ReleaseRequest.SerializeToString,
+        response_deserializer=pb.ReleaseResponse.FromString,
+    )
+    for text in SESSIONS:
+        request = pb.AcquireRequest(pool="gpu-a", team="inst-a", holder="fuzz-holder")
+        granted = acquire(request, timeout=5, metadata=[(SESSION_METADATA, text)])
+        release(pb.ReleaseRequest(grant_id=granted.grant_id), timeout=5)
 
 
 # -- strategies ------------------------------------------------------------------------------
@@ -153,20 +179,44 @@ held_grants = st.builds(
     est_tokens=int64,
 )
 
+acquires = st.builds(
+    pb.AcquireRequest,
+    pool=names,
+    team=names,
+    service_class=st.integers(0, 3),
+    est_tokens=int64,
+    holder=names,
+    request_id=names,
+    try_only=st.booleans(),
+    epoch=uint64,
+)
+releases = st.builds(pb.ReleaseRequest, grant_id=grant_ids, consumed=doubles)
+
+SESSIONS = [new_session() for _ in range(3)]
+"""Sessions reused across examples: opened by one call, renewed (or refused) by the next."""
+session_texts = st.one_of(
+    st.none(),
+    st.sampled_from(SESSIONS),
+    # An open session's id with another secret.
+    st.builds(lambda s: s.partition(".")[0] + "." + "A" * 43, st.sampled_from(SESSIONS)),
+    st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=80),
+)
+
 MESSAGES: dict[str, st.SearchStrategy[Message]] = {
-    "/fairshare.v1.Allocator/Acquire": st.builds(
-        pb.AcquireRequest,
-        pool=names,
-        team=names,
-        service_class=st.integers(0, 3),
-        est_tokens=int64,
-        holder=names,
-        request_id=names,
-        try_only=st.booleans(),
-        epoch=uint64,
+    "/fairshare.v1.Allocator/Acquire": acquires,
+    "/fairshare.v1.Allocator/Release": releases,
+    "/fairshare.v1.Allocator/AcquireMany": st.builds(
+        pb.AcquireManyRequest, holder=names, requests=st.lists(acquires, max_size=4)
     ),
-    "/fairshare.v1.Allocator/Release": st.builds(
-        pb.ReleaseRequest, grant_id=grant_ids, consumed=doubles
+    "/fairshare.v1.Allocator/ReleaseMany": st.builds(
+        pb.ReleaseManyRequest, holder=names, releases=st.lists(releases, max_size=4)
+    ),
+    "/fairshare.v1.Allocator/KeepAlive": st.builds(
+        pb.KeepAliveRequest,
+        pools=st.one_of(
+            st.lists(names, max_size=5),
+            st.lists(st.sampled_from(["gpu-a", "gpu-b"]), min_size=250, max_size=300),
+        ),
     ),
     "/fairshare.v1.Allocator/Adopt": st.builds(
         pb.AdoptRequest,
@@ -230,14 +280,19 @@ def check_invariants(server: ServerThread, channel: grpc.Channel) -> None:
 
 
 @settings.get_profile("fuzz")
-@given(call=bodies(), admin=st.booleans())
+@given(call=bodies(), admin=st.booleans(), session=session_texts)
 def test_every_rpc_survives_random_and_mutated_messages(
-    wire: tuple[ServerThread, grpc.Channel], call: tuple[str, bytes], admin: bool
+    wire: tuple[ServerThread, grpc.Channel],
+    call: tuple[str, bytes],
+    admin: bool,
+    session: str | None,
 ) -> None:
     server, channel = wire
     method, data = call
     send = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
-    metadata = (("authorization", f"Bearer {TOKEN}"),) if admin else None
+    metadata = [("authorization", f"Bearer {TOKEN}")] if admin else []
+    if session is not None:
+        metadata.append((SESSION_METADATA, session))
     try:
         send(data, timeout=5, metadata=metadata)
         code = grpc.StatusCode.OK

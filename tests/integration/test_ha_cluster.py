@@ -14,7 +14,9 @@ from drill_harness import DrillCluster
 from drill_replica import wait_serving
 from grpc import aio
 
+from fairshare.sessions import new_session, session_id
 from ha.etcd import connect
+from wire.metadata import session_entry
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -187,3 +189,52 @@ async def test_the_client_library_goes_straight_to_the_owner_once_it_knows_it(
         assert client.pending_releases == 0
     finally:
         await client.close(flush_timeout_s=1.0)
+
+
+async def test_a_session_reaches_the_owner_through_a_forwarder_and_survives_its_failover(
+    cluster: DrillCluster,
+) -> None:
+    node, epoch = (await cluster.owners())["gpu-a"]
+    survivors = [r for r in cluster.replicas if r.node != node]
+    text = new_session()
+    forged = f"{session_id(text)}.{new_session().partition('.')[2]}"
+    own, other = ((session_entry(text),), (session_entry(forged),))
+    keepalive = pb.KeepAliveRequest(pools=["gpu-a"])
+    async with aio.insecure_channel(survivors[0].address) as channel:
+        stub = pb_grpc.AllocatorStub(channel)
+        # Through a replica that does not own the pool: the owner opens the caller's
+        # session, so the same id with another secret is refused there.
+        granted = await stub.Acquire(
+            pb.AcquireRequest(pool="gpu-a", team="inst-a", holder="gw"), timeout=2, metadata=own
+        )
+        assert (granted.owner, granted.epoch) == (node, epoch)
+        renewed = await stub.KeepAlive(keepalive, timeout=2, metadata=own)
+        assert list(renewed.renewed) == ["gpu-a"] and renewed.ttl_s > 0
+        with pytest.raises(aio.AioRpcError) as refused:
+            await stub.KeepAlive(keepalive, timeout=2, metadata=other)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+
+    cluster.replica(node).signal(signal.SIGKILL)
+    await decided_through(cluster, "gpu-a", exclude=node)
+    new_node, new_epoch = (await cluster.owners())["gpu-a"]
+    assert new_epoch > epoch and new_node != node
+    async with aio.insecure_channel(survivors[1].address) as channel:
+        stub = pb_grpc.AllocatorStub(channel)
+        # The successor restored the session with its grant: it renews it, and still
+        # refuses the forged secret.
+        renewed = await stub.KeepAlive(keepalive, timeout=2, metadata=own)
+        assert list(renewed.renewed) == ["gpu-a"], renewed
+        with pytest.raises(aio.AioRpcError) as refused:
+            await stub.KeepAlive(keepalive, timeout=2, metadata=other)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        # Its grant is a phantom of the session, closed by the session's own re-report.
+        report = pb.AdoptRequest(
+            pool="gpu-a",
+            epoch=new_epoch,
+            holder="gw",
+            complete=True,
+            grants=[pb.HeldGrant(grant_id=granted.grant_id, team="inst-a")],
+        )
+        adopted = await stub.Adopt(report, timeout=2, metadata=own)
+        assert (adopted.adopted, adopted.epoch) == (1, new_epoch)
+        await stub.Release(pb.ReleaseRequest(grant_id=granted.grant_id, consumed=1.0), timeout=2)

@@ -221,6 +221,22 @@ class SnapshotResponse(_message.Message):
     snapshot_age_s: float
     def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., teams: _Optional[_Iterable[_Union[TeamStat, _Mapping]]] = ..., snapshot_age_s: _Optional[float] = ...) -> None: ...
 
+class KeepAliveRequest(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pools: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KeepAliveResponse(_message.Message):
+    __slots__ = ("renewed", "unknown", "ttl_s")
+    RENEWED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    renewed: _containers.RepeatedScalarFieldContainer[str]
+    unknown: _containers.RepeatedScalarFieldContainer[str]
+    ttl_s: float
+    def __init__(self, renewed: _Optional[_Iterable[str]] = ..., unknown: _Optional[_Iterable[str]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
 class ListPoolsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

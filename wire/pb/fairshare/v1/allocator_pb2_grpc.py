@@ -28,6 +28,16 @@ if _version_not_supported:
 class AllocatorStub:
     """Decides priorities. Any replica accepts every call and forwards to the pool's owner.
     Every response names the owner and its epoch, so clients can go to the owner directly.
+
+    Holder sessions: a client process presents its session, `<id>.<secret>` (an id and a
+    secret it made up: 22 and 43 base64url characters), in the call metadata
+    `fairshare-session` of Acquire, AcquireMany, Adopt and KeepAlive. A grant made in a session
+    lives as long as the session does (renewed by those calls at least once per `ttl_s`),
+    however long its request runs; only that session's complete re-report closes its
+    phantoms. Without the metadata a call behaves as before sessions (a grant lives at most
+    the pool's max_request_s). A malformed session is INVALID_ARGUMENT naming the field
+    `fairshare-session`; another secret, or another holder, for a session the owner knows is
+    PERMISSION_DENIED. Release and ReleaseMany ignore it (a grant id is its own bearer).
     """
 
     def __init__(self, channel):
@@ -71,11 +81,26 @@ class AllocatorStub:
                 request_serializer=fairshare_dot_v1_dot_allocator__pb2.ListPoolsRequest.SerializeToString,
                 response_deserializer=fairshare_dot_v1_dot_allocator__pb2.ListPoolsResponse.FromString,
                 _registered_method=True)
+        self.KeepAlive = channel.unary_unary(
+                '/fairshare.v1.Allocator/KeepAlive',
+                request_serializer=fairshare_dot_v1_dot_allocator__pb2.KeepAliveRequest.SerializeToString,
+                response_deserializer=fairshare_dot_v1_dot_allocator__pb2.KeepAliveResponse.FromString,
+                _registered_method=True)
 
 
 class AllocatorServicer:
     """Decides priorities. Any replica accepts every call and forwards to the pool's owner.
     Every response names the owner and its epoch, so clients can go to the owner directly.
+
+    Holder sessions: a client process presents its session, `<id>.<secret>` (an id and a
+    secret it made up: 22 and 43 base64url characters), in the call metadata
+    `fairshare-session` of Acquire, AcquireMany, Adopt and KeepAlive. A grant made in a session
+    lives as long as the session does (renewed by those calls at least once per `ttl_s`),
+    however long its request runs; only that session's complete re-report closes its
+    phantoms. Without the metadata a call behaves as before sessions (a grant lives at most
+    the pool's max_request_s). A malformed session is INVALID_ARGUMENT naming the field
+    `fairshare-session`; another secret, or another holder, for a session the owner knows is
+    PERMISSION_DENIED. Release and ReleaseMany ignore it (a grant id is its own bearer).
     """
 
     def Acquire(self, request, context):
@@ -128,6 +153,13 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KeepAlive(self, request, context):
+        """Renews the caller's session (required in the metadata) with the owner of each pool.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +198,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     request_deserializer=fairshare_dot_v1_dot_allocator__pb2.ListPoolsRequest.FromString,
                     response_serializer=fairshare_dot_v1_dot_allocator__pb2.ListPoolsResponse.SerializeToString,
             ),
+            'KeepAlive': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepAlive,
+                    request_deserializer=fairshare_dot_v1_dot_allocator__pb2.KeepAliveRequest.FromString,
+                    response_serializer=fairshare_dot_v1_dot_allocator__pb2.KeepAliveResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'fairshare.v1.Allocator', rpc_method_handlers)
@@ -177,6 +214,16 @@ def add_AllocatorServicer_to_server(servicer, server):
 class Allocator:
     """Decides priorities. Any replica accepts every call and forwards to the pool's owner.
     Every response names the owner and its epoch, so clients can go to the owner directly.
+
+    Holder sessions: a client process presents its session, `<id>.<secret>` (an id and a
+    secret it made up: 22 and 43 base64url characters), in the call metadata
+    `fairshare-session` of Acquire, AcquireMany, Adopt and KeepAlive. A grant made in a session
+    lives as long as the session does (renewed by those calls at least once per `ttl_s`),
+    however long its request runs; only that session's complete re-report closes its
+    phantoms. Without the metadata a call behaves as before sessions (a grant lives at most
+    the pool's max_request_s). A malformed session is INVALID_ARGUMENT naming the field
+    `fairshare-session`; another secret, or another holder, for a session the owner knows is
+    PERMISSION_DENIED. Release and ReleaseMany ignore it (a grant id is its own bearer).
     """
 
     @staticmethod
@@ -358,6 +405,33 @@ class Allocator:
             '/fairshare.v1.Allocator/ListPools',
             fairshare_dot_v1_dot_allocator__pb2.ListPoolsRequest.SerializeToString,
             fairshare_dot_v1_dot_allocator__pb2.ListPoolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepAlive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairshare.v1.Allocator/KeepAlive',
+            fairshare_dot_v1_dot_allocator__pb2.KeepAliveRequest.SerializeToString,
+            fairshare_dot_v1_dot_allocator__pb2.KeepAliveResponse.FromString,
             options,
             channel_credentials,
             insecure,
