@@ -412,8 +412,7 @@ class OwnedPool:
 
         Raises:
             WrongEpoch: the grant is of a later epoch than this owner's (it is stale).
-            PermissionDenied: the id is not genuine (see ``ha.genuine``), or is unsigned
-                and not counted here (never re-reported live, or released already).
+            PermissionDenied: the id is not genuine (see ``ha.genuine``).
         """
         self._ids.check(ref, "grant_id")
         if ref.epoch > self.epoch:
@@ -436,18 +435,6 @@ class OwnedPool:
             changes.team(adopted.team)
             self._settle(key)
             return
-        if not ref.mac:
-            # A client makes unsigned ids itself: one it never re-reported live could be
-            # made up, for any team, as many as it likes. Only a counted one is charged
-            # (and a retry of its release is a no-op).
-            if self._earlier.is_settled(key):
-                return
-            self._ids.refused()
-            raise PermissionDenied(
-                "grant_id",
-                "an unsigned (degraded) grant is charged only once its holder re-reported it "
-                "live (Adopt), and once",
-            )
         phantom = self._phantoms.take(key)
         if phantom is not None:
             # The previous owner counted it: charge it and close its phantom.
