@@ -5,8 +5,10 @@ Guarantees:
   verify, or unsigned of ``DEGRADED_EPOCH`` (a client's degraded grant, bounded where it
   is adopted). Every refusal is counted in ``IdCounters.ids_refused``.
 - ``IdGuard.bounded`` clamps a release's consumption to ``config.max_charge()``
-  (``max_charge_per_s`` x ``max_request_s``); each clamp is counted, and logged at most
-  once per ``_CLAMP_LOG_EVERY_S`` per pool.
+  (``max_charge_per_s`` x ``max_request_s``), or to ``max_charge_per_s`` x the time the
+  grant was held when that is longer (a holder session's grant may outlive
+  ``max_request_s``); each clamp is counted, and logged at most once per
+  ``_CLAMP_LOG_EVERY_S`` per pool.
 - A replica's degraded grant id (``degraded_grant_id``) is signed: genuine for any owner.
 """
 
@@ -49,12 +51,14 @@ class IdGuard:
         counters: IdCounters,
         max_charge: float,
         clock: Clock,
+        max_charge_per_s: float = 0.0,
     ) -> None:
         self._pool = pool
         self._epoch = epoch
         self._keys = keys
         self.counters = counters
         self._max_charge = max_charge
+        self._per_s = max_charge_per_s
         self._clock = clock
         self._clamp_logged = -math.inf
 
@@ -75,9 +79,10 @@ class IdGuard:
         """Counts an id refused as not genuine elsewhere (another holder's unsigned id)."""
         self.counters.ids_refused += 1
 
-    def bounded(self, ref: GrantRef, consumed: float) -> float:
-        """``consumed`` clamped to what a grant can consume in its life (logged, counted)."""
-        limit = self._max_charge
+    def bounded(self, ref: GrantRef, consumed: float, *, held_s: float = 0.0) -> float:
+        """``consumed`` clamped to what a grant can consume in its life, ``held_s`` when
+        the owner knows it held the grant that long (logged, counted)."""
+        limit = max(self._max_charge, self._per_s * held_s)
         if not consumed > limit:  # also NaN: the pool counts it as 0
             return consumed
         self.counters.charges_clamped += 1

@@ -167,6 +167,7 @@ class OwnedPool:
             counters=self.counters,
             max_charge=config.max_charge(),
             clock=clock,
+            max_charge_per_s=config.max_charge_per_s,
         )
         self._log = log
         self._journal = Journal()
@@ -417,23 +418,21 @@ class OwnedPool:
         self._ids.check(ref, "grant_id")
         if ref.epoch > self.epoch:
             raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
-        consumed = self._ids.bounded(ref, consumed)
+        key = GrantKey(ref.epoch, ref.seq, ref.holder)
+        own = ref.epoch == self.epoch
+        held = self._held.take_own(key) if own else self._held.take_adopted(key)
+        # A grant of a holder session may run past max_request_s: what it may have
+        # consumed follows the time it was held.
+        held_s = 0.0 if held is None else self._now() - held.wall
+        consumed = self._ids.bounded(ref, consumed, held_s=held_s)
         self._touch()
         changes = self._changes
-        key = GrantKey(ref.epoch, ref.seq, ref.holder)
-        if ref.epoch == self.epoch:
-            held = self._held.take_own(key)
-            if held is not None:
-                held.grant.release(consumed)
-                changes.dropped(held.key)
-                changes.team(held.team)
-                return
-        adopted = None if ref.epoch == self.epoch else self._held.take_adopted(key)
-        if adopted is not None:
-            adopted.grant.release(consumed)
-            changes.dropped(key)
-            changes.team(adopted.team)
-            self._settle(key)
+        if held is not None:
+            held.grant.release(consumed)
+            changes.dropped(held.key)
+            changes.team(held.team)
+            if not own:
+                self._settle(key)
             return
         phantom = self._phantoms.take(key)
         if phantom is not None:

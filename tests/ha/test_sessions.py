@@ -119,10 +119,13 @@ async def test_a_session_grant_outlives_max_request_s_while_renewed_and_is_charg
         assert owned.keep_alive(s)
         owned.expire()
     assert in_flight(owned) == (1, 0)
-    owned.release(GrantRef.decode(grant_id), 5.0)
+    # It may have consumed for all the 180 s it ran: more than a grant that lives at most
+    # max_request_s can (max_charge_per_s x max_request_s = 480), and it is charged so.
+    held_for = 3 * CONFIG.max_request_s
+    owned.release(GrantRef.decode(grant_id), CONFIG.max_charge_per_s * held_for)
     owned.release(GrantRef.decode(loose), 2.0)  # late: no longer counted, still charged
     owned.release(GrantRef.decode(loose), 2.0)  # once
-    assert owned.pool.usage_of("a") == pytest.approx(7.0)
+    assert owned.pool.usage_of("a") == pytest.approx(CONFIG.max_charge_per_s * held_for + 2.0)
 
 
 async def test_a_session_that_is_not_renewed_lapses_with_its_grants() -> None:
