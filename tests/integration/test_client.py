@@ -88,11 +88,15 @@ async def test_releases_are_buffered_until_acknowledged(config: Config) -> None:
     port = free_port()
     first = FakeAllocator(config.pools, node_id="test-0")
     server = await start_on(config, port, first)
+    # A deadline well above a loaded machine's first call (a connection, a ListPools):
+    # at 0.2 s the first acquire could miss it and come back degraded, which this test
+    # is not about.
     client = AllocatorClient(
-        [f"127.0.0.1:{port}"], holder="gw", deadline_s=0.2, release_retry_s=0.05
+        [f"127.0.0.1:{port}"], holder="gw", deadline_s=2.0, release_retry_s=0.05
     )
     try:
         grant = await client.acquire("gpu-a", "inst-a")
+        assert not grant.degraded
         await server.shutdown(0)
         await grant.release(2.0)
         assert client.pending_releases == 1
