@@ -14,11 +14,12 @@ guarantee that the server still serves when the caller's next call arrives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from grpc import aio
@@ -163,3 +164,25 @@ async def wait_serving(
                 tail = "" if process is None else f":\n{process.log_tail()}"
                 raise TimeoutError(f"{address} does not serve after {timeout_s}s{tail}")
             await asyncio.sleep(interval_s)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    workdir: Path, config_text: str, *, graceful: bool = False
+) -> AsyncIterator[tuple[Allocator, str]]:
+    """A ``fairshare serve`` of ``config_text`` (written to ``workdir/pools.yaml``), embedded,
+    with metrics on a free port, once it serves; yields it with its metrics URL. It is
+    killed at the end, or stopped (SIGTERM, waited for) when ``graceful``."""
+    config = workdir / "pools.yaml"
+    config.write_text(config_text, encoding="utf-8")
+    metrics = f"{LOOPBACK}:{free_port()}"
+    server = Allocator(workdir, config, metrics_listen=metrics)
+    server.start()
+    try:
+        await wait_serving(server.address, process=server)
+        yield server, f"http://{metrics}/metrics"
+    finally:
+        if graceful:
+            server.stop()
+        else:
+            server.kill()

@@ -24,8 +24,7 @@ from grpc import aio
 
 from client import AllocatorClient
 from fairshare.errors import LimitExceeded
-from harness.net import LOOPBACK, free_port
-from harness.serve import SERVE, Allocator, run_serve, wait_serving
+from harness.serve import SERVE, Allocator, run_serve, serving, wait_serving
 from wire.pb.fairshare.v1 import allocator_pb2 as pb
 from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
@@ -47,16 +46,8 @@ pools:
 @pytest.fixture
 async def served(tmp_path: pathlib.Path) -> AsyncIterator[tuple[Allocator, str]]:
     """A running ``fairshare serve`` of CONFIG and the URL of its metrics."""
-    config = tmp_path / "pools.yaml"
-    config.write_text(CONFIG, encoding="utf-8")
-    metrics = f"{LOOPBACK}:{free_port()}"
-    server = Allocator(tmp_path, config, metrics_listen=metrics)
-    server.start()
-    try:
-        await wait_serving(server.address, process=server)
-        yield server, f"http://{metrics}/metrics"
-    finally:
-        server.kill()
+    async with serving(tmp_path, CONFIG) as running:
+        yield running
 
 
 def trailing(error: aio.AioRpcError) -> dict[str, str]:

@@ -22,8 +22,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.net import LOOPBACK, free_port
-from harness.serve import Allocator, wait_serving
+from harness.serve import Allocator, serving
 from server.streams import DEFAULT_MAX_STREAMS_PER_CLIENT
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,16 +39,8 @@ room for the calls being refused at once and for the collector's timing."""
 
 @pytest.fixture
 async def allocator(tmp_path: pathlib.Path) -> AsyncIterator[tuple[Allocator, str]]:
-    config = tmp_path / "pools.yaml"
-    config.write_text(CONFIG, encoding="utf-8")
-    metrics = f"{LOOPBACK}:{free_port()}"
-    server = Allocator(tmp_path, config, metrics_listen=metrics)
-    server.start()
-    try:
-        await wait_serving(server.address, process=server)
-        yield server, f"http://{metrics}/metrics"
-    finally:
-        server.stop()
+    async with serving(tmp_path, CONFIG, graceful=True) as running:
+        yield running
 
 
 def rss(server: Allocator) -> int:
