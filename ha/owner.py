@@ -814,7 +814,7 @@ class OwnedPool:
         """Drops what no request can outlive: phantoms, windows and settled entries older
         than ``max_request_s``."""
         self._forgot_at = now
-        self._phantoms.forget(now)
+        self._phantoms.forget(now, self._sessions)
         self._earlier.forget(now - max(self.config.max_request_s, self._release_memory_s))
 
 

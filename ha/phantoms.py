@@ -12,7 +12,9 @@ failover any more than before it. Unknown standing counts as within share, the s
 
 Guarantees: the pool's phantom count of a team, per standing, and the phantoms of that team
 and standing kept here always agree (the pool's never expire by themselves: this table
-ends them, one by one); a phantom never outlives ``until``.
+ends them, one by one); a phantom never outlives ``until``, but for one of a holder
+session that is still open: that one ends when its session lapses (the owner closes it
+then), however long its request runs, as the session's grants do.
 """
 
 from __future__ import annotations
@@ -129,9 +131,15 @@ class Phantoms:
                 dropped += 1
         return closed, dropped
 
-    def forget(self, now: float) -> None:
-        """Ends the phantoms whose request cannot be running at ``now``."""
-        for key in [k for k, p in self._phantoms.items() if p.until <= now]:
+    def forget(self, now: float, open_sessions: Container[str] = ()) -> None:
+        """Ends the phantoms whose request cannot be running at ``now``: past ``until``,
+        unless their session is one of ``open_sessions`` (it still renews them)."""
+        ended = [
+            k
+            for k, p in self._phantoms.items()
+            if p.until <= now and not (p.session and p.session in open_sessions)
+        ]
+        for key in ended:
             self.drop(self._phantoms.pop(key))
 
     def live(self) -> list[LiveGrant]:

@@ -173,6 +173,30 @@ async def test_a_session_survives_a_change_of_owner_and_lapses_there_unrenewed()
     assert in_flight(second) == (2, 0)
 
 
+async def test_a_renewed_sessions_phantom_outlives_max_request_s_at_the_successor() -> None:
+    """A failover slower than max_request_s (a loaded machine, a long election) dropped
+    a live session's phantoms: its re-report then counted nothing, and its reserved
+    slots were promised again while its requests still ran."""
+    clock, log = FakeClock(), MemoryLog()
+    first = owner(1, clock, log)
+    kept = session()
+    grants = [await acquire(first, kept) for _ in range(2)]
+    second = await successor(first, clock, log)
+    for _ in range(int(3 * CONFIG.max_request_s / 10)):  # 180 s, renewed every 10 s
+        await clock.advance(10.0)
+        assert second.keep_alive(kept)
+        second.expire()
+    assert in_flight(second) == (0, 2)
+    result = second.adopt(
+        holder="gw", grants=[held(g) for g in grants], complete=True, session=kept
+    )
+    assert (result.adopted, result.phantoms_dropped) == (2, 2)
+    # Not renewed any more, the session lapses, and its grants with it.
+    await clock.advance(TTL + 1.0)
+    second.expire()
+    assert in_flight(second) == (0, 0)
+
+
 async def test_a_grant_of_a_lapsed_session_is_not_counted_again() -> None:
     clock, log = FakeClock(), MemoryLog()
     first = owner(1, clock, log)
