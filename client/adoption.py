@@ -7,6 +7,14 @@ re-reported with ``Adopt(complete=false)`` as soon as an owner of its pool answe
 grants are live it reads ListPools every ``epoch_check_s`` to notice a new owner it would
 not otherwise see, and, with ``route_to_owner``, learns the owners' addresses from it.
 
+A grant the client decided itself (no replica answered) that ends before any owner
+counted it is not released at once: an owner charges such an id (it carries no replica's
+MAC, so anyone could make one) only once it counted it. It is re-reported with the other
+uncounted grants, then released; at most as many at a time as an owner counts for one
+holder (the pool's capacity, less the client-made grants it holds there), each group
+released before the next is sent (``_report_ended``), so that a long outage's worth of
+them is charged in full.
+
 A complete re-report closes this holder's other phantoms only if it carries a signed
 grant issued to this holder (the owner's proof of holdership, docs/ha.md "Adopt"). When
 the re-reported grants hold none (only degraded ones, or none at all), the client adds a
@@ -17,12 +25,16 @@ received (a crash between the owner's write and its answer) end once the client 
 with the new owner, not ``max_request_s`` later.
 
 Non-guarantees: an Adopt that fails is retried when the next answer names the epoch; one
-the owner refuses for good (not a wrong epoch) is not retried.
+the owner refuses for good (not a wrong epoch) is not retried. Ended client-made grants
+are kept (with the buffered releases' bound, ``max_pending_releases``) until an owner
+answers, and lost with the process; a client that closes re-reports them first, within
+its flush time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
 
@@ -30,7 +42,7 @@ import grpc
 from grpc import aio
 
 from client.calls import RETRYABLE, Calls
-from client.grants import ClientGrant
+from client.grants import ClientGrant, client_made, pool_of
 from fairshare.errors import InvalidArgument
 from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, GrantRef
 from fairshare.limits import MAX_ADOPT_GRANTS
@@ -116,8 +128,81 @@ class Adoption(Calls):
         """Reports the pool's grants no owner counted, at the newest epoch seen, unless an
         Adopt of the pool is already in flight (it re-checks when it ends)."""
         epoch = self._epochs.get(pool, NO_EPOCH)
-        if epoch and self._unreported.get(pool) and pool not in self._reporting:
+        waiting = self._unreported.get(pool) or self._ended.get(pool)
+        if epoch and waiting and pool not in self._reporting:
             self._spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
+
+    def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
+        """Keeps a client-made grant that ended before any owner counted it, to be
+        re-reported and then released (see the module doc); drops the oldest when
+        ``max_pending_releases`` are kept."""
+        ended = self._ended.setdefault(grant.pool, {})
+        if len(ended) >= self._max_pending:
+            del ended[next(iter(ended))]
+            self._dropped_releases += 1
+        ended[grant.grant_id] = (grant, consumed)
+        self._report(grant.pool)
+        self._ensure_watcher()
+
+    async def _report_all_ended(self) -> None:
+        """Re-reports, then releases, every ended client-made grant whose pool has a
+        known owner (when closing)."""
+        for pool in [p for p, ended in self._ended.items() if ended]:
+            epoch = self._epochs.get(pool, NO_EPOCH)
+            if epoch and pool not in self._reporting:
+                await self._adopt(pool, epoch, complete=False)
+
+    async def _report_ended(self, pool: str, epoch: int) -> None:
+        """Re-reports the pool's ended client-made grants to its owner at ``epoch``, a
+        group at a time, releasing each group before the next (see the module doc).
+
+        Raises:
+            aio.AioRpcError: an Adopt failed (the grants not yet re-reported are kept).
+        """
+        ended = self._ended.get(pool)
+        if not ended:
+            return
+        if pool not in self._capacities:
+            await self.refresh_pools()
+        while ended:
+            if any(client_made(i) and pool_of(i) == pool for i in self._pending):
+                return  # an earlier group's releases are not all acknowledged yet
+            live = sum(1 for g in self._live.values() if g.pool == pool and g.degraded)
+            room = min(self._capacities.get(pool, 1) - live, MAX_ADOPT_GRANTS)
+            group = list(itertools.islice(ended.values(), max(room, 1)))
+            request = adopt_request(
+                pool=pool,
+                epoch=epoch,
+                holder=self.holder,
+                complete=False,
+                grants=[grant for grant, _ in group],
+            )
+            await self._call("Adopt", request, deadline_s=2.0, pool=pool)
+            for grant, consumed in group:
+                del ended[grant.grant_id]
+                self._buffer(grant.grant_id, consumed)
+            sent = await asyncio.gather(*(self._send_release(g.grant_id, c) for g, c in group))
+            if not all(sent):
+                self._ensure_flusher()
+
+    def _inventory(self, pool: str, epoch: int) -> list[ClientGrant]:
+        """What a complete re-report to the owner of ``pool`` at ``epoch`` carries: every
+        live grant of the pool decided at another epoch, with a proof of holdership when
+        one is live (else the pool is noted in ``_unproven``)."""
+        grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
+        proven = any(self._proves(g) for g in grants)
+        if not proven:
+            # A live signed grant of ``epoch`` proves holdership; its owner decided it, so
+            # it counts nothing twice. Without one, the next one sends this again.
+            proof = self._proof(pool, epoch)
+            if proof is not None:
+                grants.append(proof)
+                proven = True
+        if not proven:
+            self._unproven[pool] = epoch
+        elif self._unproven.get(pool) == epoch:
+            del self._unproven[pool]
+        return grants
 
     async def _adopt(self, pool: str, epoch: int, *, complete: bool) -> None:
         """Re-reports grants to the pool's owner at ``epoch``.
@@ -127,31 +212,20 @@ class Adoption(Calls):
         """
         unreported = self._unreported.get(pool, set())
         if complete:
-            grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
-            proven = any(self._proves(g) for g in grants)
-            if not proven:
-                # A live signed grant of ``epoch`` proves holdership; its owner decided it,
-                # so it counts nothing twice. Without one, the next one sends this again.
-                proof = self._proof(pool, epoch)
-                if proof is not None:
-                    grants.append(proof)
-                    proven = True
-            if not proven:
-                self._unproven[pool] = epoch
-            elif self._unproven.get(pool) == epoch:
-                del self._unproven[pool]
+            grants = self._inventory(pool, epoch)
         else:
             grants = [self._live[i] for i in unreported if i in self._live]
             unreported.intersection_update(self._live)
-            if not grants:
+            if not grants and not self._ended.get(pool):
                 return
         # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
         # only the last one complete. Grants a replica signed go last, so the complete
         # one carries the proof of holdership the owner asks for (docs/ha.md, "Adopt").
         grants.sort(key=self._proves)
         self._reporting.add(pool)
+        r: pb.AdoptResponse | None = None
         try:
-            for start in range(0, len(grants) or 1, MAX_ADOPT_GRANTS):
+            for start in range(0, len(grants) or int(complete), MAX_ADOPT_GRANTS):
                 chunk = grants[start : start + MAX_ADOPT_GRANTS]
                 last = start + MAX_ADOPT_GRANTS >= len(grants)
                 request = adopt_request(
@@ -161,15 +235,18 @@ class Adoption(Calls):
                     complete=complete and last,
                     grants=chunk,
                 )
-                r: pb.AdoptResponse = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
+                r = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
+            if not complete:
+                await self._report_ended(pool, epoch)
         except aio.AioRpcError as e:
             if not complete and e.code() not in (*RETRYABLE, grpc.StatusCode.FAILED_PRECONDITION):
                 # Refused for good (not a wrong epoch): retrying the same grants cannot help.
                 unreported.difference_update(g.grant_id for g in grants)
+                lost = len(self._ended.pop(pool, {}))
                 logger.error(
                     "pool %s: the owner refused to count %d grants: %s",
                     pool,
-                    len(grants),
+                    len(grants) + lost,
                     to_allocator_error(e, address="", pool=pool),
                 )
                 return
@@ -187,6 +264,8 @@ class Adoption(Calls):
             self._reporting.discard(pool)
         self._renewed_by_call(pool)
         unreported.difference_update(g.grant_id for g in grants)
+        if r is None:
+            return
         logger.info(
             "pool %s: re-reported %d live grants to %s at epoch %d (%d adopted%s)",
             pool,
@@ -217,8 +296,9 @@ class Adoption(Calls):
         self._watcher = self._background(self._watcher, self._watch_epochs, "epochs")
 
     async def _watch_epochs(self) -> None:
-        """Reads ListPools now and then while grants are live (see ``epoch_check_s``)."""
-        while self._live and not self._closed:
+        """Reads ListPools now and then while grants are live, or ended client-made ones
+        wait to be re-reported (see ``epoch_check_s``)."""
+        while (self._live or any(self._ended.values())) and not self._closed:
             await asyncio.sleep(self._epoch_check_s)
             try:
                 await self.refresh_pools()

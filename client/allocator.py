@@ -169,6 +169,10 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
         self._unreported: dict[str, set[str]] = {}
         self._reporting: set[str] = set()  # pools with an Adopt in flight
+        # Per pool, client-made grants that ended before any owner counted them, with
+        # what they consumed: re-reported, then released (see _report_ended).
+        self._ended: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
+        self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
         # Per pool, the epoch whose complete re-report carried no proof of holdership.
         self._unproven: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -201,11 +205,14 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         self._closed = True
         try:
             async with asyncio.timeout(flush_timeout_s):
+                await self._report_all_ended()
                 await self._flush(until_empty=True)
         except TimeoutError:
             logger.warning(
-                "closing with %d releases unacknowledged and %d acquires given up on unsettled",
+                "closing with %d releases unacknowledged, %d ended degraded grants "
+                "unreported and %d acquires given up on unsettled",
                 len(self._pending),
+                sum(len(ended) for ended in self._ended.values()),
                 len(self._abandoned),
             )
         tasks = [
@@ -233,8 +240,9 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
 
     @property
     def pending_releases(self) -> int:
-        """Releases not yet acknowledged by a replica."""
-        return len(self._pending)
+        """Releases not yet acknowledged by a replica, those of ended degraded grants
+        waiting to be re-reported first included."""
+        return len(self._pending) + sum(len(ended) for ended in self._ended.values())
 
     @property
     def dropped_releases(self) -> int:
@@ -259,6 +267,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         )
         for info in listing.pools:
             self._modes[info.pool] = degraded_mode(info.degraded_mode)
+            self._capacities[info.pool] = info.capacity
             if info.owner_address:
                 self._owners[info.pool] = info.owner_address
             else:

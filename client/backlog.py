@@ -26,7 +26,7 @@ from typing import Final
 from grpc import aio
 
 from client.calls import RETRYABLE, Calls
-from client.grants import ClientGrant, pool_of
+from client.grants import ClientGrant, client_made, pool_of
 from fairshare.digest import grant_id_digest
 from fairshare.errors import AllocatorError
 from wire.errors import to_allocator_error
@@ -100,8 +100,13 @@ class Backlog(Calls):
     async def _release(self, grant: ClientGrant, consumed: float) -> None:
         self._live.pop(grant.grant_id, None)
         unreported = self._unreported.get(grant.pool)
-        if unreported is not None:
-            unreported.discard(grant.grant_id)  # its release charges it at the owner
+        if unreported is not None and grant.grant_id in unreported:
+            unreported.discard(grant.grant_id)
+            if client_made(grant.grant_id):
+                # An owner charges it only once it counted it: re-reported first.
+                self._end_unreported(grant, consumed)
+                return
+            # Signed by a replica: its release alone charges it at the owner.
         self._buffer(grant.grant_id, consumed)
         if not await self._send_release(grant.grant_id, consumed):
             self._ensure_flusher()

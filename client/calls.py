@@ -96,6 +96,8 @@ class Calls:
     _resend_batch: int
     _slots: asyncio.Semaphore
     _unreported: dict[str, set[str]]
+    _ended: dict[str, dict[str, tuple[ClientGrant, float]]]
+    _capacities: dict[str, int]
     _unproven: dict[str, int]
     _reporting: set[str]
     _tasks: set[asyncio.Task[None]]
@@ -281,6 +283,19 @@ class Calls:
 
     def _ensure_flusher(self) -> None:
         """Starts the background retry of the backlog (``client.backlog``)."""
+        raise NotImplementedError
+
+    def _buffer(self, grant_id: str, consumed: float) -> None:
+        """Keeps a release until a replica acknowledges it (``client.backlog``)."""
+        raise NotImplementedError
+
+    async def _send_release(self, grant_id: str, consumed: float) -> bool:
+        """One release attempt; True once it is settled (``client.backlog``)."""
+        raise NotImplementedError
+
+    def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
+        """Keeps an ended client-made grant to re-report before its release
+        (``client.adoption``)."""
         raise NotImplementedError
 
     def _renewed_by_call(self, pool: str) -> None:

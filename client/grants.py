@@ -27,6 +27,15 @@ def pool_of(grant_id: str) -> str:
         return ""
 
 
+def client_made(grant_id: str) -> bool:
+    """True for the id of a grant a client decided itself (``degraded_grant_id``): it
+    carries no replica's MAC, so an owner charges it only once it counted it."""
+    try:
+        return not GrantRef.decode(grant_id).mac
+    except AllocatorError:
+        return False
+
+
 def degraded_grant_id(pool: str, team: str, holder: str) -> str:
     """The id of a grant this client decides itself (``fail_open``, no replica answered).
 

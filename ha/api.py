@@ -77,6 +77,8 @@ class PoolStatus:
             (``PoolConfig.max_charge``) instead of the larger amount claimed.
         grant_ids_refused: releases and adopted grants this replica, as owner, refused
             as not genuine (bad MAC, unsigned with an epoch, another holder's).
+        unproven_releases: releases of client-made degraded ids that no owner counted
+            first, which this replica, as owner, did not charge.
     """
 
     pool: PoolName
@@ -92,6 +94,7 @@ class PoolStatus:
     store_refused_writes: int = 0
     charges_clamped: int = 0
     grant_ids_refused: int = 0
+    unproven_releases: int = 0
     within: Mapping[str, int] = field(default_factory=dict)
 
 

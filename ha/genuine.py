@@ -37,6 +37,8 @@ class IdCounters:
     """Releases that claimed more than ``max_charge()`` and were charged that."""
     ids_refused: int = 0
     """Releases and adopted grants refused as not genuine (``PermissionDenied``)."""
+    unproven_releases: int = 0
+    """Releases of unsigned (client-made) degraded ids no owner counted: not charged."""
 
 
 class IdGuard:

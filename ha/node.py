@@ -422,6 +422,7 @@ class Node:
                     store_refused_writes=self._writes.refused_writes(name),
                     charges_clamped=self._id_counters[name].charges_clamped,
                     grant_ids_refused=self._id_counters[name].ids_refused,
+                    unproven_releases=self._id_counters[name].unproven_releases,
                 )
             )
         return result

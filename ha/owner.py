@@ -22,6 +22,9 @@ Guarantees:
   (``PermissionDenied``) before anything is charged or counted.
 - A release charges at most ``config.max_charge()`` (``max_charge_per_s`` x
   ``max_request_s``); more is clamped to it, logged and counted (``IdCounters``).
+- An unsigned (client-made degraded) id is charged only if an owner counted it first
+  (adopted, then held, a phantom or closed): the release of one nobody counted charges
+  nothing, and is counted (``unproven_releases``).
 - Adopt counts unsigned (client-made degraded) grants only when they name the calling
   holder, at most ``config.capacity`` of them per holder at a time, each for at most
   ``max_request_s`` from its adoption; a complete re-report closes the holder's phantoms
@@ -421,14 +424,13 @@ class OwnedPool:
         key = GrantKey(ref.epoch, ref.seq, ref.holder)
         own = ref.epoch == self.epoch
         held = self._held.take_own(key) if own else self._held.take_adopted(key)
-        # A grant of a holder session may run past max_request_s: what it may have
-        # consumed follows the time it was held.
-        held_s = 0.0 if held is None else self._now() - held.wall
-        consumed = self._ids.bounded(ref, consumed, held_s=held_s)
         self._touch()
         changes = self._changes
         if held is not None:
-            held.grant.release(consumed)
+            # A grant of a holder session may run past max_request_s: what it may have
+            # consumed follows the time it was held.
+            held_s = self._now() - held.wall
+            held.grant.release(self._ids.bounded(ref, consumed, held_s=held_s))
             changes.dropped(held.key)
             changes.team(held.team)
             if not own:
@@ -438,19 +440,26 @@ class OwnedPool:
         if phantom is not None:
             # The previous owner counted it: charge it and close its phantom.
             team = phantom.team
-            self.pool.charge(team, consumed)
+            self.pool.charge(team, self._ids.bounded(ref, consumed))
             self._phantoms.drop(phantom)
             changes.dropped(key)
             changes.team(team)
             self._settle(key)
-        elif self._earlier.chargeable(key) and not self._earlier.is_settled(key):
+        elif self._earlier.is_settled(key):
+            pass  # settled before: its consumption is already in the usage
+        elif self._earlier.chargeable(key, signed=bool(ref.mac)):
             # No owner counts it (made after a crashed owner's last write, degraded, or
             # ended unreleased: its session lapsed, or it outlived max_request_s):
             # charge what it consumed, once.
-            self._admit(ref.team or "unknown")
-            self.pool.charge(ref.team or "unknown", consumed)
-            changes.team(ref.team or "unknown")
+            team = ref.team or "unknown"
+            self._admit(team)
+            self.pool.charge(team, self._ids.bounded(ref, consumed))
+            changes.team(team)
             self._settle(key)
+        elif not ref.mac:
+            # A client-made degraded id no owner counted proves nothing: anyone can make
+            # one. Its holder re-reports it (Adopt) before releasing it.
+            self._ids.counters.unproven_releases += 1
         # Otherwise it was settled before the snapshot this owner restored: its
         # consumption is already in the usage.
 

@@ -7,7 +7,8 @@ degraded grants (``DEGRADED_EPOCH``) and phantoms their holder closed (``uncount
 Their releases must be charged, once: ``settled`` remembers the ones that were. The
 snapshot carries all four (see ``ha.snapshot``).
 
-Guarantees: ``chargeable`` is True for exactly those grants; ``settle`` remembers a
+Guarantees: ``chargeable`` is True for exactly those grants (an unsigned degraded one
+only once an owner counted it); ``settle`` remembers a
 chargeable one; entries older than ``horizon`` are dropped by ``forget`` (no request
 outlives it); each table is capped at ``MEMORY_CAP`` entries, the oldest going first.
 
@@ -60,10 +61,17 @@ class Settled:
         self.uncounted = {k: w + shift for k, w in snapshot.uncounted.items()}
         self.settled = {k: w + shift for k, w in snapshot.settled.items()}
 
-    def chargeable(self, key: GrantKey) -> bool:
-        """True for a grant no owner ever counted (its release must be charged)."""
-        if key.epoch == DEGRADED_EPOCH or key in self.uncounted:
-            return True  # degraded, or closed by its holder's complete re-report
+    def chargeable(self, key: GrantKey, *, signed: bool = True) -> bool:
+        """True for a grant no owner counts now whose release must be charged.
+
+        An unsigned (client-made) degraded id proves nothing: it is chargeable only once
+        an owner counted it (``signed=False``: only as ``uncounted``), so a made-up one
+        charges nothing (see ``ha.owner``, ``release``).
+        """
+        if key in self.uncounted:
+            return True  # closed by its holder's re-report, its session lapsed, ...
+        if key.epoch == DEGRADED_EPOCH:
+            return signed
         window = self.unknown_after.get(key.epoch)
         if window is not None and key.seq > window[0]:
             return True

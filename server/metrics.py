@@ -464,8 +464,14 @@ class _StatusCollector(Collector):
             "Releases and adopted grants refused as not genuine grant ids.",
             labels=["pool"],
         )
+        unproven = CounterMetricFamily(
+            "fairshare_unproven_releases",
+            "Releases of client-made degraded grant ids no owner counted first: not charged.",
+            labels=["pool"],
+        )
         for view in pools:
             name = str(view.pool)
+            unproven.add_metric([name], float(view.unproven_releases))
             store_full.add_metric([name], 1.0 if view.store_full else 0.0)
             store_refused.add_metric([name], float(view.store_refused_writes))
             clamped.add_metric([name], float(view.charges_clamped))
@@ -480,6 +486,6 @@ class _StatusCollector(Collector):
                 teams_known.add_metric([name], float(len(view.teams)))
         yield from self._team_families(pools)
         yield from (owner, epoch)
-        yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused)
+        yield from (transitions, snapshot_age, fence_left, degraded, clamped, refused, unproven)
         yield from (store_full, store_refused)
         yield teams_known

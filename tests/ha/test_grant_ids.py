@@ -208,12 +208,40 @@ async def test_old_epoch_and_degraded_ids_charge_once_and_within_the_bound() -> 
     for _ in range(3):
         pool.release(genuine_old, 1e12)
     assert usage(pool, "b") == pytest.approx(CONFIG.max_charge())
-    # A client's degraded id (epoch 0, no MAC) too: bounded, and once per id.
+    # A client's degraded id (epoch 0, no MAC) proves nothing until its holder
+    # re-reported it: then it too is bounded, and charged once.
     degraded = GrantRef(PoolName("p"), Epoch(0), 77, "a", "gw")
+    pool.release(degraded, 1e12)
+    assert usage(pool, "a") == 0.0 and pool.counters.unproven_releases == 1
+    pool.adopt(holder="gw", grants=[HeldGrant(degraded.encode(), "a", 100, True)], complete=False)
     for _ in range(3):
         pool.release(degraded, 1e12)
     assert usage(pool, "a") == pytest.approx(CONFIG.max_charge())
-    assert pool.counters.charges_clamped == 6
+    # Clamped only where charged: the first release of each id.
+    assert pool.counters.charges_clamped == 2
+    assert pool.counters.unproven_releases == 1
+
+
+async def test_made_up_unsigned_ids_charge_nothing_however_many() -> None:
+    """One ReleaseMany of 256 made-up epoch-0 ids charged team b 1,228,800; after 10,240
+    filler releases pushed them out of the settled table, the same ids charged again."""
+    pool = owner(5, GrantKeys([KEY_A.encode()]))
+    pool.restore(None)
+    made_up = [GrantRef(PoolName("p"), Epoch(0), seq, "b", "x") for seq in range(1, 257)]
+    filler = [GrantRef(PoolName("p"), Epoch(0), seq, "c", "x") for seq in range(1000, 11_240)]
+    for ref in (*made_up, *filler, *made_up):
+        pool.release(ref, 1e12)
+    assert usage(pool, "b") == 0.0 and usage(pool, "c") == 0.0
+    assert pool.counters.unproven_releases == 2 * 256 + 10_240
+    # Re-reported by a holder, at most capacity of them are counted, so charged.
+    pool.adopt(
+        holder="x",
+        grants=[HeldGrant(ref.encode(), "b", 100, True) for ref in made_up],
+        complete=False,
+    )
+    for ref in made_up:
+        pool.release(ref, 1e12)
+    assert usage(pool, "b") == pytest.approx(CONFIG.capacity * CONFIG.max_charge())
 
 
 def test_a_name_longer_than_the_request_limit_is_refused_in_any_grant_id() -> None:

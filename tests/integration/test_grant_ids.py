@@ -91,13 +91,21 @@ async def test_epoch_zero_and_old_epoch_ids_cannot_charge_without_limit(
     old = forged(ours.epoch - 1, 1, "inst-a", "gw-x")
     code = await refused(stub.Release(pb.ReleaseRequest(grant_id=old, consumed=1e12), timeout=5))
     assert code == grpc.StatusCode.PERMISSION_DENIED
-    # Epoch 0 (a client's degraded grant, which carries no MAC): bounded, once per id.
-    for seq in (1, 2, 3):
+    # Epoch 0 (a client's degraded grant, which carries no MAC): one ReleaseMany of 256
+    # made-up ids charged 1,228,800 before; none was counted by an owner, so nothing.
+    made_up = [forged(0, seq, "inst-a", "gw-x") for seq in range(1, 257)]
+    releases = [pb.ReleaseRequest(grant_id=i, consumed=1e12) for i in made_up]
+    await stub.ReleaseMany(pb.ReleaseManyRequest(holder="gw-x", releases=releases), timeout=5)
+    assert (await table(stub))["inst-a"].usage == 0.0
+    # Re-reported by their holder first, they count (at most capacity at a time: 10),
+    # and each release is charged once, within the bound.
+    held = [pb.HeldGrant(grant_id=i, team="inst-a", priority=100) for i in made_up[:3]]
+    await stub.Adopt(
+        pb.AdoptRequest(pool="gpu-a", epoch=ours.epoch, holder="gw-x", grants=held), timeout=5
+    )
+    for grant_id in made_up[:3]:
         for _ in range(2):
-            await stub.Release(
-                pb.ReleaseRequest(grant_id=forged(0, seq, "inst-a", "gw-x"), consumed=1e12),
-                timeout=5,
-            )
+            await stub.Release(pb.ReleaseRequest(grant_id=grant_id, consumed=1e12), timeout=5)
     bound = 8.0 * 600.0  # max_charge_per_s x max_request_s, the defaults
     usage = (await table(stub))["inst-a"].usage
     assert usage == pytest.approx(3 * bound, rel=1e-3), "three calls charged 3e12 before"

@@ -57,10 +57,13 @@ def test_without_a_configuration_every_team_has_its_label() -> None:
 
 
 def test_refused_ids_and_clamped_charges_are_counted_per_pool() -> None:
-    view = dataclasses.replace(status([]), charges_clamped=3, grant_ids_refused=2)
+    view = dataclasses.replace(
+        status([]), charges_clamped=3, grant_ids_refused=2, unproven_releases=5
+    )
     text = generate_latest(Metrics(lambda: [view]).registry).decode()
     assert 'fairshare_charges_clamped_total{pool="p"} 3.0' in text
     assert 'fairshare_grant_ids_refused_total{pool="p"} 2.0' in text
+    assert 'fairshare_unproven_releases_total{pool="p"} 5.0' in text
 
 
 def test_granted_priorities_and_ranks_are_exported_per_pool() -> None:
