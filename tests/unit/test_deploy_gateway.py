@@ -13,9 +13,7 @@ The configuration is checked for the keys of the gateway's configuration block (
 from __future__ import annotations
 
 import functools
-import shutil
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,6 +21,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from kubernetes_validate import utils as kv
+
+from harness.kubectl import kustomize
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -48,24 +48,9 @@ EXIT_SAFETY_S = 10.0
 Manifest = dict[str, Any]
 
 
-def _kubectl() -> str:
-    path = shutil.which("kubectl")
-    if path is None:
-        pytest.skip("kubectl (with its built-in kustomize) is not installed on this machine")
-    return path
-
-
 @functools.cache
 def _rendered(target: str) -> tuple[Manifest, ...]:
-    out = subprocess.run(
-        [_kubectl(), "kustomize", str(DEPLOY / target)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert out.returncode == 0, f"kubectl kustomize deploy/{target} failed:\n{out.stderr}"
-    return tuple(doc for doc in yaml.safe_load_all(out.stdout) if doc)
+    return tuple(doc for doc in yaml.safe_load_all(kustomize(DEPLOY / target)) if doc)
 
 
 def _find(objects: tuple[Manifest, ...], kind: str, name: str) -> Manifest:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from prometheus_client import generate_latest
 from promql_check import PromQLError, metric_names
 
 from harness.etcd import EtcdProcess
+from harness.kubectl import kustomize
 
 REPO = Path(__file__).resolve().parents[2]
 OBSERVABILITY = REPO / "deploy" / "observability"
@@ -261,19 +260,9 @@ def test_the_prometheus_rule_holds_the_plain_rules_file() -> None:
 
 
 def test_the_kustomization_renders_the_rule_and_the_dashboard() -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl (with its built-in kustomize) is not installed on this machine")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(OBSERVABILITY)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
     rendered = {
-        (doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(out.stdout)
+        (doc["kind"], doc["metadata"]["name"]): doc
+        for doc in yaml.safe_load_all(kustomize(OBSERVABILITY))
     }
     assert set(rendered) == {
         ("PrometheusRule", "fairshare"),
