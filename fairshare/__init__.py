@@ -3,7 +3,9 @@
 A pool shared by several teams behaves like a reservation with borrowing: each team owns
 ``share x C`` of the pool's concurrency C, its requests inside that reservation run first
 and are never evicted by others, and requests above it borrow idle capacity, ranked by
-Slurm's Fair Tree level fairshare on decayed usage. No I/O happens here.
+Slurm's Fair Tree level fairshare on decayed usage. No I/O happens here: the one module
+of the package that looks at files, ``fairshare.filewatch``, is not part of the core (no
+core module imports it) and is not imported here.
 """
 
 from fairshare.apportion import apportion

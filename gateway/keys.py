@@ -11,8 +11,9 @@ Guarantees:
   a dict (keys are secrets of high entropy, not passwords).
 - The file is followed: when it is replaced or rewritten (as Kubernetes does with a mounted
   Secret) it is read again at the first lookup ``recheck_s`` (1 s) or more after the last
-  look at it (a stat of inode, size and change time), without a restart. A replacement
-  that cannot be read or is not valid leaves the previous keys in force and is logged.
+  look at it (a stat of inode, size and change time: ``fairshare.filewatch``), without a
+  restart. A replacement that cannot be read or is not valid leaves the previous keys in
+  force and is logged.
 
 Non-guarantees: a removed key is refused from the next re-read on, not before.
 """
@@ -20,7 +21,6 @@ Non-guarantees: a removed key is refused from the next re-read on, not before.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from fairshare import Class
+from fairshare.filewatch import Followed
 
 logger = logging.getLogger(__name__)
 
@@ -114,40 +115,24 @@ class KeysFile:
             KeysFileError: it cannot be read or is not valid (at start this is fatal).
         """
         self._path = Path(path)
-        self._recheck_s = recheck_s
-        self._stamp = _stamp(self._path)
-        self._keys = read_keys(self._path)
-        self._looked_at = time.monotonic()
+        self._keys = Followed(
+            [self._path],
+            lambda: read_keys(self._path),
+            keep_on=(KeysFileError,),
+            recheck_s=recheck_s,
+            on_read=self._reread,
+            on_kept=self._kept,
+        )
 
     def __len__(self) -> int:
-        return len(self._current())
+        return len(self._keys())
 
     def lookup(self, key: str) -> Identity | None:
         """The identity ``key`` stands for, or None."""
-        return self._current().get(key)
+        return self._keys().get(key)
 
-    def _current(self) -> dict[str, Identity]:
-        now = time.monotonic()
-        if now - self._looked_at < self._recheck_s:
-            return self._keys
-        self._looked_at = now
-        stamp = _stamp(self._path)
-        if stamp is not None and stamp != self._stamp:
-            self._stamp = stamp
-            try:
-                keys = read_keys(self._path)
-            except KeysFileError as e:
-                logger.warning("keeping the previous API keys: %s", e)
-            else:
-                logger.info("API keys re-read from %s: %d keys", self._path, len(keys))
-                self._keys = keys
-        return self._keys
+    def _reread(self, previous: dict[str, Identity], keys: dict[str, Identity]) -> None:
+        logger.info("API keys re-read from %s: %d keys", self._path, len(keys))
 
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What tells a replaced or rewritten file apart: inode, size and change time."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_ctime_ns)
+    def _kept(self, error: Exception) -> None:
+        logger.warning("keeping the previous API keys: %s", error)

@@ -14,7 +14,7 @@ Guarantees:
   is in constant time.
 - A key file is followed: when it is replaced or rewritten (as Kubernetes does with a
   mounted Secret) it is read again at the first sign or verify ``recheck_s`` (1 s) or
-  more after the last look at it, without a restart. A
+  more after the last look at it (``fairshare.filewatch``), without a restart. A
   replacement that cannot be read, or holds no valid key, leaves the previous keys in
   force and is logged.
 
@@ -32,10 +32,10 @@ import logging
 import os
 import pathlib
 import secrets
-import time
 from collections.abc import Sequence
 from typing import Final
 
+from fairshare.filewatch import UNREAD, Followed, Unread
 from ha.api import MAC_BYTES, GrantRef
 
 logger = logging.getLogger(__name__)
@@ -114,10 +114,7 @@ class GrantKeys:
             if len(key) < MIN_KEY_CHARS:
                 raise KeyFileError(f"a grant key must have at least {MIN_KEY_CHARS} bytes")
         self._keys = list(keys)
-        self._path = path
-        self._stamp = _stamp(path) if path is not None else None
-        self._recheck_s = recheck_s
-        self._looked_at = time.monotonic()
+        self._file = None if path is None else _follow(path, recheck_s, keys=self._keys)
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path, *, recheck_s: float = 1.0) -> GrantKeys:
@@ -126,10 +123,9 @@ class GrantKeys:
         Raises:
             KeyFileError, OSError: see ``read_keys``.
         """
-        file = pathlib.Path(path)
-        stamp = _stamp(file)
-        keys = cls(read_keys(file), path=file, recheck_s=recheck_s)
-        keys._stamp = stamp  # a replacement while it was read is seen at the next call
+        file = _follow(pathlib.Path(path), recheck_s)
+        keys = cls(file.value)
+        keys._file = file  # stamped before it was read: a replacement meanwhile is seen
         return keys
 
     @classmethod
@@ -172,37 +168,34 @@ class GrantKeys:
         return ok
 
     def _current(self) -> list[bytes]:
-        if self._path is None:
-            return self._keys
-        now = time.monotonic()
-        if now - self._looked_at < self._recheck_s:
-            return self._keys
-        self._looked_at = now
-        stamp = _stamp(self._path)
-        if stamp is not None and stamp != self._stamp:
-            self._stamp = stamp
-            try:
-                keys = read_keys(self._path)
-            except (OSError, KeyFileError) as e:
-                logger.warning("keeping the previous grant keys: %s", e)
-            else:
-                if keys != self._keys:
-                    logger.info(
-                        "grant keys re-read from %s: %d keys (the first signs)",
-                        self._path,
-                        len(keys),
-                    )
-                self._keys = keys
-        return self._keys
+        return self._keys if self._file is None else self._file()
 
 
-def _stamp(path: pathlib.Path) -> tuple[int, int, int] | None:
-    """What tells a replaced or rewritten file apart: inode, size and change time."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_ctime_ns)
+def _follow(
+    path: pathlib.Path, recheck_s: float, *, keys: list[bytes] | Unread = UNREAD
+) -> Followed[list[bytes]]:
+    """The key file at ``path``, followed: ``keys`` in force, or when not given, read now.
+
+    Raises:
+        KeyFileError, OSError: read now, and see ``read_keys``.
+    """
+
+    def reread(previous: list[bytes], keys: list[bytes]) -> None:
+        if keys != previous:
+            logger.info("grant keys re-read from %s: %d keys (the first signs)", path, len(keys))
+
+    def kept(error: Exception) -> None:
+        logger.warning("keeping the previous grant keys: %s", error)
+
+    return Followed(
+        [path],
+        lambda: read_keys(path),
+        keep_on=(OSError, KeyFileError),
+        value=keys,
+        recheck_s=recheck_s,
+        on_read=reread,
+        on_kept=kept,
+    )
 
 
 _EPHEMERAL: list[GrantKeys] = []

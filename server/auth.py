@@ -9,9 +9,10 @@ Rules, in order:
 4. no credentials at all is ``UNAUTHENTICATED``.
 With neither a token nor identities configured, every admin call is refused.
 
-A token read from a file follows the file: an operator rotates it by replacing the file
-(as Kubernetes does for a mounted Secret), with no restart. A replacement that cannot be
-read, or is empty, leaves the previous token in force and is logged.
+A token read from a file follows the file (``fairshare.filewatch``, looked at on every
+call that presents a token): an operator rotates it by replacing the file (as Kubernetes
+does for a mounted Secret), with no restart. A replacement that cannot be read, or is
+empty, leaves the previous token in force and is logged.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Final
 import grpc
 from grpc import aio
 
+from fairshare.filewatch import Followed
 from wire.credentials import read_token
 from wire.metadata import AUTHORIZATION
 
@@ -62,37 +64,39 @@ class AdminAuth:
             identities: client-certificate CNs/SANs admitted without a token.
             token_file: the file ``token`` was read from, read again whenever it changes.
         """
-        self._token = token.encode("utf-8") if token else None
+        self._given = token.encode("utf-8") if token else None
         self._identities = frozenset(identities)
         self._token_file = None if token_file is None else pathlib.Path(token_file)
-        # None: the first admin call reads the file again, in case it was replaced since
-        # ``token`` was read from it.
-        self._token_stamp: tuple[int, int, int] | None = None
+        # Whether the file was read here: once it has been, every re-read is logged.
+        self._reread = False
+        self._token = None if self._token_file is None else self._follow(self._token_file)
 
-    def _stamp(self) -> tuple[int, int, int] | None:
-        """What tells a replaced or rewritten token file apart: inode, size and the
-        inode's change time (which, unlike the modification time, no copy can preserve)."""
-        if self._token_file is None:
-            return None
-        try:
-            st = self._token_file.stat()
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size, st.st_ctime_ns)
+    def _follow(self, path: pathlib.Path) -> Followed[bytes | None]:
+        """The token file, looked at on every call that presents a token."""
+        return Followed(
+            [path],
+            lambda: read_token(path).encode("utf-8"),
+            keep_on=(OSError, ValueError),
+            # The first look reads the file again, in case it was replaced since the
+            # token given was read from it.
+            value=self._given,
+            stale=True,
+            recheck_s=0,
+            on_read=self._token_read,
+            on_kept=self._token_kept,
+        )
+
+    def _token_read(self, previous: bytes | None, token: bytes | None) -> None:
+        if self._reread or token != previous:
+            logger.info("admin token re-read from %s", self._token_file)
+        self._reread = True
+
+    def _token_kept(self, error: Exception) -> None:
+        logger.warning("keeping the previous admin token: %s", error)
+        self._reread = True
 
     def _current_token(self) -> bytes | None:
-        stamp = self._stamp()
-        if self._token_file is not None and stamp is not None and stamp != self._token_stamp:
-            first = self._token_stamp is None
-            self._token_stamp = stamp
-            try:
-                token = read_token(self._token_file).encode("utf-8")
-                if not first or token != self._token:
-                    logger.info("admin token re-read from %s", self._token_file)
-                self._token = token
-            except (OSError, ValueError) as e:
-                logger.warning("keeping the previous admin token: %s", e)
-        return self._token
+        return self._given if self._token is None else self._token()
 
     async def check(self, context: aio.ServicerContext) -> None:
         """Returns when the caller may proceed; otherwise aborts the RPC.

@@ -3,7 +3,8 @@
 cert-manager renews certificates into a Secret, and Kubernetes replaces the mounted files
 in place (one atomic swap of the directory they are in). As the admin token does
 (``server.auth``), the TLS material is read again when its files change: a change is a
-new (inode, size, change time) of any of them, which no copy of an old file can fake.
+new (inode, size, change time) of any of them, which no copy of an old file can fake
+(``fairshare.filewatch`` follows them).
 
 ``Reloading`` is one value built from files (credentials, etcd's access), built again
 when they change. The gRPC port asks it before every new connection's handshake
@@ -25,14 +26,14 @@ looks at certificates only then); a file replaced with identical bytes counts as
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, Generic, TypeVar
+from typing import Final, TypeVar
 
 import grpc
 
+from fairshare.filewatch import Followed
 from ha.settings import ConfigError
 from server.config import Config
 from server.tls_files import check_ca_bundle, check_cert_chain
@@ -46,25 +47,12 @@ CHECK_EVERY_S: Final = 1.0
 
 T = TypeVar("T")
 
-_Stamp = tuple[tuple[int, int, int] | None, ...]
 
-
-def _stamp(paths: Sequence[str]) -> _Stamp:
-    stamps: list[tuple[int, int, int] | None] = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            stamps.append(None)
-            continue
-        stamps.append((st.st_ino, st.st_size, st.st_ctime_ns))
-    return tuple(stamps)
-
-
-class Reloading(Generic[T]):
+class Reloading(Followed[T]):
     """A value built from files, built again when they change (see module).
 
-    Calling it returns the value in force: the same object until a rebuild succeeds.
+    Calling it returns the value in force: the same object until a rebuild succeeds. A
+    file that disappears counts as a change (the rebuild fails, and says so).
 
     Args:
         paths: the files the value is built from.
@@ -87,31 +75,24 @@ class Reloading(Generic[T]):
         check_every_s: float = CHECK_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._paths = tuple(paths)
-        self._build = build
         self._what = what
-        self._every = check_every_s
-        self._clock = clock
-        self._stamp = _stamp(self._paths)
-        self._value = build()
-        self._checked = clock()
+        self._files = ", ".join(paths)
+        super().__init__(
+            paths,
+            build,
+            keep_on=(ConfigError, OSError, ValueError, ssl.SSLError),
+            recheck_s=check_every_s,
+            absent_is_change=True,
+            on_read=self._rebuilt,
+            on_kept=self._kept,
+            clock=clock,
+        )
 
-    def __call__(self) -> T:
-        now = self._clock()
-        if self._every > 0 and now - self._checked < self._every:
-            return self._value
-        self._checked = now
-        stamp = _stamp(self._paths)
-        if stamp == self._stamp:
-            return self._value
-        self._stamp = stamp
-        try:
-            self._value = self._build()
-        except (ConfigError, OSError, ValueError, ssl.SSLError) as e:
-            logger.warning("keeping the previous %s: its files changed but %s", self._what, e)
-            return self._value
-        logger.info("%s re-read from %s", self._what, ", ".join(self._paths))
-        return self._value
+    def _rebuilt(self, previous: T, value: T) -> None:
+        logger.info("%s re-read from %s", self._what, self._files)
+
+    def _kept(self, error: Exception) -> None:
+        logger.warning("keeping the previous %s: its files changed but %s", self._what, error)
 
 
 def _read(path: str | None) -> bytes | None:

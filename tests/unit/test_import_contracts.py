@@ -24,6 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 CORE = "The decision core does no I/O"
+CORE_FILES = "The decision core does not follow files"
 HA = "ha does not speak gRPC or read config files"
 HARNESS = "No shipped package imports the test harness"
 LIGHT = "The client library and the wire protocol stay out of the server"
@@ -36,6 +37,11 @@ CASES = [
     pytest.param("fairshare/priority.py", "from pathlib import Path", CORE, id="core-pathlib"),
     pytest.param("fairshare/limits.py", "import logging.handlers", CORE, id="core-log-handlers"),
     pytest.param("fairshare/shares.py", "import subprocess", CORE, id="core-subprocess"),
+    pytest.param("fairshare/filewatch.py", "import logging", CORE, id="filewatch-only-os"),
+    pytest.param("fairshare/pool.py", "import fairshare.filewatch", CORE_FILES, id="core-follows"),
+    pytest.param(
+        "fairshare/__init__.py", "import fairshare.filewatch", CORE_FILES, id="init-follows"
+    ),
     pytest.param("ha/clock.py", "import grpc", HA, id="ha-grpc"),
     pytest.param("ha/node.py", "import grpc", HA, id="ha-grpc-importer-of-etcd"),
     pytest.param("ha/etcd/__init__.py", "import grpc", HA, id="ha-grpc-etcd-init"),
