@@ -3,7 +3,7 @@
 # Two stages: the first installs the project with its `server` extra, at the exact versions
 # of requirements.lock, into a virtual environment; the second copies only that environment
 # onto the same base image, so no build tooling, pip cache or source tree ships. The
-# generated gRPC stubs are committed under wire/pb, so nothing is generated here.
+# generated gRPC stubs are committed under fairshare/wire/pb, so nothing is generated here.
 
 # Pinned to a patch release; bump deliberately (and pin the digest in your registry).
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
@@ -17,13 +17,8 @@ WORKDIR /src
 # README.m[d]: the readme if there is one (a pattern that matches nothing is skipped).
 COPY pyproject.toml requirements.lock README.m[d] ./
 COPY fairshare ./fairshare
-COPY wire ./wire
-COPY client ./client
-COPY gateway ./gateway
 COPY ha ./ha
 COPY server ./server
-COPY sim ./sim
-COPY cli ./cli
 # A regular (not editable) install: the runtime stage has no /src.
 RUN /opt/fairshare/bin/pip install -c requirements.lock '.[server,gateway]' \
     && /opt/fairshare/bin/python -m compileall -q /opt/fairshare/lib

@@ -150,11 +150,11 @@ demo: venv
 	$(PY) -m harness.demo --seconds $(if $(filter command line,$(origin SECONDS)),$(SECONDS),30)
 
 proto: venv
-	$(PY) -m wire.genproto
+	$(PY) -m fairshare.wire.genproto
 
 # Runs every scenario of the vLLM scheduling simulator; writes docs/simulation.md and its plots.
 simulate: venv
-	$(PY) -m sim --scenario all --out docs/simulation
+	$(PY) -m fairshare.sim --scenario all --out docs/simulation
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

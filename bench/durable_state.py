@@ -54,9 +54,9 @@ from bench._common import (
     write_section,
 )
 from bench.replicated import LEASE_TTL_S, Cluster
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.serve import wait_serving
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 SECTION = "## Durable state: bytes per decision and failover at 25,000 in flight"
 POOL = "held"

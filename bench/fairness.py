@@ -29,9 +29,9 @@ from pathlib import Path
 from grpc import aio
 
 from bench._common import percentile, pool_yaml, workdir
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.serve import Allocator, wait_serving
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 POOL = {"name": "gpu", "capacity": 64, "shares": {"quiet": 0.5, "flood": 0.5}}
 
@@ -98,7 +98,8 @@ async def run(args: argparse.Namespace) -> bool:
     config.write_text(pool_yaml([POOL]), encoding="utf-8")
     server = Allocator(work, config)
     if args.server_root is not None:
-        # ``python -m cli`` imports the packages (``cli``, ``server``...) of its working directory.
+        # ``python -m fairshare.cli`` imports the packages (``fairshare``, ``server``...) of
+        # its working directory.
         server.cwd = Path(args.server_root)
     try:
         server.start()

@@ -6,7 +6,7 @@ Processes on loopback, each started as a user would (``python -m ...``):
 
 - an allocator (``fairshare serve``, embedded mode) with one pool ``bench-gw`` of C = 100
   shared by three teams (0.5, 0.3, 0.2);
-- two stand-in vLLM servers (``sim.standin``) with room for every request at once (no
+- two stand-in vLLM servers (``fairshare.sim.standin``) with room for every request at once (no
   queueing in them), so what is measured is the path, not the scheduler: one streams at
   50 tokens/s per request, the other answers at once (model ``standin-fast``);
 - the gateway (``fairshare gateway``) in front of it, team from a trusted header;
@@ -66,7 +66,7 @@ from bench._common import (
     workdir,
     write_section,
 )
-from client import AllocatorClient
+from fairshare.client import AllocatorClient
 from harness.http import wait_http
 from harness.net import free_port
 from harness.process import ServerProcess
@@ -466,7 +466,7 @@ async def run(args: argparse.Namespace) -> Results:
         encoding="utf-8",
     )
     gateway = ServerProcess(
-        [sys.executable, "-m", "cli", "gateway", "--config", str(gateway_config)],
+        [sys.executable, "-m", "fairshare.cli", "gateway", "--config", str(gateway_config)],
         address=gateway_address,
         log=work / "gateway.log",
     )

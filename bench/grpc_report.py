@@ -227,7 +227,7 @@ Command: `make bench` (runs `python -m bench.grpc_service`).
 
 Servers: two processes on loopback started the same way, each one grpc.aio server with the
 health service: an empty echo (one proto-free unary method, bytes in and out with identity
-serializers, called with an empty payload) and `python -m cli serve` in embedded
+serializers, called with an empty payload) and `python -m fairshare.cli serve` in embedded
 mode (no etcd; state file in a temporary directory on the local disk, default timings:
 within-share grants and releases wait for the group-committed, fdatasync'd state log).
 Client: this benchmark's process, one asyncio loop, raw generated stubs on one channel

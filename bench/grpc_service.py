@@ -7,7 +7,7 @@ server each, health service on, log level WARNING):
 - echo: a grpc.aio server with one proto-free unary method (bytes in, the same bytes out,
   identity serializers through ``grpc.method_handlers_generic_handler``; bench/echo.py);
   called with an empty payload;
-- fairshare: ``python -m cli serve`` in embedded mode (no etcd) on a temporary
+- fairshare: ``python -m fairshare.cli serve`` in embedded mode (no etcd) on a temporary
   config and state dir; within-share grants and releases wait for the group-committed
   fdatasync'd append to the local state log.
 

@@ -38,11 +38,11 @@ from bench._common import (
     workdir,
     write_section,
 )
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.cluster import preferred_owner
 from harness.etcd import EtcdProcess
 from harness.serve import Allocator, wait_serving
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 SECTION = "## Idle pools: start-up and the cost of idling"
 REPLICAS = 3

@@ -4,7 +4,7 @@ baseline: what forwarding alone costs, with no allocator and no body rewriting.
 ``python -m bench.passthrough --listen HOST:PORT --upstream URL`` forwards every POST to
 the same path on ``URL`` with its body and content type, and streams the answer back as it
 arrives (status, content type and body). One aiohttp server and one client session, as in
-``gateway/``. Not shipped; bench/gateway.py starts it.
+``fairshare/gateway/``. Not shipped; bench/gateway.py starts it.
 """
 
 from __future__ import annotations

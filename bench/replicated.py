@@ -52,10 +52,10 @@ from bench._common import (
     write_section,
 )
 from bench.workload import POOL, Gateway, bench_pool
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.etcd import EtcdProcess
 from harness.serve import Allocator, wait_serving
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 SECTION = "## Replicated: forwarding, durable writes with etcd, failover"
 LEASE_TTL_S = 2.0
@@ -438,7 +438,7 @@ def section(
     return f"""{SECTION}
 
 The replicated mode on one machine: a single-member etcd (`harness/etcd.py`, data
-dir on a RAM-backed file system) and three `python -m cli serve` replicas on
+dir on a RAM-backed file system) and three `python -m fairshare.cli serve` replicas on
 loopback, with the drills' timings: {timing} (T = `lease_ttl_s` = {LEASE_TTL_S:g} s).
 
 Command: `make bench` (runs `python -m bench.replicated`).

@@ -22,9 +22,9 @@ from grpc import aio
 from bench._common import Samples
 from bench.echo import ECHO_METHOD
 from fairshare.sessions import new_session
-from wire.metadata import Metadata, session_entry
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from fairshare.wire.metadata import Metadata, session_entry
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 POOL = "bench"
 CAPACITY = 100

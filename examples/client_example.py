@@ -9,8 +9,8 @@ import asyncio
 import random
 import time
 
-from client import AllocatorClient, SyncAllocatorClient
 from fairshare import Class
+from fairshare.client import AllocatorClient, SyncAllocatorClient
 
 TARGETS = ["127.0.0.1:50051"]
 

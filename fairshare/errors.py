@@ -1,6 +1,6 @@
 """The errors of the allocator, shared by every layer that raises or carries them.
 
-Each class stands for one answer a caller can act on; ``wire.errors`` maps each to a gRPC
+Each class stands for one answer a caller can act on; ``fairshare.wire.errors`` maps each to a gRPC
 status code and back in one table, so an error crosses the network (a forwarding replica,
 the client library) as the same class with the same fields. Nothing here knows about gRPC.
 """

@@ -19,7 +19,7 @@ gateway can use the same code:
 
 A gateway keeps one ``Outstanding`` and one router per route (give each replica its own
 ``start`` and seed): ``choose`` with the priority the allocator granted, ``sent`` when the
-request goes upstream, ``ended`` when it ends, whatever the way (``gateway.upstreams``
+request goes upstream, ``ended`` when it ends, whatever the way (``fairshare.gateway.upstreams``
 does so; the simulation's ``multi-instance`` scenario compares the routers).
 
 Guarantees: deterministic for a given ``random.Random``; no I/O, no clock; O(U) per choice

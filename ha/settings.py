@@ -55,7 +55,7 @@ call")."""
 HOLDER_IN_FLIGHT_PER_CAPACITY = 16
 """Default ``max_in_flight_per_holder``: this many times the pool's live capacity ...
 Twice the deepest queue the simulator's scenarios model through one gateway (a batch job
-with 8 x C outstanding, ``sim.scenarios``), so an honest gateway meets it only with a
+with 8 x C outstanding, ``fairshare.sim.scenarios``), so an honest gateway meets it only with a
 queue of 16 service times at vLLM."""
 MIN_HOLDER_IN_FLIGHT = 128
 """... and never fewer than this many grants (small pools)."""

@@ -7,7 +7,7 @@ loopback in this machine's processes and is stopped at the end (or on Ctrl-C):
 - an allocator (``fairshare serve``, embedded, with its status page) with one pool
   ``demo`` of C = 8 shared by teams ``a`` (0.5, a reservation of 4), ``b`` (0.3) and ``c``
   (0.2), whose 4 other slots are apportioned between them;
-- two stand-in vLLM servers (``sim.standin``) of 4 running requests each (so 8 in all, the
+- two stand-in vLLM servers (``fairshare.sim.standin``) of 4 running requests each (so 8 in all, the
   pool's C), scheduling by vLLM's (priority, arrival);
 - the gateway (``fairshare gateway``) in front of both, the team taken from the
   ``x-fairshare-team`` header;
@@ -262,7 +262,7 @@ async def run(seconds: float) -> int:
         encoding="utf-8",
     )
     gateway = ServerProcess(
-        [sys.executable, "-m", "cli", "gateway", "--config", str(gateway_config)],
+        [sys.executable, "-m", "fairshare.cli", "gateway", "--config", str(gateway_config)],
         address=gateway_address,
         log=work / "gateway.log",
     )

@@ -21,7 +21,7 @@ from harness.http import wait_http
 from harness.net import LOOPBACK, free_port
 from harness.process import ServerProcess
 
-GATEWAY = (sys.executable, "-m", "cli", "gateway")
+GATEWAY = (sys.executable, "-m", "fairshare.cli", "gateway")
 """How the gateway is started: the module the ``fairshare`` command runs."""
 
 

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.net import LOOPBACK, free_port
 from harness.process import ROOT, ServerProcess
 
-SERVE = (sys.executable, "-m", "cli", "serve")
+SERVE = (sys.executable, "-m", "fairshare.cli", "serve")
 """How the allocator is started: the module the ``fairshare`` command runs."""
 
 PROBE_TIMEOUT_S = 0.5

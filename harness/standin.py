@@ -1,4 +1,4 @@
-"""Stand-in vLLM servers (``python -m sim.standin``) as child processes on loopback.
+"""Stand-in vLLM servers (``python -m fairshare.sim.standin``) as child processes on loopback.
 
 ``Standin`` builds the command line once, so tests, the demo and the benchmark start the
 stand-in the same way; ``wait_standin`` waits until one answers ``GET /health``.
@@ -18,7 +18,7 @@ from harness.http import wait_http
 from harness.net import LOOPBACK, free_port
 from harness.process import ServerProcess
 
-STANDIN = (sys.executable, "-m", "sim.standin")
+STANDIN = (sys.executable, "-m", "fairshare.sim.standin")
 """How the stand-in is started."""
 
 

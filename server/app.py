@@ -47,6 +47,9 @@ from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fairshare.wire.credentials import read_token
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.api import Allocator, MemberStatus, NodeId, Peers, StoreUnavailable
 from ha.etcd import EtcdAccess
 from ha.grantkeys import GrantKeys, KeyFileError
@@ -63,9 +66,6 @@ from server.status_page import StatusPage
 from server.status_report import status_report
 from server.streams import StreamLimit
 from server.tls_reload import peer_credentials, server_credentials
-from wire.credentials import read_token
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ import grpc
 from grpc import aio
 
 from fairshare.filewatch import Followed
-from wire.credentials import read_token
-from wire.metadata import AUTHORIZATION
+from fairshare.wire.credentials import read_token
+from fairshare.wire.metadata import AUTHORIZATION
 
 logger = logging.getLogger(__name__)
 

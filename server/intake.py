@@ -41,8 +41,8 @@ import grpc
 from grpc import aio
 
 from fairshare.errors import InvalidArgument, LimitExceeded
+from fairshare.wire.errors import abort
 from server.wrapping import Wrapping
-from wire.errors import abort
 
 logger = logging.getLogger(__name__)
 

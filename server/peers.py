@@ -1,16 +1,14 @@
 """``ha.api.Peers`` over gRPC: how a replica forwards calls to a pool's owner.
 
-One cached ``grpc.aio`` channel per peer address (opened by ``wire.channels``); with TLS
-credentials that follow their files, the cache is replaced when they change. Every call
-carries the metadata ``fairshare-forwarded: 1`` so the receiver answers from its own state,
-and a forwarded Acquire, Adopt or KeepAlive its caller's holder session
-(``fairshare-session``, rebuilt from ``Session.text``): the owner sees the caller's
-session, never one of this replica's.
-A failed call is turned back into the exception the owner raised by
-``wire.errors.to_allocator_error`` (the one table of ``wire.errors``): a limit met on the
-owner, a wrong epoch or a fail-closed pool reach the client as such instead of sending this
-replica into its degraded mode. Any other failure of the peer is ``PeerUnavailable``: the
-caller cannot know what the peer did.
+One cached ``grpc.aio`` channel per peer address (opened by ``fairshare.wire.channels``); with TLS
+credentials that follow their files, the cache is replaced when they change. Every call carries the
+metadata ``fairshare-forwarded: 1`` so the receiver answers from its own state, and a forwarded
+Acquire, Adopt or KeepAlive its caller's holder session (``fairshare-session``, rebuilt from
+``Session.text``): the owner sees the caller's session, never one of this replica's. A failed call
+is turned back into the exception the owner raised by ``fairshare.wire.errors.to_allocator_error``
+(the one table of ``fairshare.wire.errors``): a limit met on the owner, a wrong epoch or a
+fail-closed pool reach the client as such instead of sending this replica into its degraded mode.
+Any other failure of the peer is ``PeerUnavailable``: the caller cannot know what the peer did.
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ from fairshare import Class
 from fairshare.ids import Epoch
 from fairshare.records import AdoptResult, Decision, HeldGrant, KeepAliveResult, PoolView
 from fairshare.sessions import Session
-from wire.channels import open_channel
-from wire.convert import (
+from fairshare.wire.channels import open_channel
+from fairshare.wire.convert import (
     acquire_request,
     adopt_request,
     adopt_result,
@@ -37,10 +35,10 @@ from wire.convert import (
     keep_alive_result,
     pool_view,
 )
-from wire.errors import to_allocator_error
-from wire.metadata import FORWARDED, Metadata, bearer, session_entry
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from fairshare.wire.errors import to_allocator_error
+from fairshare.wire.metadata import FORWARDED, Metadata, bearer, session_entry
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +68,7 @@ class GrpcPeers:
             admin_token: bearer token sent with forwarded admin calls.
             observe: called with (method, seconds) after every forwarded call, for the
                 forward latency histogram.
-            options: extra channel options, over ``wire.channels.CHANNEL_OPTIONS``
+            options: extra channel options, over ``fairshare.wire.channels.CHANNEL_OPTIONS``
                 (bounded reconnect backoff).
         """
         self._source = credentials if callable(credentials) else None

@@ -1,9 +1,9 @@
 """gRPC servicers over an ``ha.api.Allocator``: messages in, domain calls, messages out.
 
 The servicers validate request fields (``INVALID_ARGUMENT`` naming the field), translate
-messages to the core's types and back with ``wire.convert``, and answer the allocator's
-exceptions with ``wire.errors.abort``: the status code of the one table
-(``wire.errors.TABLE``) and the trailing metadata that lets ``server.peers`` and the
+messages to the core's types and back with ``fairshare.wire.convert``, and answer the allocator's
+exceptions with ``fairshare.wire.errors.abort``: the status code of the one table
+(``fairshare.wire.errors.TABLE``) and the trailing metadata that lets ``server.peers`` and the
 client library rebuild the same exception, so an error crosses a forward unchanged.
 
 A call from a forwarding peer carries the metadata ``fairshare-forwarded: 1``; it is
@@ -47,11 +47,7 @@ from fairshare.limits import (
 from fairshare.modes import DegradedMode
 from fairshare.records import HeldGrant
 from fairshare.sessions import Session
-from ha.api import Allocator as AllocatorApi
-from ha.settings import MAX_CAPACITY, PoolConfig
-from server.auth import AdminAuth, peer_identities
-from server.metrics import Metrics, Outcome
-from wire.convert import (
+from fairshare.wire.convert import (
     adopt_result_pb,
     decision_pb,
     held_grant,
@@ -61,10 +57,14 @@ from wire.convert import (
     required_epoch,
     service_class,
 )
-from wire.errors import abort, item_error
-from wire.metadata import SESSION_KEY, is_forwarded, read_call
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from fairshare.wire.errors import abort, item_error
+from fairshare.wire.metadata import SESSION_KEY, is_forwarded, read_call
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from ha.api import Allocator as AllocatorApi
+from ha.settings import MAX_CAPACITY, PoolConfig
+from server.auth import AdminAuth, peer_identities
+from server.metrics import Metrics, Outcome
 
 logger = logging.getLogger(__name__)
 

@@ -36,9 +36,9 @@ import grpc
 from grpc import aio
 
 from fairshare.errors import LimitExceeded
+from fairshare.wire.errors import abort
 from server.intake import client_of
 from server.wrapping import Wrapping
-from wire.errors import abort
 
 DEFAULT_MAX_STREAMS_PER_CLIENT: Final = 64
 """Streams one client may have open at once."""

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from drill_config import POOLS
 from drill_ledger import GrantRecord, Ledger
 
-from client import AllocatorClient, ClientGrant
 from fairshare import Class
+from fairshare.client import AllocatorClient, ClientGrant
 
 
 class Gateway:

@@ -40,11 +40,11 @@ from drill_ledger import DrillResult, Ledger
 from drill_replica import Replica, wait_serving
 from grpc import aio
 
+from fairshare.wire.channels import open_channel
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.etcd_cluster import EtcdCluster
 from harness.proxy import TcpProxy
-from wire.channels import open_channel
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 
 class DrillCluster:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from grpc import aio
 
+from fairshare.wire.channels import open_channel
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.clock import WALL_OFFSET_ENV
 from harness import serve
 from harness.serve import Allocator
-from wire.channels import open_channel
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 
 class Replica(Allocator):

@@ -18,7 +18,7 @@ from drill_harness import DrillCluster
 from drill_ledger import GrantRecord
 from drill_replica import Replica, wait_serving
 
-from client import ClientGrant
+from fairshare.client import ClientGrant
 from harness.etcd_cluster import CLUSTER_ELECTION_MS
 
 Nemesis = Callable[[DrillCluster], Awaitable[tuple[float, float]]]

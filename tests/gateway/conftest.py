@@ -21,11 +21,11 @@ import aiohttp
 from grpc import aio
 from openai import AsyncOpenAI
 
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.gateway import Gateway, wait_gateway
 from harness.serve import Allocator, wait_serving
 from harness.standin import Standin, wait_standin
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 MODEL = "standin"
 TEAM_HEADER = "x-fairshare-team"

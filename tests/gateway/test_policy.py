@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import policy_of
+from fairshare.gateway.policy import policy_of
 from harness.standin import Standin
 
 from .conftest import MODEL, eventually, start_stack
@@ -48,6 +48,8 @@ async def test_each_upstream_is_asked_its_policy_at_startup(tmp_path: Path) -> N
 
         await eventually(told_all)
         log = stack.gateway.log_text()
-        assert f"WARNING gateway.policy: upstream {told['fcfs']} schedules by 'fcfs'" in log
+        assert (
+            f"WARNING fairshare.gateway.policy: upstream {told['fcfs']} schedules by 'fcfs'" in log
+        )
         assert f"upstream {told['priority']} schedules by priority" in log
         assert f"upstream {told['silent']}: its scheduling policy cannot be read" in log

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 import pytest
 from grpc import aio
 
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.app import RunningServer, start_server
 from server.config import Config, load_config
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .fakes import FakeAllocator
 

@@ -13,15 +13,15 @@ import grpc
 import pytest
 from grpc import aio
 
-from client import AllocatorClient
+from fairshare.client import AllocatorClient
 from fairshare.limits import MAX_BATCH_ITEMS
+from fairshare.wire.errors import trailing
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.api import UnknownPool
 from server.app import RunningServer, start_server
 from server.config import Config
 from server.servicer import AllocatorServicer
-from wire.errors import trailing
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .fakes import FakeAllocator
 

@@ -1,5 +1,5 @@
 """A replica restarted on a new address behind the same name is found again within about a
-second: the channels' DNS re-resolution and reconnect limits (``wire.channels``).
+second: the channels' DNS re-resolution and reconnect limits (``fairshare.wire.channels``).
 
 Real ``fairshare serve`` processes on loopback. The name ``replica.test`` is resolved by a
 DNS server the test runs (``harness.dns``): the client's target is
@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from client import AllocatorClient
+from fairshare.client import AllocatorClient
+from fairshare.wire.channels import DNS_REFRESH_MS, MAX_RECONNECT_BACKOFF_MS
 from harness.dns import DnsServer
 from harness.net import free_port
 from harness.serve import Allocator, wait_serving
-from wire.channels import DNS_REFRESH_MS, MAX_RECONNECT_BACKOFF_MS
 
 from .conftest import POOLS_YAML
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client import AllocatorClient, SyncAllocatorClient
 from fairshare import Class
+from fairshare.client import AllocatorClient, SyncAllocatorClient
+from fairshare.wire.channels import open_channel
 from ha.api import Decision, NoOwner, UnknownPool
 from harness.net import free_port
 from server.app import RunningServer, start_server
 from server.config import Config
-from wire.channels import open_channel
 
 from .fakes import FakeAllocator
 
@@ -259,7 +259,7 @@ async def test_sync_client(running: RunningServer, fake: FakeAllocator) -> None:
 async def test_each_client_has_its_session_sends_it_and_keeps_it_alive(
     running: RunningServer, fake: FakeAllocator, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="client")
+    caplog.set_level(logging.DEBUG, logger="fairshare.client")
     fake.session_ttl_s = 0.3  # a keepalive every 0.1 s once the client learnt it
     one = AllocatorClient([running.address], holder="gw", calls_in_flight=1)
     other = AllocatorClient([running.address], holder="gw")

@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 
-from client import AllocatorClient
-from client import adoption as client_module
 from fairshare import Class
+from fairshare.client import AllocatorClient
+from fairshare.client import adoption as client_module
+from fairshare.wire.channels import open_channel
+from fairshare.wire.convert import acquire_request
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.api import AdoptResult, Decision, Epoch, GrantRef, NodeId, NoOwner, PoolName
 from harness.proxy import TcpProxy
 from server.app import RunningServer, start_server
 from server.config import Config
-from wire.channels import open_channel
-from wire.convert import acquire_request
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 from .fakes import FakeAllocator
@@ -365,7 +365,7 @@ async def test_a_full_release_buffer_drops_the_oldest_and_warns_once(
     try:
         grants = [await client.acquire("gpu-a", "inst-a") for _ in range(8)]
         await server.shutdown(0)
-        with caplog.at_level(logging.WARNING, logger="client"):
+        with caplog.at_level(logging.WARNING, logger="fairshare.client"):
             for grant in grants:
                 await grant.release(1.0)
         assert (client.pending_releases, client.dropped_releases) == (5, 3)
@@ -426,7 +426,7 @@ async def test_the_queue_of_acquires_given_up_on_is_bounded(
 ) -> None:
     client = client_of(f"127.0.0.1:{free_port()}", max_abandoned=3)  # nobody listens
     try:
-        with caplog.at_level(logging.WARNING, logger="client"):
+        with caplog.at_level(logging.WARNING, logger="fairshare.client"):
             given_up = await asyncio.gather(*(client.acquire("gpu-a", "t") for _ in range(5)))
         assert all(g.degraded for g in given_up)
         assert (client.abandoned_acquires, client.dropped_abandoned) == (3, 2)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from client import AllocatorClient
+from fairshare.client import AllocatorClient
 from harness.serve import wait_serving
 
 from .test_sessions import serving, snapshot, until

@@ -16,8 +16,10 @@ import grpc
 import pytest
 from grpc import aio
 
-from client import AllocatorClient
 from fairshare import BORROW_BASE, RANK_STEP, WITHIN_SHARE_BASE
+from fairshare.client import AllocatorClient
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.api import Epoch, GrantRef, PoolName
 from ha.filestore import FileStore
 from ha.keys import Keys
@@ -25,8 +27,6 @@ from ha.poolstate import load
 from harness.net import free_port
 from server.app import RunningServer, start_server
 from server.config import Config
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 

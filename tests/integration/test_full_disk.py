@@ -25,14 +25,14 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
+from fairshare.wire.channels import open_channel
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha import filestore
 from harness.net import free_port
 from harness.process import ServerProcess
 from harness.serve import serve_args
 from server.app import pool_health_service, start_server
-from wire.channels import open_channel
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import POOLS_YAML, make_config
 

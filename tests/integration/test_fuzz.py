@@ -34,9 +34,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairshare.sessions import SESSION_METADATA, new_session
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from server.app import RunningServer, start_server
 from server.config import load_config
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 pytestmark = pytest.mark.timeout(120)
 

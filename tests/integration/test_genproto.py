@@ -1,4 +1,4 @@
-"""The generated code in wire/pb is what `make proto` produces from proto/ today."""
+"""The generated code in fairshare/wire/pb is what `make proto` produces from proto/ today."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from wire import genproto
+from fairshare.wire import genproto
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -20,10 +20,10 @@ def test_generated_code_is_fresh(tmp_path: pathlib.Path) -> None:
         if not (genproto.OUT_DIR / rel).is_file()
         or (genproto.OUT_DIR / rel).read_text("utf-8") != (tmp_path / rel).read_text("utf-8")
     ]
-    assert not stale, f"wire/pb is stale ({', '.join(stale)}): run `make proto`"
+    assert not stale, f"fairshare/wire/pb is stale ({', '.join(stale)}): run `make proto`"
     committed = {p.relative_to(genproto.OUT_DIR) for p in genproto.OUT_DIR.rglob("*.py*")}
     extra = sorted(str(p) for p in committed - set(written) if "__pycache__" not in str(p))
-    assert not extra, f"wire/pb holds files no .proto generates: {extra}"
+    assert not extra, f"fairshare/wire/pb holds files no .proto generates: {extra}"
 
 
 def test_generated_imports_do_not_shadow_the_core() -> None:

@@ -11,12 +11,12 @@ import grpc
 import pytest
 from grpc import aio
 
-from client import AllocatorClient
+from fairshare.client import AllocatorClient
 from fairshare.digest import grant_id_digest
 from fairshare.ids import GrantRef
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.app import RunningServer, start_server
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 

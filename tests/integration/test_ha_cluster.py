@@ -15,10 +15,10 @@ from drill_replica import wait_serving
 from grpc import aio
 
 from fairshare.sessions import new_session, session_id
+from fairshare.wire.metadata import session_entry
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.etcd import connect
-from wire.metadata import session_entry
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(60)]
 
@@ -167,7 +167,7 @@ async def test_etcd_restarted_under_load_recovers_without_restarting_a_replica(
 async def test_the_client_library_goes_straight_to_the_owner_once_it_knows_it(
     cluster: DrillCluster,
 ) -> None:
-    from client import AllocatorClient
+    from fairshare.client import AllocatorClient
 
     node, epoch = (await cluster.owners())["gpu-a"]
     other = next(r for r in cluster.replicas if r.node != node)

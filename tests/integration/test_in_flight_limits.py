@@ -22,11 +22,11 @@ import grpc
 import pytest
 from grpc import aio
 
-from client import AllocatorClient
+from fairshare.client import AllocatorClient
 from fairshare.errors import LimitExceeded
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.serve import SERVE, Allocator, run_serve, serving, wait_serving
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -11,8 +11,8 @@ from grpc import aio
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from server.intake import Intake, peer_host
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 pytestmark = pytest.mark.timeout(20)
 

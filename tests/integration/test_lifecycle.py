@@ -18,13 +18,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli import main as cli
+from fairshare.cli import main as cli
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.api import GrantRef
 from harness.serve import SERVE, run_serve
 from server.app import ADMIN_SERVICE, ALLOCATOR_SERVICE, RunningServer, start_server
 from server.config import Config
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 from .fakes import FakeAllocator

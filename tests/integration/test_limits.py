@@ -17,12 +17,12 @@ import grpc
 import pytest
 from grpc import aio
 
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.net import free_port
 from harness.serve import SERVE
 from server.app import RunningServer, start_server
 from server.config import Config, ConfigError, load_config
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -44,17 +44,17 @@ from dataclasses import dataclass, field
 import pytest
 from grpc import aio
 
-from client import AllocatorClient, ClientGrant
 from fairshare import Class
+from fairshare.client import AllocatorClient, ClientGrant
+from fairshare.wire.channels import open_channel
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.filestore import FileStore
 from ha.keys import Keys
 from ha.poolstate import load
 from ha.snapshot import PoolSnapshot
 from harness.net import free_port
 from harness.serve import serve_args
-from wire.channels import open_channel
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.drill]
 
@@ -94,7 +94,7 @@ pools:
 
 
 class ServerProcess:
-    """``python -m cli serve`` on a fixed port and state dir; one log per start."""
+    """``python -m fairshare.cli serve`` on a fixed port and state dir; one log per start."""
 
     def __init__(self, tmp: pathlib.Path, port: int) -> None:
         self.tmp = tmp

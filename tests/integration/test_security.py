@@ -8,9 +8,9 @@ import grpc
 import pytest
 from grpc import aio
 
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.app import start_server
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .certs import make_pki
 from .conftest import make_config

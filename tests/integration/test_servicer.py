@@ -10,6 +10,8 @@ import pytest
 from grpc import aio
 
 from fairshare import BORROW_BASE, RANK_STEP, WITHIN_SHARE_BASE, Class
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.api import (
     Epoch,
     GrantRef,
@@ -22,8 +24,6 @@ from ha.api import (
 )
 from server.app import RunningServer
 from server.peers import GrpcPeers
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .fakes import FakeAllocator
 

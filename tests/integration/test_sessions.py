@@ -30,13 +30,13 @@ import grpc
 import pytest
 from grpc import aio
 
-from client import AllocatorClient
+from fairshare.client import AllocatorClient
 from fairshare.sessions import new_session, session_id
+from fairshare.wire.metadata import session_entry
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.process import ROOT
 from harness.serve import Allocator, wait_serving
-from wire.metadata import session_entry
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -236,7 +236,7 @@ async def test_an_impersonated_complete_re_report_leaves_the_victims_phantoms(
 
 CHILD = """\
 import asyncio, sys
-from client import AllocatorClient
+from fairshare.client import AllocatorClient
 
 async def main(address: str) -> None:
     client = AllocatorClient([address], holder="gw-child", deadline_s=2.0)

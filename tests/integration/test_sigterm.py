@@ -15,13 +15,13 @@ import uuid
 import pytest
 from grpc import aio
 
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.settings import Timing
 from harness.net import free_port
 from harness.process import ServerProcess
 from harness.serve import serve_args, wait_serving
 from server.app import GRACE_S
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import POOLS_YAML
 

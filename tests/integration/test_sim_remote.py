@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator
 import pytest
 from grpc import aio
 
+from fairshare.sim import command
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.app import RunningServer, start_server
 from server.config import load_config
-from sim import command
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(30)
 

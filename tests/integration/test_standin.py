@@ -1,4 +1,4 @@
-"""The stand-in vLLM server (``sim.standin``) as a real process: its scheduling order, its
+"""The stand-in vLLM server (``fairshare.sim.standin``) as a real process: its scheduling order, its
 answer shapes, what it records, its test controls and how it sees a client go away.
 
 Waits are bounded polls of ``/standin/requests``; no test sleeps for a fixed time. Requests

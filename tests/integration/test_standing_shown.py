@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 import pytest
 from grpc import aio
 
-from cli import main as cli
+from fairshare.cli import main as cli
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from server.app import RunningServer, start_server
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .conftest import make_config
 

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 from grpc import aio
 
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.browser import Browser, Tab, find_chromium
 from harness.net import LOOPBACK, free_port
 from harness.process import ROOT
 from harness.serve import Allocator, wait_serving
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.timeout(90)]
 

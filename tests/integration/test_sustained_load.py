@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from fairshare.wire.channels import open_channel
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.serve import Allocator, wait_serving
-from wire.channels import open_channel
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.timeout(60)]
 

@@ -25,6 +25,8 @@ import pytest
 from grpc import aio
 
 from fairshare.errors import PeerUnavailable
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.etcd import AccessRefused, EtcdStore, connect
 from ha.store import StoreUnavailable
 from harness.etcd import EtcdProcess, EtcdTls
@@ -35,8 +37,6 @@ from server.etcd_access import load_etcd_access
 from server.metrics import HEALTHZ_PATH, Metrics, event_loop_alive
 from server.peers import GrpcPeers
 from server.tls_reload import CHECK_EVERY_S, peer_credentials
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
-from wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 from .certs import Pair, make_pki
 from .conftest import POOLS_YAML, make_config

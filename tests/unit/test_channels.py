@@ -3,7 +3,7 @@ re-resolution (gRPC's defaults: 1 s growing to 120 s, one resolution per 30 s).
 
 Read from the source with ``ast``: a channel constructor (``insecure_channel``,
 ``secure_channel``, sync or ``aio``) may be called only where the options are set, in
-``wire/channels.py`` (replicas) and ``ha/etcd/client.py`` (etcd, with the options of
+``fairshare/wire/channels.py`` (replicas) and ``ha/etcd/client.py`` (etcd, with the options of
 ``ha.etcd.connection``). tests/integration/test_channel_dns.py shows the options at work.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from fairshare.wire.channels import CHANNEL_OPTIONS
 from ha.etcd import connection
-from wire.channels import CHANNEL_OPTIONS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("fairshare", "wire", "client", "ha", "server", "sim", "cli")
 """The packages of the wheel (pyproject.toml's setuptools include)."""
 CONSTRUCTORS = {"insecure_channel", "secure_channel"}
-WHERE_OPTIONS_ARE_SET = {"wire/channels.py", "ha/etcd/client.py"}
+WHERE_OPTIONS_ARE_SET = {"fairshare/wire/channels.py", "ha/etcd/client.py"}
 LIMITS = (
     "grpc.initial_reconnect_backoff_ms",
     "grpc.max_reconnect_backoff_ms",
@@ -53,7 +53,7 @@ def test_channels_are_opened_only_where_their_limits_are_set() -> None:
     found = channel_constructions()
     assert found, "the scan found no channel at all: it is looking in the wrong place"
     elsewhere = [f for f in found if f.rpartition(":")[0] not in WHERE_OPTIONS_ARE_SET]
-    assert elsewhere == [], f"channels opened without wire.channels: {elsewhere}"
+    assert elsewhere == [], f"channels opened without fairshare.wire.channels: {elsewhere}"
 
 
 def test_replica_channels_bound_backoff_and_resolve_names_again_within_a_second() -> None:

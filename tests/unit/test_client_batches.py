@@ -1,4 +1,4 @@
-"""``client.batches``: items coalesced per key, in order, at most ``in_flight`` lists out."""
+"""``fairshare.client.batches``: items coalesced per key, in order, at most ``in_flight`` out."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from client.batches import Batches
+from fairshare.client.batches import Batches
 
 pytestmark = pytest.mark.timeout(10)
 

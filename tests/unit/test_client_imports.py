@@ -1,7 +1,7 @@
 """The client library a gateway installs loads nothing of the server or the replication layer.
 
-A fresh interpreter imports ``client`` under ``-X importtime``, which lists every module it
-loads; none may belong to ``server``, ``ha``, ``prometheus_client`` or ``yaml``.
+A fresh interpreter imports ``fairshare.client`` under ``-X importtime``, which lists every module
+it loads; none may belong to ``server``, ``ha``, ``prometheus_client`` or ``yaml``.
 """
 
 from __future__ import annotations
@@ -38,24 +38,31 @@ def forbidden(modules: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "code", ["import client", "from client import AllocatorClient, SyncAllocatorClient"]
+    "code",
+    [
+        "import fairshare.client",
+        "from fairshare.client import AllocatorClient, SyncAllocatorClient",
+    ],
 )
 def test_the_client_loads_no_server_module(code: str) -> None:
     modules = loaded_modules(code)
-    assert "client.allocator" in modules, "the import did not run"
+    assert "fairshare.client.allocator" in modules, "the import did not run"
     assert forbidden(modules) == []
 
 
 def test_the_check_sees_a_server_import() -> None:
-    """The check itself: importing the server's re-export does load the server."""
-    assert "server" in forbidden(loaded_modules("import server.client"))
+    """The check itself: importing the server does load it."""
+    assert "server" in forbidden(loaded_modules("import server.app"))
 
 
-def test_the_old_address_still_gives_the_same_library() -> None:
-    """``from server.client import ...`` keeps working for code written before the move."""
-    import client
-    import server.client as old
-
-    assert set(old.__all__) <= set(client.__all__)
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(client, name), name
+def test_the_old_top_level_names_are_gone() -> None:
+    """Installed names are fairshare, ha and server only: no shim keeps an old one."""
+    for old in ("client", "wire", "gateway", "sim", "cli"):
+        run = subprocess.run(
+            [sys.executable, "-c", f"import {old}"],
+            capture_output=True,
+            cwd="/",
+            timeout=50,
+            check=False,
+        )
+        assert run.returncode != 0, f"`import {old}` still works"

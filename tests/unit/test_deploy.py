@@ -490,7 +490,7 @@ def test_liveness_is_healthz_on_the_metrics_port(target: str) -> None:
 
 
 def test_container_runs_the_image_command_the_cli_accepts(capsys: pytest.CaptureFixture) -> None:
-    from cli import main as cli
+    from fairshare.cli import main as cli
 
     sts = _find(_objects(), "StatefulSet", ALLOCATOR)
     c = _container(sts, ALLOCATOR)
@@ -1266,8 +1266,8 @@ def test_build_context_holds_the_packages_and_nothing_else() -> None:
             rel = path.relative_to(REPO).as_posix()
             if path.is_file() and "__pycache__" not in rel:
                 assert not _docker_excluded(rel, rules), f"{rel} is left out of the image"
-    assert (REPO / "wire" / "pb" / "__init__.py").is_file(), "stubs are committed"
-    assert not _docker_excluded("wire/pb/__init__.py", rules)
+    assert (REPO / "fairshare" / "wire" / "pb" / "__init__.py").is_file(), "stubs are committed"
+    assert not _docker_excluded("fairshare/wire/pb/__init__.py", rules)
     assert not _docker_excluded("pyproject.toml", rules)
     for rel in (
         ".git/HEAD",

@@ -143,7 +143,7 @@ def test_config_uses_only_the_gateways_keys() -> None:
 
 
 def test_config_loads_with_the_gateways_parser() -> None:
-    config = pytest.importorskip("gateway.config")
+    config = pytest.importorskip("fairshare.gateway.config")
     parsed = config.parse(_config())
     assert parsed.listen == _config()["listen"]
 

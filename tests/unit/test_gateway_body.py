@@ -1,4 +1,4 @@
-"""gateway.body and gateway.cost: the pure parts of the request path."""
+"""fairshare.gateway.body and fairshare.gateway.cost: the pure parts of the request path."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.body import (
+from fairshare.gateway.body import (
     MAX_EVENT_BYTES,
     BadJson,
     BadRequest,
@@ -16,8 +16,8 @@ from gateway.body import (
     parse_request,
     upstream_body,
 )
-from gateway.config import CostSettings
-from gateway.cost import charge
+from fairshare.gateway.config import CostSettings
+from fairshare.gateway.cost import charge
 
 
 def chat(**fields: object) -> bytes:

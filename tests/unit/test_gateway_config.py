@@ -1,4 +1,4 @@
-"""gateway.config: the keys of the issue, defaults, and errors that name the key."""
+"""fairshare.gateway.config: the keys of the issue, defaults, and errors that name the key."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.config import ConfigError, load, parse
+from fairshare.gateway.config import ConfigError, load, parse
 from harness.process import ROOT
 
 FULL = """
@@ -193,7 +193,7 @@ def test_the_command_exits_2_naming_the_key(tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text(FULL.replace("unit: tokens", "unit: euros"))
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "gateway", "--config", str(path)],
+        [sys.executable, "-m", "fairshare.cli", "gateway", "--config", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -217,7 +217,7 @@ def test_the_command_exits_2_on_an_unknown_router(tmp_path: Path) -> None:
         )
     )
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "gateway", "--config", str(path)],
+        [sys.executable, "-m", "fairshare.cli", "gateway", "--config", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

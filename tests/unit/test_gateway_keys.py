@@ -1,4 +1,4 @@
-"""gateway.keys and gateway.identity: the keys file, followed; who a request is for."""
+"""fairshare.gateway.keys and .identity: the keys file, followed; who a request is for."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from fairshare import Class
-from gateway.config import AuthSettings
-from gateway.identity import BadClass, bearer_key, identify
-from gateway.keys import Identity, KeysFile, KeysFileError, parse_keys
+from fairshare.gateway.config import AuthSettings
+from fairshare.gateway.identity import BadClass, bearer_key, identify
+from fairshare.gateway.keys import Identity, KeysFile, KeysFileError, parse_keys
 
 KEYS = """
 keys:

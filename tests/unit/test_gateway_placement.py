@@ -1,4 +1,4 @@
-"""gateway.placement and gateway.redecide against a fake allocator client: fallbacks are
+"""fairshare.gateway.placement and .redecide against a fake allocator client: fallbacks are
 asked with try_only, in order, and only when the primary was saturated; re-decide signals
 are bounded, oldest first, and at most once per request."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from client import ClientGrant
 from fairshare import Class
-from gateway.config import Model, RedecideSettings, Route
-from gateway.keys import Identity
-from gateway.placement import place
-from gateway.redecide import Redecider
-from gateway.releases import Releases
+from fairshare.client import ClientGrant
+from fairshare.gateway.config import Model, RedecideSettings, Route
+from fairshare.gateway.keys import Identity
+from fairshare.gateway.placement import place
+from fairshare.gateway.redecide import Redecider
+from fairshare.gateway.releases import Releases
 
 
 @dataclass

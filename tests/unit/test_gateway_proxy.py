@@ -1,4 +1,4 @@
-"""gateway.proxy in one process: a fake allocator client, an aiohttp upstream whose answer
+"""fairshare.gateway.proxy in one process: a fake allocator client, an aiohttp upstream whose answer
 each test scripts, the proxy served on loopback, and an aiohttp client. What each request
 was charged at its release, and what the client saw, when the upstream misbehaves."""
 
@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from client import ClientGrant
 from fairshare import Class
-from gateway.app import upstream_session
-from gateway.config import (
+from fairshare.client import ClientGrant
+from fairshare.gateway.app import upstream_session
+from fairshare.gateway.config import (
     AllocatorSettings,
     AuthSettings,
     CostSettings,
@@ -25,15 +25,15 @@ from gateway.config import (
     Model,
     Route,
 )
-from gateway.metrics import GatewayMetrics
-from gateway.proxy import Proxy, grant_headers
+from fairshare.gateway.metrics import GatewayMetrics
+from fairshare.gateway.proxy import Proxy, grant_headers
 from harness.net import free_port
 
 pytestmark = pytest.mark.timeout(30)
 
 TEAM_HEADER = "x-fairshare-team"
 PROMPT = [{"role": "user", "content": "x" * 40}]
-PROMPT_TOKENS = 10 + 4  # gateway.body's estimate of PROMPT
+PROMPT_TOKENS = 10 + 4  # fairshare.gateway.body's estimate of PROMPT
 WAIT_S = 10.0
 """The bound of every wait of these tests (never reached when the code is right)."""
 

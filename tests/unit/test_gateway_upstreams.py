@@ -1,4 +1,4 @@
-"""gateway.upstreams: the choice of a route's upstream, its tally and its metrics."""
+"""fairshare.gateway.upstreams: the choice of a route's upstream, its tally and its metrics."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from fairshare.gateway.metrics import GatewayMetrics
+from fairshare.gateway.upstreams import Upstreams, standing
 from fairshare.routing import ROUTERS
-from gateway.metrics import GatewayMetrics
-from gateway.upstreams import Upstreams, standing
 
 pytestmark = pytest.mark.timeout(30)
 

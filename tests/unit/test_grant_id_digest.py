@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from client import ClientGrant
 from fairshare import Class
+from fairshare.client import ClientGrant
 from fairshare.digest import grant_id_digest
 from fairshare.errors import InvalidArgument
 from fairshare.ids import GrantRef

@@ -3,7 +3,7 @@
 Every query and expression parses (``promql_check``) and names only metrics a service
 exports: the allocator's come from ``server.metrics`` with every family populated,
 etcd's from a real etcd's ``/metrics``, the gateway's from the ``Counter``/``Gauge``/
-``Histogram`` definitions in ``gateway/`` (while that package is absent, gateway panels
+``Histogram`` definitions in ``fairshare/gateway/`` (while that package is absent, gateway panels
 and rules are not checked against it). Every alert links a runbook section of
 docs/operations.md that exists; the PrometheusRule holds exactly the plain rules file's
 groups; the kustomization renders the rule and the ConfigMaps of the plain rules and the
@@ -33,7 +33,7 @@ DASHBOARD = OBSERVABILITY / "grafana-dashboard.json"
 RULES = OBSERVABILITY / "rules.yaml"
 PROMETHEUS_RULE = OBSERVABILITY / "prometheus-rules.yaml"
 OPERATIONS = REPO / "docs" / "operations.md"
-GATEWAY = REPO / "gateway"
+GATEWAY = REPO / "fairshare" / "gateway"
 
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$pool": ".*"}
 """What Grafana substitutes in the dashboard's queries, for the parser."""
@@ -74,7 +74,7 @@ def allocator_metrics() -> set[str]:
 
 
 def gateway_metrics() -> set[str] | None:
-    """Every sample name the gateway's code defines; None while ``gateway/`` is absent."""
+    """Every sample name the gateway's code defines; None while ``fairshare/gateway/`` is absent."""
     if not GATEWAY.is_dir():
         return None
     names = set()
@@ -123,7 +123,7 @@ def alerts() -> list[dict[str, Any]]:
 
 def check_names(where: str, expr: str, allocator_and_etcd: set[str]) -> None:
     """Parses ``expr``; fails on a name no service exports (a gateway name is not checked
-    while ``gateway/`` is absent)."""
+    while ``fairshare/gateway/`` is absent)."""
     try:
         names = metric_names(expr)
     except PromQLError as e:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from fairshare import Class
-from sim import command, scenarios
-from sim.allocators import SetupError
-from sim.engine import Routing, Simulator
-from sim.model import Hardware, Policy, Request
-from sim.scenarios import before, many_instances
-from sim.scenarios.owner_crash import FailoverAllocator
-from sim.scenarios.result import percentile
+from fairshare.sim import command, scenarios
+from fairshare.sim.allocators import SetupError
+from fairshare.sim.engine import Routing, Simulator
+from fairshare.sim.model import Hardware, Policy, Request
+from fairshare.sim.scenarios import before, many_instances
+from fairshare.sim.scenarios.owner_crash import FailoverAllocator
+from fairshare.sim.scenarios.result import percentile
 
 pytestmark = pytest.mark.timeout(60)
 

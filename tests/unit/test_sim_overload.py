@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fairshare import Class, Pool
-from sim import command
-from sim.allocators import (
+from fairshare.sim import command
+from fairshare.sim.allocators import (
     AllocatorFactory,
     FcfsAllocator,
     InFlightRuleAllocator,
@@ -20,12 +20,12 @@ from sim.allocators import (
     in_flight_rule,
     in_process,
 )
-from sim.engine import Simulator
-from sim.holdings import Holdings, sample_holdings
-from sim.model import Hardware, Request
-from sim.scenarios import SCENARIOS, ScenarioResult, overload, sustained_overload
-from sim.scenarios.runs import Setup, run
-from sim.workloads import BATCH, INTERACTIVE, Flood, Mix, Shape, Tokens
+from fairshare.sim.engine import Simulator
+from fairshare.sim.holdings import Holdings, sample_holdings
+from fairshare.sim.model import Hardware, Request
+from fairshare.sim.scenarios import SCENARIOS, ScenarioResult, overload, sustained_overload
+from fairshare.sim.scenarios.runs import Setup, run
+from fairshare.sim.workloads import BATCH, INTERACTIVE, Flood, Mix, Shape, Tokens
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from cli.client_commands import format_table, snapshot_dict, within_cell
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.cli.client_commands import format_table, snapshot_dict, within_cell
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 BUSY = pb.TeamStat(
     team="a", share=0.5, reserved=4, in_flight=12, borrowing=8, rank=1, usage=9.5, within=4

@@ -1,4 +1,4 @@
-"""The one table of wire.errors: every error crosses the wire as itself, both ways."""
+"""The one table of fairshare.wire.errors: every error crosses the wire as itself, both ways."""
 
 from __future__ import annotations
 
@@ -21,7 +21,13 @@ from fairshare.errors import (
     WrongEpoch,
 )
 from fairshare.ids import Epoch, NodeId
-from wire.errors import ERROR_CODES, TABLE, error_metadata, status_code, to_allocator_error
+from fairshare.wire.errors import (
+    ERROR_CODES,
+    TABLE,
+    error_metadata,
+    status_code,
+    to_allocator_error,
+)
 
 POOL, NODE, ADDRESS = "gpu-a", "node-b", "10.0.0.9:50051"
 

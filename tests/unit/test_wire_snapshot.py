@@ -7,8 +7,8 @@ from __future__ import annotations
 from fairshare import TeamStat
 from fairshare.ids import Epoch, NodeId, PoolName
 from fairshare.records import PoolView
-from wire.convert import pool_view, pool_view_pb
-from wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.convert import pool_view, pool_view_pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 TEAM = TeamStat("t", 0.5, 2, 1, 0, 10, 3.0, 0.25, 1, 0)
 

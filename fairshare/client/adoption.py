@@ -1,0 +1,306 @@
+"""How a client keeps owners counting its grants: re-reports after a change of owner.
+
+The client keeps its live grants. When an answer or ListPools shows a pool at a new epoch,
+it re-reports them to the new owner with ``Adopt(complete=true)``; a grant no owner
+counted (decided degraded, or late: at an epoch older than one already re-reported to) is
+re-reported with ``Adopt(complete=false)`` as soon as an owner of its pool answers. While
+grants are live it reads ListPools every ``epoch_check_s`` to notice a new owner it would
+not otherwise see, and, with ``route_to_owner``, learns the owners' addresses from it.
+
+A grant the client decided itself (no replica answered) that ends before any owner
+counted it is not released at once: an owner charges such an id (it carries no replica's
+MAC, so anyone could make one) only once it counted it. It is re-reported with the other
+uncounted grants, then released; at most as many at a time as an owner counts for one
+holder (the pool's capacity, less the client-made grants it holds there), each group
+released before the next is sent (``_report_ended``), so that a long outage's worth of
+them is charged in full.
+
+A complete re-report closes this holder's other phantoms only if it carries a signed
+grant issued to this holder (the owner's proof of holdership, docs/ha.md "Adopt"). When
+the re-reported grants hold none (only degraded ones, or none at all), the client adds a
+live signed grant of the new epoch as that proof (the owner counts nothing for it: it
+decided it); when it has none either, it sends the complete re-report again with the
+first signed grant the new epoch gives it. So the phantoms of grants the client never
+received (a crash between the owner's write and its answer) end once the client works
+with the new owner, not ``max_request_s`` later.
+
+Non-guarantees: an Adopt that fails is retried when the next answer names the epoch; one
+the owner refuses for good (not a wrong epoch) is not retried. Ended client-made grants
+are kept (with the buffered releases' bound, ``max_pending_releases``) until an owner
+answers, and lost with the process; a client that closes re-reports them first, within
+its flush time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+
+import grpc
+from grpc import aio
+
+from fairshare.client.calls import RETRYABLE, Calls
+from fairshare.client.grants import ClientGrant, client_made, pool_of
+from fairshare.errors import InvalidArgument
+from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, GrantRef
+from fairshare.limits import MAX_ADOPT_GRANTS
+from fairshare.wire.convert import adopt_request
+from fairshare.wire.errors import to_allocator_error
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class Adoption(Calls):
+    """Re-reports the client's grants to new owners (see the module doc)."""
+
+    def _saw_epoch(self, pool: str, epoch: int) -> None:
+        """Re-reports live grants when a pool shows an epoch they were not decided in, and
+        grants no owner counted yet whenever an owner of the pool answers."""
+        if epoch in (NO_EPOCH, DEGRADED_EPOCH):  # no owner decided or is known
+            return
+        self._tell_owner_answered(pool, epoch)
+        known = self._epochs.get(pool)
+        self._epochs[pool] = max(epoch, known or 0)
+        if known is not None and epoch <= known:
+            self._report(pool)
+            return
+        if self._route_to_owner:
+            self._learn_routes()
+        older = any(g.pool == pool and g.epoch != epoch for g in self._live.values())
+        if known is None and not older:
+            return
+        self._spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
+
+    def on_owner_answer(self, listener: Callable[[str, int], None]) -> None:
+        """Calls ``listener(pool, epoch)`` each time an answer shows an owner of ``pool``
+        at ``epoch``: an acquire, release or adopt it decided, or ListPools naming it.
+
+        The hook a gateway uses to learn that a pool has an owner again after an outage
+        (its degraded grants are then re-reported to that owner, see the module doc). It is
+        called synchronously, on the event loop, for every such answer, so it must be cheap
+        and must not block; an exception it raises is logged and ignored. Not guaranteed:
+        that it is called at all while the client makes no calls and holds no grant (the
+        background ListPools runs only while grants are live).
+        """
+        self._owner_listeners.append(listener)
+
+    def _tell_owner_answered(self, pool: str, epoch: int) -> None:
+        for listener in self._owner_listeners:
+            try:
+                listener(pool, epoch)
+            except Exception:
+                logger.exception("pool %s: an owner-answer listener failed", pool)
+
+    def _granted(self, grant: ClientGrant) -> None:
+        """A new grant is live: if the last complete re-report of its pool lacked a proof
+        of holdership at this grant's epoch and this grant is one, sends it again."""
+        if self._unproven.get(grant.pool) == grant.epoch and self._proves(grant):
+            del self._unproven[grant.pool]
+            self._spawn(
+                self._adopt(grant.pool, grant.epoch, complete=True),
+                f"adopt {grant.pool}@{grant.epoch} (proven)",
+            )
+
+    def _proves(self, grant: ClientGrant) -> bool:
+        """True if ``grant`` proves this client is its holder: a replica signed it, naming
+        this holder (the client's own degraded ids are unsigned and prove nothing)."""
+        try:
+            ref = GrantRef.decode(grant.grant_id)
+        except InvalidArgument:
+            return False
+        return bool(ref.mac) and ref.holder == self.holder
+
+    def _proof(self, pool: str, epoch: int) -> ClientGrant | None:
+        """A live grant of ``pool`` decided at ``epoch`` that proves holdership, if any."""
+        return next(
+            (
+                g
+                for g in self._live.values()
+                if g.pool == pool and g.epoch == epoch and self._proves(g)
+            ),
+            None,
+        )
+
+    def _report(self, pool: str) -> None:
+        """Reports the pool's grants no owner counted, at the newest epoch seen, unless an
+        Adopt of the pool is already in flight (it re-checks when it ends)."""
+        epoch = self._epochs.get(pool, NO_EPOCH)
+        waiting = self._unreported.get(pool) or self._ended.get(pool)
+        if epoch and waiting and pool not in self._reporting:
+            self._spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
+
+    def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
+        """Keeps a client-made grant that ended before any owner counted it, to be
+        re-reported and then released (see the module doc); drops the oldest when
+        ``max_pending_releases`` are kept."""
+        ended = self._ended.setdefault(grant.pool, {})
+        if len(ended) >= self._max_pending:
+            del ended[next(iter(ended))]
+            self._dropped_releases += 1
+        ended[grant.grant_id] = (grant, consumed)
+        self._report(grant.pool)
+        self._ensure_watcher()
+
+    async def _report_all_ended(self) -> None:
+        """Re-reports, then releases, every ended client-made grant whose pool has a
+        known owner (when closing)."""
+        for pool in [p for p, ended in self._ended.items() if ended]:
+            epoch = self._epochs.get(pool, NO_EPOCH)
+            if epoch and pool not in self._reporting:
+                await self._adopt(pool, epoch, complete=False)
+
+    async def _report_ended(self, pool: str, epoch: int) -> None:
+        """Re-reports the pool's ended client-made grants to its owner at ``epoch``, a
+        group at a time, releasing each group before the next (see the module doc).
+
+        Raises:
+            aio.AioRpcError: an Adopt failed (the grants not yet re-reported are kept).
+        """
+        ended = self._ended.get(pool)
+        if not ended:
+            return
+        if pool not in self._capacities:
+            await self.refresh_pools()
+        while ended:
+            if any(client_made(i) and pool_of(i) == pool for i in self._pending):
+                return  # an earlier group's releases are not all acknowledged yet
+            live = sum(1 for g in self._live.values() if g.pool == pool and g.degraded)
+            room = min(self._capacities.get(pool, 1) - live, MAX_ADOPT_GRANTS)
+            group = list(itertools.islice(ended.values(), max(room, 1)))
+            request = adopt_request(
+                pool=pool,
+                epoch=epoch,
+                holder=self.holder,
+                complete=False,
+                grants=[grant for grant, _ in group],
+            )
+            await self._call("Adopt", request, deadline_s=2.0, pool=pool)
+            for grant, consumed in group:
+                del ended[grant.grant_id]
+                self._buffer(grant.grant_id, consumed)
+            sent = await asyncio.gather(*(self._send_release(g.grant_id, c) for g, c in group))
+            if not all(sent):
+                self._ensure_flusher()
+
+    def _inventory(self, pool: str, epoch: int) -> list[ClientGrant]:
+        """What a complete re-report to the owner of ``pool`` at ``epoch`` carries: every
+        live grant of the pool decided at another epoch, with a proof of holdership when
+        one is live (else the pool is noted in ``_unproven``)."""
+        grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
+        proven = any(self._proves(g) for g in grants)
+        if not proven:
+            # A live signed grant of ``epoch`` proves holdership; its owner decided it, so
+            # it counts nothing twice. Without one, the next one sends this again.
+            proof = self._proof(pool, epoch)
+            if proof is not None:
+                grants.append(proof)
+                proven = True
+        if not proven:
+            self._unproven[pool] = epoch
+        elif self._unproven.get(pool) == epoch:
+            del self._unproven[pool]
+        return grants
+
+    async def _adopt(self, pool: str, epoch: int, *, complete: bool) -> None:
+        """Re-reports grants to the pool's owner at ``epoch``.
+
+        Complete: every live grant of the pool not decided at ``epoch`` (the owner closes
+        this holder's other phantoms). Not complete: the grants no owner counted yet.
+        """
+        unreported = self._unreported.get(pool, set())
+        if complete:
+            grants = self._inventory(pool, epoch)
+        else:
+            grants = [self._live[i] for i in unreported if i in self._live]
+            unreported.intersection_update(self._live)
+            if not grants and not self._ended.get(pool):
+                return
+        # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
+        # only the last one complete. Grants a replica signed go last, so the complete
+        # one carries the proof of holdership the owner asks for (docs/ha.md, "Adopt").
+        grants.sort(key=self._proves)
+        self._reporting.add(pool)
+        r: pb.AdoptResponse | None = None
+        try:
+            for start in range(0, len(grants) or int(complete), MAX_ADOPT_GRANTS):
+                chunk = grants[start : start + MAX_ADOPT_GRANTS]
+                last = start + MAX_ADOPT_GRANTS >= len(grants)
+                request = adopt_request(
+                    pool=pool,
+                    epoch=epoch,
+                    holder=self.holder,
+                    complete=complete and last,
+                    grants=chunk,
+                )
+                r = await self._call("Adopt", request, deadline_s=2.0, pool=pool)
+            if not complete:
+                await self._report_ended(pool, epoch)
+        except aio.AioRpcError as e:
+            if not complete and e.code() not in (*RETRYABLE, grpc.StatusCode.FAILED_PRECONDITION):
+                # Refused for good (not a wrong epoch): retrying the same grants cannot help.
+                unreported.difference_update(g.grant_id for g in grants)
+                lost = len(self._ended.pop(pool, {}))
+                logger.error(
+                    "pool %s: the owner refused to count %d grants: %s",
+                    pool,
+                    len(grants) + lost,
+                    to_allocator_error(e, address="", pool=pool),
+                )
+                return
+            logger.warning(
+                "pool %s: re-reporting %d grants failed: %s; will retry",
+                pool,
+                len(grants),
+                e.code(),
+            )
+            # Forget the epoch so that the next answer (or ListPools) naming it retries.
+            if complete and self._epochs.get(pool) == epoch:
+                self._epochs[pool] = epoch - 1
+            return
+        finally:
+            self._reporting.discard(pool)
+        self._renewed_by_call(pool)
+        unreported.difference_update(g.grant_id for g in grants)
+        if r is None:
+            return
+        logger.info(
+            "pool %s: re-reported %d live grants to %s at epoch %d (%d adopted%s)",
+            pool,
+            len(grants),
+            r.owner,
+            r.epoch,
+            r.adopted,
+            ", complete" if complete else "",
+        )
+        self._report(pool)  # grants that became unreported while this call was out
+
+    def _learn_routes(self) -> None:
+        """Reads ListPools in the background (once at a time) to learn owners' addresses."""
+        if self._closed or (self._learning is not None and not self._learning.done()):
+            return
+
+        async def learn() -> None:
+            try:
+                await self.refresh_pools()
+            except aio.AioRpcError as e:
+                logger.debug("learning the owners failed: %s", e.code())
+
+        self._learning = asyncio.get_running_loop().create_task(
+            learn(), name=f"fairshare-client-{self.holder}-routes"
+        )
+
+    def _ensure_watcher(self) -> None:
+        self._watcher = self._background(self._watcher, self._watch_epochs, "epochs")
+
+    async def _watch_epochs(self) -> None:
+        """Reads ListPools now and then while grants are live, or ended client-made ones
+        wait to be re-reported (see ``epoch_check_s``)."""
+        while (self._live or any(self._ended.values())) and not self._closed:
+            await asyncio.sleep(self._epoch_check_s)
+            try:
+                await self.refresh_pools()
+            except aio.AioRpcError as e:
+                logger.debug("epoch check failed: %s", e.code())

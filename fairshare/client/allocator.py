@@ -1,0 +1,420 @@
+"""The gateway's client library: acquire a priority, release it when the request ends.
+
+Guarantees:
+- ``acquire`` answers within ``deadline_s``: it retries ``UNAVAILABLE`` (and deadline
+  expiries) on the configured targets in turn, with the same request id, so the owner
+  answers a retry with the same grant; when no replica answers in time it applies the
+  pool's degraded mode (learnt from ``ListPools``; ``fail_open`` when unknown): a grant at
+  the lowest borrowing priority marked ``degraded``, or ``NoOwner`` for ``fail_closed``.
+- An acquire it gave up on (no answer in time, or the caller cancelled it) is not left
+  counted at the owner: the request is queued and
+  sent again in the background with the same request id, and the grant it names is
+  released at no cost. The resends cannot storm a recovering cluster: at most
+  ``resend_batch`` per ``release_retry_s``, and one probe per pool while its owner does
+  not answer. A queued resend is dropped after ``ABANDON_KEEP_S`` or when the queue
+  (``max_abandoned``) is full.
+- A release is sent at least once while the buffer has room: it is buffered until a
+  replica acknowledges it, and a background task retries the buffer every
+  ``release_retry_s``, pool by pool and ``flush_concurrency`` at a time, so a pool without
+  an owner holds back only its own releases. The server makes releases idempotent.
+- The client keeps its live grants; when a response shows a pool at a new epoch it
+  re-reports them to the new owner with ``Adopt(complete=true)``, carrying a grant the
+  cluster signed for this holder (a live one of the new epoch if none of the re-reported
+  is; else sent again with the first such grant), so the owner closes this holder's
+  phantoms that no live grant claims.
+- A grant no owner counted is re-reported (``Adopt(complete=false)``) as soon as an owner
+  of its pool answers, whatever that owner's epoch: degraded grants (epoch 0, decided by
+  this client or by a replica without an owner) and late grants (decided at an epoch
+  older than one the client had already seen, so missing from its complete re-report).
+- Degraded grant ids are random (see ``degraded_grant_id``): a restarted gateway does not
+  reuse an id that an owner remembers as settled.
+- Each client object has its own holder session (``fairshare.client.sessions``), made when it is
+  created and sent with every call: its grants live at their owners as long as it renews
+  the session (KeepAlive while grants are live), however long their requests run; its
+  complete re-reports close only its own phantoms, whatever other process shares its
+  holder name. When the process dies its grants stop counting within one session TTL
+  (``timing.session_ttl_s``, 30 s by default).
+
+Non-guarantees: releases buffered when the process dies are lost (its grants stop
+counting when its session lapses, and their consumption is not charged), and so are the
+oldest buffered releases once ``max_pending_releases`` are buffered (counted in
+``dropped_releases``; their grants stay counted at the owner until the session lapses, or
+``max_request_s`` for a grant made without one, and their consumption is not charged);
+a degraded grant counts nowhere until an owner answers the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import grpc
+from grpc import aio
+
+from fairshare import Class, degraded_priority
+from fairshare.client.adoption import Adoption
+from fairshare.client.backlog import Backlog
+from fairshare.client.calls import RETRYABLE
+from fairshare.client.grants import ClientGrant, degraded_grant_id
+from fairshare.client.sessions import SessionKeeper
+from fairshare.errors import NoOwner
+from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, NodeId
+from fairshare.modes import DegradedMode
+from fairshare.wire.convert import acquire_request, decision, degraded_mode
+from fairshare.wire.errors import to_allocator_error
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class AllocatorClient(Adoption, Backlog, SessionKeeper):
+    """Asyncio client of the allocator for one gateway (``holder``), in a holder session
+    of its own."""
+
+    def __init__(  # noqa: PLR0913 (its tuning options: keyword-only, with defaults)
+        self,
+        targets: Sequence[str],
+        *,
+        holder: str,
+        deadline_s: float = 0.75,
+        credentials: grpc.ChannelCredentials | None = None,
+        release_retry_s: float = 0.5,
+        release_batch: int = 1000,
+        epoch_check_s: float = 1.0,
+        route_to_owner: bool = True,
+        max_pending_releases: int = 10_000,
+        flush_concurrency: int = 8,
+        max_abandoned: int = 1_000,
+        resend_batch: int = 16,
+        calls_in_flight: int = 2,
+    ) -> None:
+        """Creates the client; channels connect lazily.
+
+        Args:
+            targets: replica addresses ``host:port``; any replica serves every pool.
+            holder: this gateway's id (stable across its restarts is best).
+            deadline_s: how long an acquire may look for a replica before the pool's
+                degraded mode applies. Keep a third of it above the replicas'
+                ``degraded_after_s`` (0.2 s by default), so that a replica's own degraded
+                answer, counted in its metrics, arrives before the client gives up.
+            credentials: TLS credentials; None uses plaintext.
+            release_retry_s: period of the background retry of unacknowledged releases
+                and of abandoned acquires.
+            release_batch: most releases retried per period.
+            route_to_owner: send each pool's calls straight to its owner (its address is
+                learnt from ListPools whenever a new epoch shows up), falling back to
+                ``targets`` when the owner does not answer; saves the forwarding hop.
+            epoch_check_s: while it holds grants, how often the client reads ListPools to
+                notice a new owner it would not otherwise see (a gateway that only
+                releases), so its re-report closes the new owner's phantoms early.
+            max_pending_releases: most unacknowledged releases kept; when full the oldest
+                is dropped (``dropped_releases``), with one warning per episode.
+            flush_concurrency: most calls the background retry has in flight at once
+                (across pools; each pool is probed with one call before the rest is sent).
+            max_abandoned: most acquires given up on kept for resending; when full the
+                oldest is dropped (``dropped_abandoned``), with one warning per episode.
+            resend_batch: most acquires given up on resent per ``release_retry_s``, so a
+                recovering cluster is not met by a burst of them.
+            calls_in_flight: most Acquire (and, apart, Release) calls of one pool out at
+                once; those that come meanwhile wait for one to end and leave together in
+                one batched call (``fairshare.client.calls``). 1 batches most, and adds most wait.
+
+        Raises:
+            ValueError: no targets, a deadline <= 0, or a bound < 1.
+        """
+        if not targets:
+            raise ValueError("targets must name at least one replica")
+        if deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+        bounds = {
+            "max_pending_releases": max_pending_releases,
+            "flush_concurrency": flush_concurrency,
+            "max_abandoned": max_abandoned,
+            "resend_batch": resend_batch,
+            "release_batch": release_batch,
+            "calls_in_flight": calls_in_flight,
+        }
+        for name, bound in bounds.items():
+            if bound < 1:
+                raise ValueError(f"{name} must be >= 1, got {bound}")
+        self.holder = holder
+        self.deadline_s = deadline_s
+        self._targets = list(targets)
+        self._credentials = credentials
+        self._channels: dict[str, aio.Channel] = {}
+        self._stubs = {}
+        # Gateways start on different replicas so that one hung replica stalls few.
+        self._preferred = random.randrange(len(self._targets))
+        self._modes: dict[str, DegradedMode] = {}
+        self._epochs: dict[str, int] = {}
+        self._live: dict[str, ClientGrant] = {}
+        self._pending: dict[str, float] = {}
+        self._release_retry_s = release_retry_s
+        self._release_batch = release_batch
+        self._max_pending = max_pending_releases
+        self._dropped_releases = 0
+        self._pending_full = False  # warned once; re-armed when the buffer drains to half
+        # Acquires given up on, by request id, with when: resent by the background task.
+        self._abandoned: dict[str, tuple[pb.AcquireRequest, float]] = {}
+        self._max_abandoned = max_abandoned
+        self._dropped_abandoned = 0
+        self._abandoned_full = False
+        self._resend_batch = resend_batch
+        self._slots = asyncio.Semaphore(flush_concurrency)
+        # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
+        self._unreported: dict[str, set[str]] = {}
+        self._reporting: set[str] = set()  # pools with an Adopt in flight
+        # Per pool, client-made grants that ended before any owner counted them, with
+        # what they consumed: re-reported, then released (see _report_ended).
+        self._ended: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
+        self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
+        # Per pool, the epoch whose complete re-report carried no proof of holdership.
+        self._unproven: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._epoch_check_s = epoch_check_s
+        self._route_to_owner = route_to_owner
+        self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
+        self._learning: asyncio.Task[None] | None = None
+        self._owner_listeners: list[Callable[[str, int], None]] = []
+        self._closed = False
+        self._calls_in_flight = calls_in_flight
+        self._unbatched_until = -math.inf
+        self._acquires, self._releases = self._batches()
+        self._open_session()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> AllocatorClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self, *, flush_timeout_s: float = 2.0) -> None:
+        """Sends buffered releases and settles acquires given up on (for at most
+        ``flush_timeout_s``), then closes."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            async with asyncio.timeout(flush_timeout_s):
+                await self._report_all_ended()
+                await self._flush(until_empty=True)
+        except TimeoutError:
+            logger.warning(
+                "closing with %d releases unacknowledged, %d ended degraded grants "
+                "unreported and %d acquires given up on unsettled",
+                len(self._pending),
+                sum(len(ended) for ended in self._ended.values()),
+                len(self._abandoned),
+            )
+        tasks = [
+            *self._tasks,
+            *(
+                t
+                for t in (self._flusher, self._watcher, self._learning, self._keeper)
+                if t is not None
+            ),
+        ]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._acquires.close()
+        await self._releases.close()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+    @property
+    def live_grants(self) -> list[ClientGrant]:
+        """The grants acquired and not yet released."""
+        return list(self._live.values())
+
+    @property
+    def pending_releases(self) -> int:
+        """Releases not yet acknowledged by a replica, those of ended degraded grants
+        waiting to be re-reported first included."""
+        return len(self._pending) + sum(len(ended) for ended in self._ended.values())
+
+    @property
+    def dropped_releases(self) -> int:
+        """Releases dropped unsent because the buffer was full (a counter)."""
+        return self._dropped_releases
+
+    @property
+    def abandoned_acquires(self) -> int:
+        """Acquires given up on whose grant is still to be found and released."""
+        return len(self._abandoned)
+
+    @property
+    def dropped_abandoned(self) -> int:
+        """Acquires given up on and dropped without their grant released: the queue was
+        full, the request too old, or the server refused it (a counter)."""
+        return self._dropped_abandoned
+
+    async def refresh_pools(self) -> list[pb.PoolInfo]:
+        """Reads ListPools: learns each pool's degraded mode and owner epoch."""
+        listing: pb.ListPoolsResponse = await self._call(
+            "ListPools", pb.ListPoolsRequest(), deadline_s=max(self.deadline_s, 1.0)
+        )
+        for info in listing.pools:
+            self._modes[info.pool] = degraded_mode(info.degraded_mode)
+            self._capacities[info.pool] = info.capacity
+            if info.owner_address:
+                self._owners[info.pool] = info.owner_address
+            else:
+                self._owners.pop(info.pool, None)
+            self._saw_epoch(info.pool, info.epoch)
+        return list(listing.pools)
+
+    async def acquire(
+        self,
+        pool: str,
+        team: str,
+        service_class: Class = Class.INTERACTIVE,
+        est_tokens: int = 0,
+    ) -> ClientGrant:
+        """Acquires a priority for one request.
+
+        Returns:
+            The grant; call ``release`` on it when the request ends.
+
+        Raises:
+            NoOwner: no replica answered in time and the pool fails closed.
+            UnknownPool, InvalidArgument: as the server answered.
+        """
+        grant = await self._acquire(pool, team, Class(service_class), est_tokens, try_only=False)
+        assert grant is not None  # only try_only is ever refused
+        return grant
+
+    async def try_acquire(
+        self,
+        pool: str,
+        team: str,
+        service_class: Class = Class.INTERACTIVE,
+        est_tokens: int = 0,
+    ) -> ClientGrant | None:
+        """Like ``acquire``, but None when the pool already has C requests in flight."""
+        return await self._acquire(pool, team, Class(service_class), est_tokens, try_only=True)
+
+    async def _acquire(
+        self, pool: str, team: str, service_class: Class, est_tokens: int, *, try_only: bool
+    ) -> ClientGrant | None:
+        request = acquire_request(
+            pool=pool,
+            team=team,
+            cls=service_class,
+            est_tokens=est_tokens,
+            holder=self.holder,
+            request_id=uuid.uuid4().hex,
+            try_only=try_only,
+        )
+        try:
+            r = await self._decide(request)
+        except aio.AioRpcError as e:
+            if e.code() not in RETRYABLE:
+                raise to_allocator_error(e, address="", pool=pool) from e
+            self._abandon(request)
+            return self._degraded(pool, team, service_class, est_tokens, e)
+        except asyncio.CancelledError:
+            # The owner may have decided already: resent with the same request id, the
+            # grant is found and released at no cost, instead of staying counted.
+            self._abandon(request)
+            raise
+        answer = decision(r)
+        known = self._epochs.get(pool, NO_EPOCH)
+        self._saw_epoch(pool, answer.epoch)
+        if not answer.degraded:
+            self._renewed_by_call(pool)
+        if not answer.granted:
+            return None
+        grant = ClientGrant(
+            pool=pool,
+            team=team,
+            service_class=service_class,
+            est_tokens=est_tokens,
+            grant_id=answer.grant_id,
+            priority=answer.priority,
+            borrowing=answer.borrowing,
+            saturated=answer.saturated,
+            degraded=answer.degraded,
+            owner=answer.owner,
+            epoch=answer.epoch,
+            _client=self,
+        )
+        self._live[grant.grant_id] = grant
+        if answer.epoch == DEGRADED_EPOCH or answer.epoch < known:
+            # Degraded at a replica, or late: decided at an epoch older than one this
+            # client already re-reported its grants to, so its complete inventory may
+            # have closed this grant's phantom. Either way no owner counts it now.
+            self._unreported.setdefault(pool, set()).add(grant.grant_id)
+            self._report(pool)
+        else:
+            self._granted(grant)
+        self._ensure_watcher()
+        self._ensure_keeper()
+        return grant
+
+    async def _decide(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
+        """One Acquire, batched with others of its pool, answered within ``deadline_s``.
+
+        An item refused with a retryable status (its pool's owner not reached by the
+        replica that answered the batch) is sent again alone, for the time left.
+
+        Raises:
+            aio.AioRpcError: the call failed (``DEADLINE_EXCEEDED`` when no answer came in
+                time).
+        """
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await self._acquires.submit(request.pool, request)
+        except aio.AioRpcError as e:
+            left = self.deadline_s - (time.monotonic() - start)
+            if e.code() not in RETRYABLE or left <= 0:
+                raise
+        except TimeoutError:
+            raise aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                aio.Metadata(),
+                aio.Metadata(),
+                f"no answer within {self.deadline_s}s",
+            ) from None
+        return await self._call("Acquire", request, deadline_s=left, pool=request.pool)
+
+    def _degraded(
+        self, pool: str, team: str, service_class: Class, est_tokens: int, error: Exception
+    ) -> ClientGrant:
+        mode = self._modes.get(pool, DegradedMode.FAIL_OPEN)
+        if mode is DegradedMode.FAIL_CLOSED:
+            raise NoOwner(pool) from error
+        logger.warning("pool %s: no replica answered within %gs; fail_open", pool, self.deadline_s)
+        grant_id = degraded_grant_id(pool, team, self.holder)
+        grant = ClientGrant(
+            pool=pool,
+            team=team,
+            service_class=service_class,
+            est_tokens=est_tokens,
+            grant_id=grant_id,
+            priority=degraded_priority(service_class),
+            borrowing=True,
+            saturated=False,
+            degraded=True,
+            owner=NodeId(""),
+            epoch=DEGRADED_EPOCH,
+            _client=self,
+        )
+        self._live[grant_id] = grant
+        # Counted nowhere yet: reported to the first owner of the pool that answers.
+        self._unreported.setdefault(pool, set()).add(grant_id)
+        self._ensure_watcher()
+        self._ensure_keeper()
+        return grant

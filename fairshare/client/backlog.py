@@ -1,0 +1,205 @@
+"""What a client still owes the owners: releases not acknowledged, acquires given up on.
+
+A release is buffered until a replica acknowledges it (at most ``max_pending_releases``;
+when full the oldest is dropped and counted). An acquire the client gave up on is queued
+(at most ``max_abandoned``, for ``ABANDON_KEEP_S``) and sent again with the same request
+id, so the owner answers with the grant it decided, which is then released at no cost.
+A background task retries both every ``release_retry_s``, pool by pool: each pool is
+probed with one call, then the rest goes ``flush_concurrency`` at a time, so a pool
+without an owner holds back only its own backlog, and at most ``resend_batch`` acquires
+are resent per round, so a recovering cluster is not met by a burst of them.
+
+Non-guarantees: the backlog is lost with the process; a release the server refuses for
+good (a bad id, an unknown pool) is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Final
+
+from grpc import aio
+
+from fairshare.client.calls import RETRYABLE, Calls
+from fairshare.client.grants import ClientGrant, client_made, pool_of
+from fairshare.digest import grant_id_digest
+from fairshare.errors import AllocatorError
+from fairshare.wire.errors import to_allocator_error
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+ABANDON_KEEP_S: Final = 30.0
+"""How long the client keeps resending an acquire it gave up on (an owner that decided it
+remembers its answer for less than that under load, and a new owner closes it anyway)."""
+
+
+class Backlog(Calls):
+    """Buffered releases and acquires given up on, retried in the background."""
+
+    def _abandon(self, request: pb.AcquireRequest) -> None:
+        """Queues an acquire this client gave up on, for the background task to resend.
+
+        An answer that came too late still counts a grant at the owner, and nobody would
+        release it: the team would lose a slot until ``max_request_s``. The same request
+        id makes the owner answer with that grant (or decide one now), which is then
+        released at no cost (see ``_resend``).
+        """
+        if len(self._abandoned) >= self._max_abandoned:
+            del self._abandoned[next(iter(self._abandoned))]
+            self._dropped_abandoned += 1
+            if not self._abandoned_full:
+                self._abandoned_full = True
+                logger.warning(
+                    "%d acquires given up on are queued for resending; dropping the oldest: "
+                    "a grant an owner decided for one stays counted until its pool's "
+                    "max_request_s (dropped_abandoned counts them)",
+                    len(self._abandoned) + 1,
+                )
+        self._abandoned[request.request_id] = (request, time.monotonic())
+        self._ensure_flusher()
+
+    async def _resend(self, request_id: str) -> bool:
+        """Sends an abandoned acquire again and releases the grant it names.
+
+        Returns:
+            False when no replica answered (the pool's round stops), else True.
+        """
+        entry = self._abandoned.get(request_id)
+        if entry is None:
+            return True
+        request, since = entry
+        try:
+            r: pb.AcquireResponse = await self._call(
+                "Acquire", request, deadline_s=self.deadline_s, pool=request.pool
+            )
+        except aio.AioRpcError as e:
+            retryable = e.code() in RETRYABLE
+            if retryable and time.monotonic() - since < ABANDON_KEEP_S:
+                return False
+            self._abandoned.pop(request_id, None)
+            self._dropped_abandoned += 1
+            logger.info(
+                "pool %s: an acquire given up on may hold a slot until it expires: %s",
+                request.pool,
+                e.code(),
+            )
+            return not retryable
+        self._abandoned.pop(request_id, None)
+        self._saw_epoch(request.pool, r.epoch)
+        if not r.granted:
+            return True
+        self._buffer(r.grant_id, 0.0)
+        return await self._send_release(r.grant_id, 0.0)
+
+    async def _release(self, grant: ClientGrant, consumed: float) -> None:
+        self._live.pop(grant.grant_id, None)
+        unreported = self._unreported.get(grant.pool)
+        if unreported is not None and grant.grant_id in unreported:
+            unreported.discard(grant.grant_id)
+            if client_made(grant.grant_id):
+                # An owner charges it only once it counted it: re-reported first.
+                self._end_unreported(grant, consumed)
+                return
+            # Signed by a replica: its release alone charges it at the owner.
+        self._buffer(grant.grant_id, consumed)
+        if not await self._send_release(grant.grant_id, consumed):
+            self._ensure_flusher()
+
+    def _buffer(self, grant_id: str, consumed: float) -> None:
+        """Keeps a release until a replica acknowledges it; drops the oldest when full."""
+        if grant_id not in self._pending and len(self._pending) >= self._max_pending:
+            del self._pending[next(iter(self._pending))]
+            self._dropped_releases += 1
+            if not self._pending_full:
+                self._pending_full = True
+                logger.warning(
+                    "%d releases are buffered unacknowledged; dropping the oldest: its "
+                    "grant stays counted at its owner until the pool's max_request_s and "
+                    "its consumption is not charged (dropped_releases counts them)",
+                    len(self._pending) + 1,
+                )
+        self._pending[grant_id] = consumed
+
+    async def _send_release(self, grant_id: str, consumed: float) -> bool:
+        """One release attempt; True when it is settled (acknowledged or hopeless)."""
+        try:
+            await self._releases.submit(
+                pool_of(grant_id), pb.ReleaseRequest(grant_id=grant_id, consumed=consumed)
+            )
+        except aio.AioRpcError as e:
+            if e.code() in RETRYABLE:
+                return False
+            # A release the server refuses for good (bad id, unknown pool) never succeeds.
+            error: AllocatorError = to_allocator_error(e, address="")
+            logger.error("release of grant %s refused: %s", grant_id_digest(grant_id), error)
+        self._pending.pop(grant_id, None)
+        return True
+
+    async def _flush(self, *, until_empty: bool = False) -> None:
+        """Retries buffered releases and resends abandoned acquires; once, or
+        (``until_empty``, when closing) until neither is left: a client that closes
+        leaves no grant counted at an owner that it could still release."""
+        while self._pending or self._abandoned:
+            await self._flush_round(resend=True)
+            if not until_empty:
+                return
+            if self._pending or self._abandoned:
+                await asyncio.sleep(self._release_retry_s)
+
+    async def _flush_round(self, *, resend: bool) -> None:
+        """One round of the backlog: up to ``resend_batch`` abandoned acquires and
+        ``release_batch`` releases, each pool on its own (see ``_flush_pool``)."""
+        work: dict[str, list[Callable[[], Awaitable[bool]]]] = {}
+        if resend:
+            for request_id, (request, _) in itertools.islice(
+                self._abandoned.items(), self._resend_batch
+            ):
+                work.setdefault(request.pool, []).append(partial(self._resend, request_id))
+        for grant_id, consumed in itertools.islice(self._pending.items(), self._release_batch):
+            work.setdefault(pool_of(grant_id), []).append(
+                partial(self._send_release, grant_id, consumed)
+            )
+        await asyncio.gather(*(self._flush_pool(sends) for sends in work.values()))
+        if len(self._pending) <= self._max_pending // 2:
+            self._pending_full = False
+        if len(self._abandoned) <= self._max_abandoned // 2:
+            self._abandoned_full = False
+
+    async def _flush_pool(self, sends: Sequence[Callable[[], Awaitable[bool]]]) -> None:
+        """Sends one pool's share of a round: the first call alone, as a probe, then the
+        others ``flush_concurrency`` at a time (shared by all pools). A pool whose owner
+        does not answer stops at its first unanswered call, until the next round; the
+        other pools go on."""
+        stalled = False
+
+        async def send(call: Callable[[], Awaitable[bool]]) -> None:
+            nonlocal stalled
+            async with self._slots:
+                if not stalled and not await call():
+                    stalled = True
+
+        await send(sends[0])
+        await asyncio.gather(*(send(call) for call in sends[1:]))
+
+    def _ensure_flusher(self) -> None:
+        self._flusher = self._background(self._flusher, self._flush_loop, "release-flush")
+
+    async def _flush_loop(self) -> None:
+        try:
+            while (self._pending or self._abandoned) and not self._closed:
+                await asyncio.sleep(self._release_retry_s)
+                await self._flush()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception(
+                "release flush task failed; %d releases and %d abandoned acquires buffered",
+                len(self._pending),
+                len(self._abandoned),
+            )

@@ -1,0 +1,311 @@
+"""``fairshare gateway``: startup, readiness, and the stop on SIGTERM.
+
+``run`` reads the configuration (errors: exit 2), opens the allocator client, one upstream
+``ClientSession`` whose connection pool is ``limits.max_connections``, the API port
+(``listen``: the OpenAI endpoints, ``/healthz``, ``/readyz``) and the metrics port
+(``metrics_listen``), then serves until SIGTERM or SIGINT. Once serving, it asks each
+upstream its scheduling policy in the background (``fairshare.gateway.policy``).
+
+- ``/healthz``: 200 while the event loop runs.
+- ``/readyz``: 200 when the allocator answered a ListPools within the last second, or when
+  it does not answer but every model's pool fails open (the degraded mode lets requests
+  through); 503 while stopping, or when the allocator does not answer and some model's pool
+  fails closed.
+
+SIGTERM: the API port stops accepting connections and ``/readyz`` says 503; requests in
+flight (streams included) run on for up to ``limits.shutdown_grace_s``; those still
+running then are cancelled (their upstream requests closed); every grant is released and
+the client library flushes its releases before the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Final
+
+import aiohttp
+import grpc
+from aiohttp import web
+from grpc import aio
+
+from fairshare.client import AllocatorClient
+from fairshare.gateway.config import ConfigError, GatewayConfig, check_address, load
+from fairshare.gateway.keys import KeysFile, KeysFileError
+from fairshare.gateway.metrics import GatewayMetrics
+from fairshare.gateway.policy import check_policies
+from fairshare.gateway.proxy import Proxy
+from fairshare.modes import DegradedMode
+from fairshare.wire.convert import degraded_mode
+
+logger = logging.getLogger(__name__)
+
+EXIT_USAGE: Final = 2
+READY_CACHE_S: Final = 1.0
+"""How long a readiness answer of the allocator is reused."""
+READY_PROBE_S: Final = 0.5
+"""How long ``/readyz`` waits for the allocator (under a kubelet probe's 1 s timeout)."""
+UPSTREAM_KEEPALIVE_S: Final = 4.0
+"""How long an idle upstream connection is kept (uvicorn, vLLM's server, closes its idle
+connections after 5 s)."""
+FLUSH_TIMEOUT_S: Final = 2.0
+"""How long the client library may take to send the last releases at exit."""
+GC_YOUNG_THRESHOLD: Final = 10_000
+"""Net allocations between two collections of the youngest generation (CPython: 700)."""
+
+
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``fairshare gateway``."""
+    parser.add_argument("--config", required=True, help="the gateway's YAML file")
+    parser.add_argument("--listen", help="HOST:PORT of the API (overrides listen)")
+    parser.add_argument(
+        "--metrics-listen", help='HOST:PORT of /metrics, "" disables (overrides metrics_listen)'
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (INFO)")
+
+
+def configure(args: argparse.Namespace) -> GatewayConfig:
+    """The file's configuration with the flags applied.
+
+    Raises:
+        ConfigError: naming the key (or flag) that is wrong.
+    """
+    config = load(args.config)
+    if args.listen is not None:
+        config = replace(config, listen=check_address("--listen", args.listen))
+    if args.metrics_listen is not None:
+        metrics = args.metrics_listen
+        config = replace(
+            config,
+            metrics_listen="" if metrics == "" else check_address("--metrics-listen", metrics),
+        )
+    return config
+
+
+def _read(path: str | None) -> bytes | None:
+    return None if path is None else Path(path).read_bytes()
+
+
+def allocator_client(config: GatewayConfig) -> AllocatorClient:
+    """The client of the configured allocator (TLS when a CA or certificate is given)."""
+    settings = config.allocator
+    credentials = None
+    if settings.tls_ca_file or settings.tls_cert_file:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(settings.tls_ca_file),
+            private_key=_read(settings.tls_key_file),
+            certificate_chain=_read(settings.tls_cert_file),
+        )
+    return AllocatorClient(
+        settings.endpoints,
+        holder=settings.holder,
+        deadline_s=settings.deadline_s,
+        credentials=credentials,
+    )
+
+
+def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
+    """The session of the upstream requests: a pool of ``limits.max_connections``.
+
+    Bodies are passed on as the upstream sent them (no decompression), so none is asked
+    for compressed: no ``Accept-Encoding`` goes out, and the upstream answers in identity.
+    An idle connection is kept ``UPSTREAM_KEEPALIVE_S``, less than vLLM's server keeps it,
+    so the gateway seldom sends on a connection the upstream is closing (the proxy sends
+    again, once, when it does: ``fairshare.gateway.proxy``).
+    """
+    connector = aiohttp.TCPConnector(
+        limit=config.limits.max_connections,
+        limit_per_host=0,
+        ttl_dns_cache=60,
+        keepalive_timeout=UPSTREAM_KEEPALIVE_S,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    )
+
+
+class Gateway:
+    """One running gateway: its ports, its proxy, its clients."""
+
+    def __init__(self, config: GatewayConfig, *, keys: KeysFile | None) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.client = allocator_client(config)
+        client = self.client
+        self.metrics.pending_releases.set_function(lambda: float(client.pending_releases))
+        self.session = upstream_session(config)
+        self.proxy = Proxy(
+            config, client=self.client, session=self.session, keys=keys, metrics=self.metrics
+        )
+        self._ready_at = -READY_CACHE_S
+        self._fails_closed: set[str] = set()
+        self._runners: list[web.AppRunner] = []
+        self._checking: asyncio.Task[object] | None = None
+        self._api_site: web.TCPSite | None = None
+
+    # -- probes ------------------------------------------------------------------------------
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        if self.proxy.draining:
+            return web.Response(status=503, text="stopping\n")
+        if time.monotonic() - self._ready_at < READY_CACHE_S:
+            return web.Response(text="ready\n")
+        try:
+            async with asyncio.timeout(READY_PROBE_S):
+                pools = await self.client.refresh_pools()
+        except (aio.AioRpcError, TimeoutError) as e:
+            why = e.code().name if isinstance(e, aio.AioRpcError) else "no answer in time"
+            pools_needed = {m.primary.pool for m in self.config.models}
+            closed = sorted(pools_needed & self._fails_closed)
+            if closed:
+                return web.Response(
+                    status=503,
+                    text=f"allocator unreachable ({why}); fail_closed: {', '.join(closed)}\n",
+                )
+            return web.Response(text=f"degraded: allocator unreachable ({why})\n")
+        self._fails_closed = {
+            p.pool for p in pools if degraded_mode(p.degraded_mode) is DegradedMode.FAIL_CLOSED
+        }
+        self._ready_at = time.monotonic()
+        return web.Response(text="ready\n")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def api_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.limits.max_body_bytes + 1)
+        self.proxy.add_routes(app)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        return app
+
+    async def start(self) -> None:
+        """Opens the ports."""
+        host, _, port = self.config.listen.rpartition(":")
+        runner = web.AppRunner(self.api_app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        self._runners.append(runner)
+        self._api_site = web.TCPSite(runner, host.strip("[]"), int(port), backlog=1024)
+        await self._api_site.start()
+        if self.config.metrics_listen:
+            host, _, port = self.config.metrics_listen.rpartition(":")
+            metrics = web.AppRunner(self.metrics.app(), access_log=None)
+            await metrics.setup()
+            self._runners.append(metrics)
+            await web.TCPSite(metrics, host.strip("[]"), int(port)).start()
+        logger.info(
+            "gateway listening on %s (metrics: %s), allocator %s, holder %s",
+            self.config.listen,
+            self.config.metrics_listen or "off",
+            ",".join(self.config.allocator.endpoints),
+            self.config.allocator.holder,
+        )
+        print(f"gateway listening on {self.config.listen}", flush=True)
+        upstreams = [
+            u for m in self.config.models for r in (m.primary, *m.fallback) for u in r.upstreams
+        ]
+        self._checking = asyncio.get_running_loop().create_task(
+            check_policies(self.session, upstreams, self.metrics.priority_scheduling)
+        )
+
+    async def stop(self) -> None:
+        """Stops accepting, lets requests run up to the grace, releases everything."""
+        self.proxy.draining = True
+        if self._api_site is not None:
+            await self._api_site.stop()
+        handlers = set(self.proxy.handlers)
+        if handlers:
+            logger.info(
+                "stopping: %d requests in flight, up to %gs",
+                len(handlers),
+                self.config.limits.shutdown_grace_s,
+            )
+            _, running = await asyncio.wait(handlers, timeout=self.config.limits.shutdown_grace_s)
+            for task in running:
+                task.cancel()
+            if running:
+                logger.warning("stopping: cancelled %d requests still running", len(running))
+                await asyncio.wait(running, timeout=5.0)
+        await self.proxy.wait_releases()
+        if self._checking is not None:
+            self._checking.cancel()
+            await asyncio.gather(self._checking, return_exceptions=True)
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        await self.session.close()
+        await self.client.close(flush_timeout_s=FLUSH_TIMEOUT_S)
+        logger.info("gateway stopped")
+
+
+def tune_gc() -> None:
+    """Makes the cyclic garbage collector cost less per request; called once serving.
+
+    Every request leaves reference cycles behind (those of its two allocator calls), so
+    the collector runs every few requests. ``gc.freeze`` moves what startup left alive
+    (modules, configuration, clients) out of its sight, so a full collection no longer
+    walks it; the youngest generation is collected every ``GC_YOUNG_THRESHOLD`` net
+    allocations, so fewer objects of requests still in flight are promoted and walked
+    again by the older generations. Nothing is kept longer than that: cycles are still
+    collected, in batches of at most a few milliseconds. Frozen objects that later become
+    cyclic garbage are never collected (startup's objects live as long as the process).
+    """
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
+async def serve(config: GatewayConfig, *, keys: KeysFile | None) -> None:
+    """Runs the gateway until SIGTERM or SIGINT (with the collector tuned: ``tune_gc``)."""
+    gateway = Gateway(config, keys=keys)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await gateway.start()
+        tune_gc()
+        await stopping.wait()
+    finally:
+        await gateway.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    """``fairshare gateway``: returns the exit status (2 for a configuration error)."""
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = configure(args)
+        keys = None if config.auth.keys_file is None else KeysFile(config.auth.keys_file)
+    except (ConfigError, KeysFileError) as e:
+        print(f"fairshare gateway: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if config.auth.keys_file is None and config.auth.team_header is None:
+        print(
+            "fairshare gateway: auth: give keys_file or team_header (or both); "
+            "without either every request is refused",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        asyncio.run(serve(config, keys=keys))
+    except OSError as e:
+        print(f"fairshare gateway: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    return 0

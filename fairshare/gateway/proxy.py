@@ -1,0 +1,598 @@
+"""The request path: identify, parse, place, forward, answer, release.
+
+``Proxy`` serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming and
+not) and ``GET /v1/models``. For one request:
+
+1. the team and class (``fairshare.gateway.identity``; 401 without), the body
+   (``fairshare.gateway.body``; 400, 413), the model (404 when not configured);
+2. a grant (``fairshare.gateway.placement``: the primary pool, or a fallback when it is saturated);
+   ``NoOwner`` (a ``fail_closed`` pool without an owner) is 503 with ``Retry-After``, a
+   limit of the allocator (``LimitExceeded``: this gateway's grants in flight at the
+   pool's ``max_in_flight_per_holder``, the pool's at ``max_in_flight``, ...) is 429 with
+   ``Retry-After`` and ``x-fairshare-limit`` naming it;
+3. the body with the grant's ``priority`` goes to the upstream the route's router chooses
+   for that priority (``fairshare.gateway.upstreams``; ``fewest-ahead`` unless configured
+   otherwise);
+   a connection that cannot be opened goes to another one;
+4. the answer goes back with ``x-fairshare-priority``, ``-standing``, ``-borrowing``,
+   ``-degraded`` and ``-pool``: a non-streaming answer whole, with the upstream's status
+   and body; a stream event by event (``fairshare.gateway.body.StreamFilter``), its status line sent
+   only when the first bytes arrive, so a stream that fails before it starts is answered
+   with a status;
+5. the grant is released once, with the charge (``fairshare.gateway.cost``), whatever way the
+   request ended: answered, upstream error or timeout, the client gone (the handler is
+   cancelled: the upstream connection is closed at once, so vLLM aborts the sequence),
+   re-decided, or the gateway stopping.
+
+A request holding a degraded grant is watched by ``fairshare.gateway.redecide`` until its first byte
+goes to the client: if an owner answers for its pool meanwhile, its upstream request is
+closed and it is placed and sent again, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+
+from fairshare.client import AllocatorClient, ClientGrant, NoOwner
+from fairshare.errors import AllocatorError, InvalidArgument, LimitExceeded, PermissionDenied
+from fairshare.gateway import body as bodies
+from fairshare.gateway.body import BadJson, BadRequest, Endpoint, Request, StreamFilter, Usage
+from fairshare.gateway.config import GatewayConfig, Model, Route
+from fairshare.gateway.cost import charge
+from fairshare.gateway.errors import Refusal, error_response, sse_error_event
+from fairshare.gateway.identity import BadClass, identify
+from fairshare.gateway.keys import Identity, KeysFile
+from fairshare.gateway.metrics import GatewayMetrics
+from fairshare.gateway.placement import Placement, place
+from fairshare.gateway.redecide import Redecider, Watched
+from fairshare.gateway.releases import Releases
+from fairshare.gateway.upstreams import Upstreams
+from fairshare.gateway.upstreams import standing as upstream_standing
+
+logger = logging.getLogger(__name__)
+
+PATHS: Final[Mapping[Endpoint, str]] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+}
+RETRY_AFTER_S: Final = "1"
+"""What ``Retry-After`` says when no owner answers for a ``fail_closed`` pool, and when the
+allocator refuses at a limit (429). One second: the bounds on grants in flight are
+multiples of the pool's capacity, so a holder at its bound has many requests running and
+one of them ends within about a second at the request lengths of an LLM; the OpenAI SDK
+waits that long before each of its retries."""
+LIMIT_HEADER: Final = "x-fairshare-limit"
+"""The header of a 429 that names the allocator's limit met (``max_in_flight_per_holder``,
+``max_in_flight``, ``max_teams`` ...), as its ``fairshare-limit`` metadata does."""
+READ_CHUNK: Final = 64 * 1024
+"""Bytes of a request body read at a time (the body is bounded by ``max_body_bytes``)."""
+PASSED_HEADERS: Final = ("content-type",)
+"""Upstream answer headers passed on to the client (with the gateway's own)."""
+
+
+class Redecide(Exception):
+    """An owner answered while this fail-open request had not started: decide again."""
+
+
+class Refused(Exception):
+    """The request is refused before any grant; ``refusal`` says how to answer."""
+
+    def __init__(self, refusal: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+class UpstreamFailed(Exception):
+    """No upstream answered; ``refusal`` says how to answer the client."""
+
+    def __init__(self, refusal: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+@dataclass
+class Outcome:
+    """What one attempt at the upstream used: for the charge and the metrics."""
+
+    status: int = 0
+    usage: Usage | None = None
+    sent: bool = False
+    """The request went to an upstream that accepted its connection (it may have started
+    on it, whatever happened next)."""
+    upstream_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    first_chunk: float | None = None
+    """When a streamed answer's first chunk came (monotonic); None when not streamed."""
+
+
+def standing(grant: ClientGrant) -> str:
+    """How ``grant`` stands with its pool (``fairshare.gateway.upstreams.STANDINGS``)."""
+    return upstream_standing(borrowing=grant.borrowing, degraded=grant.degraded)
+
+
+def grant_headers(grant: ClientGrant) -> dict[str, str]:
+    """The ``x-fairshare-*`` headers of an answer: the priority, the standing in one word
+    (``standing``: ``within`` share, ``borrowing`` or ``degraded``, the words of the
+    gateway's metrics) and as the two flags it is made of, and the pool."""
+    return {
+        "x-fairshare-priority": str(grant.priority),
+        "x-fairshare-standing": standing(grant),
+        "x-fairshare-borrowing": "true" if grant.borrowing else "false",
+        "x-fairshare-degraded": "true" if grant.degraded else "false",
+        "x-fairshare-pool": grant.pool,
+    }
+
+
+def allocator_refusal(error: AllocatorError) -> tuple[Refusal, dict[str, str]]:
+    """How an allocator error is answered (and the headers it adds)."""
+    if isinstance(error, NoOwner):
+        return Refusal.NO_OWNER, {"Retry-After": RETRY_AFTER_S}
+    if isinstance(error, LimitExceeded):
+        return Refusal.REFUSED_BY_ALLOCATOR, {
+            "Retry-After": RETRY_AFTER_S,
+            LIMIT_HEADER: error.limit,
+        }
+    if isinstance(error, PermissionDenied):
+        return Refusal.FORBIDDEN_BY_ALLOCATOR, {}
+    if isinstance(error, InvalidArgument):
+        return Refusal.BAD_FIELD, {}
+    return Refusal.ALLOCATOR_ERROR, {"Retry-After": RETRY_AFTER_S}
+
+
+class Proxy:
+    """The request path of one gateway process (see the module doc)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        client: AllocatorClient,
+        session: aiohttp.ClientSession,
+        keys: KeysFile | None,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.session = session
+        self.keys = keys
+        self.metrics = metrics
+        self.redecider = Redecider(config.redecide)
+        client.on_owner_answer(self.redecider.owner_answered)
+        self._by_name: dict[str, Model] = {}
+        """The configured models by name (the first, were a name listed twice)."""
+        self.upstreams: dict[Route, Upstreams] = {}
+        for model in config.models:
+            self._by_name.setdefault(model.name, model)
+            for route in (model.primary, *model.fallback):
+                if route not in self.upstreams:
+                    self.upstreams[route] = Upstreams(
+                        route.pool, route.upstreams, routing=route.routing, metrics=metrics
+                    )
+        self.draining = False
+        self.handlers: set[asyncio.Task[object]] = set()
+        self.releases = Releases()
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=config.limits.upstream_connect_s,
+            sock_read=config.limits.upstream_timeout_s,
+        )
+
+    # -- routes ------------------------------------------------------------------------------
+
+    def add_routes(self, app: web.Application) -> None:
+        """Installs the endpoints on ``app``."""
+        app.router.add_post(PATHS["chat"], self.chat)
+        app.router.add_post(PATHS["completions"], self.completions)
+        app.router.add_get("/v1/models", self.models)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._tracked(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._tracked(request, "completions")
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        try:
+            identity = self._identity_or_refusal(request)
+        except BadClass as e:
+            return error_response(Refusal.BAD_FIELD, str(e))
+        if identity is None:
+            return error_response(Refusal.UNAUTHORIZED, "a known API key or team is required")
+        created = 0
+        data = [
+            {"id": m.name, "object": "model", "created": created, "owned_by": "fairshare"}
+            for m in self.config.models
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    # -- one request -------------------------------------------------------------------------
+
+    async def _tracked(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        if self.draining:
+            return error_response(Refusal.SHUTTING_DOWN, "the gateway is stopping")
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        try:
+            return await self._serve(request, endpoint)
+        finally:
+            self.handlers.discard(task)
+
+    def _identity_or_refusal(self, request: web.Request) -> Identity | None:
+        return identify(request.headers, auth=self.config.auth, keys=self.keys)
+
+    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        try:
+            identity, parsed, model = await self._admit(request, endpoint)
+        except Refused as e:
+            return error_response(e.refusal, str(e))
+        return await self._decide_and_forward(request, parsed, model, identity)
+
+    async def _admit(
+        self, request: web.Request, endpoint: Endpoint
+    ) -> tuple[Identity, Request, Model]:
+        """The caller's identity, the checked body and its model.
+
+        Raises:
+            Refused: 401, 400, 413 or 404, as the module doc says.
+        """
+        try:
+            identity = self._identity_or_refusal(request)
+        except BadClass as e:
+            raise Refused(Refusal.BAD_FIELD, str(e)) from e
+        if identity is None:
+            raise Refused(Refusal.UNAUTHORIZED, "a known API key or team is required")
+        limit = self.config.limits.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while chunk := await request.content.read(READ_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
+        except (aiohttp.ClientError, OSError) as e:
+            raise Refused(Refusal.BAD_JSON, f"the body could not be read: {e}") from e
+        raw = b"".join(chunks)
+        try:
+            parsed = bodies.parse_request(raw, endpoint)
+        except BadJson as e:
+            raise Refused(Refusal.BAD_JSON, str(e)) from e
+        except BadRequest as e:
+            raise Refused(Refusal.BAD_FIELD, str(e)) from e
+        model = self._by_name.get(parsed.model)
+        if model is None:
+            raise Refused(Refusal.UNKNOWN_MODEL, f"the model {parsed.model!r} does not exist")
+        return identity, parsed, model
+
+    async def _decide_and_forward(
+        self, request: web.Request, parsed: Request, model: Model, identity: Identity
+    ) -> web.StreamResponse:
+        redone = False
+        arrived = time.monotonic()  # a re-decided request keeps its first arrival
+        while True:
+            started = time.monotonic()
+            try:
+                placement = await place(
+                    self.client, model, identity, parsed.est_tokens, self.releases
+                )
+            except AllocatorError as e:
+                refusal, headers = allocator_refusal(e)
+                self.metrics.requests_by(model.name, "", str(refusal.value.status)).inc()
+                return error_response(refusal, f"the allocator refused: {e}", headers=headers)
+            self.metrics.acquire_seconds.observe(time.monotonic() - started)
+            grant = placement.grant
+            kind = "degraded" if grant.degraded else "borrowing" if grant.borrowing else "within"
+            self.metrics.grants_by(grant.pool, kind).inc()
+            if placement.fallback:
+                self.metrics.fallbacks_by(model.name, grant.pool).inc()
+            watched = self.redecider.watch(grant.pool) if grant.degraded and not redone else None
+            outcome = Outcome()
+            in_flight = self.metrics.in_flight_by(grant.pool)
+            in_flight.inc()
+            redecided = False
+            try:
+                response = await self._forward(request, parsed, placement, watched, outcome)
+            except Redecide:
+                redecided = True
+            finally:
+                if watched is not None:
+                    self.redecider.unwatch(watched)
+                in_flight.dec()
+                if not redecided:
+                    self._release(grant, outcome)
+            if redecided:
+                # Released before the new decision, so that it does not count this request
+                # twice; the aborted attempt charges nothing.
+                redone = True
+                self.metrics.redecided.labels(grant.pool).inc()
+                logger.info("pool %s: a fail-open request is decided again", grant.pool)
+                # A disconnect meanwhile does not cut the release (a task of its own).
+                await asyncio.shield(self.releases.start(grant, 0.0))
+                continue
+            self.metrics.requests_by(model.name, grant.pool, str(outcome.status)).inc()
+            if outcome.first_chunk is not None:
+                waited = outcome.first_chunk - arrived
+                self.metrics.first_token_by(grant.pool, kind).observe(waited)
+            return response
+
+    def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
+        """Releases ``grant`` in the background (the answer does not wait for it).
+
+        The release starts before anything else is done with the charge, so that nothing
+        that fails here can leave the grant counted; the charge is never negative.
+        """
+        consumed = max(
+            charge(self.config.cost, usage=outcome.usage, upstream_s=outcome.upstream_s), 0.0
+        )
+        self.releases.start(grant, consumed)
+        self.metrics.charged_by(grant.pool).inc(consumed)
+
+    async def wait_releases(self) -> None:
+        """Waits for the releases handed to the client library (at shutdown)."""
+        await self.releases.wait()
+
+    # -- the upstream ------------------------------------------------------------------------
+
+    async def _open(
+        self, placement: Placement, path: str, data: bytes, outcome: Outcome
+    ) -> tuple[str, aiohttp.ClientResponse]:
+        """Sends the request to the upstream the route's router chooses for the grant's
+        priority, among those that accept a connection.
+
+        The caller ends the upstream's lease (``Upstreams.sent``) with ``_close``.
+
+        A connection closed before the status line (``ServerDisconnectedError``: a pooled
+        connection the upstream closed as idle) is tried again once, like a refused one but
+        on any upstream.
+
+        Raises:
+            UpstreamFailed: none accepted a connection, or the one that did failed or timed
+                out before its status line (a second closed connection included).
+        """
+        route, grant = placement.route, placement.grant
+        upstreams = self.upstreams[route]
+        tried: set[str] = set()
+        disconnected = False
+        while True:
+            url = upstreams.choose(grant.priority, tried)
+            if url is None:
+                raise UpstreamFailed(
+                    Refusal.UPSTREAM_UNREACHABLE,
+                    f"no upstream of pool {route.pool} accepted a connection",
+                )
+            upstreams.sent(url, grant.priority, standing(grant))
+            outcome.started = time.monotonic()
+            outcome.sent = True
+            try:
+                response = await self.session.post(
+                    url + path,
+                    data=data,
+                    headers={"Content-Type": "application/json"},
+                    timeout=self._timeout,
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+                upstreams.ended(url, grant.priority)
+                outcome.sent = False
+                self.metrics.upstream_errors.labels(url, "refused").inc()
+                logger.warning("upstream %s refused: %s; trying another", url, e)
+                tried.add(url)
+                continue
+            except aiohttp.ServerDisconnectedError as e:
+                # Closed before its status line: most likely a pooled connection the
+                # upstream was closing as idle when the request went out. Sent again,
+                # once, to the upstream the router chooses (this one included).
+                upstreams.ended(url, grant.priority)
+                self.metrics.upstream_errors.labels(url, "disconnected").inc()
+                if disconnected:
+                    raise UpstreamFailed(
+                        Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}"
+                    ) from e
+                disconnected = True
+                logger.info("upstream %s closed the connection: %r; sending again", url, e)
+                continue
+            except TimeoutError as e:
+                upstreams.ended(url, grant.priority)
+                self.metrics.upstream_errors.labels(url, "timeout").inc()
+                raise UpstreamFailed(
+                    Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
+                ) from e
+            except (aiohttp.ClientError, OSError) as e:
+                upstreams.ended(url, grant.priority)
+                self.metrics.upstream_errors.labels(url, "broken").inc()
+                raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
+            except BaseException:
+                upstreams.ended(url, grant.priority)
+                raise
+            return url, response
+
+    def _close(self, placement: Placement, url: str, response: aiohttp.ClientResponse) -> None:
+        """Ends an upstream request: a response not read to its end closes its connection,
+        so the upstream aborts the request."""
+        if not response.content.is_eof():
+            response.close()
+        else:
+            response.release()
+        self.upstreams[placement.route].ended(url, placement.grant.priority)
+
+    async def _forward(
+        self,
+        request: web.Request,
+        parsed: Request,
+        placement: Placement,
+        watched: Watched | None,
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        """One attempt at the upstream; fills ``outcome``.
+
+        Raises:
+            Redecide: ``watched`` was signalled before the first byte went to the client.
+        """
+        grant = placement.grant
+        data = bodies.upstream_body(parsed, grant.priority)
+        headers = grant_headers(grant)
+        path = PATHS[parsed.endpoint]
+        opened: tuple[str, aiohttp.ClientResponse] | None = None
+        answered_error = False  # the upstream answered with an error status
+        try:
+            try:
+                first = self._first(placement, path, data, parsed, outcome)
+                opened, head = await _unless_signalled(
+                    first, watched, lambda url, r: self._close(placement, url, r)
+                )
+            except UpstreamFailed as e:
+                outcome.status = e.refusal.value.status
+                return error_response(e.refusal, str(e), headers=headers)
+            _, upstream = opened
+            outcome.status = upstream.status
+            answered_error = upstream.status != 200  # noqa: PLR2004 (HTTP OK)
+            if watched is not None:
+                self.redecider.unwatch(watched)
+            if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
+                outcome.first_chunk = time.monotonic()
+                return await self._stream(request, parsed, upstream, head, headers, outcome)
+            if not parsed.stream:
+                outcome.usage = bodies.usage_of_body(head) if upstream.status == 200 else None  # noqa: PLR2004
+            for name in PASSED_HEADERS:
+                if name in upstream.headers:
+                    headers[name] = upstream.headers[name]
+            return web.Response(status=upstream.status, body=head, headers=headers)
+        except asyncio.CancelledError:
+            if not self.draining:  # else cancelled by the stop, after the grace
+                self.metrics.disconnects.inc()
+            raise
+        finally:
+            # No upstream accepted a connection: no upstream time to charge.
+            outcome.upstream_s = time.monotonic() - outcome.started if outcome.sent else 0.0
+            if outcome.usage is None and outcome.sent and not answered_error:
+                # Cut (timeout, broken, the client gone) before any usage: the upstream
+                # may have read the prompt; charge it, without completion tokens.
+                outcome.usage = Usage(prompt_tokens=parsed.prompt_tokens, completion_tokens=0)
+            if opened is not None:
+                self._close(placement, *opened)
+
+    async def _first(
+        self, placement: Placement, path: str, data: bytes, parsed: Request, outcome: Outcome
+    ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
+        """Everything up to the first byte the client may see: the whole answer when not
+        streaming (or on an error status), else the first chunk of the stream."""
+        url, upstream = await self._open(placement, path, data, outcome)
+        try:
+            if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
+                head = await upstream.content.readany()
+            else:
+                head = await upstream.read()
+        except TimeoutError as e:
+            self._close(placement, url, upstream)
+            self.metrics.upstream_errors.labels(url, "timeout").inc()
+            raise UpstreamFailed(
+                Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
+            ) from e
+        except (aiohttp.ClientError, OSError) as e:
+            self._close(placement, url, upstream)
+            self.metrics.upstream_errors.labels(url, "broken").inc()
+            raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
+        except BaseException:
+            self._close(placement, url, upstream)
+            raise
+        if upstream.status >= 500:  # noqa: PLR2004 (server errors)
+            self.metrics.upstream_errors.labels(url, "status").inc()
+        return (url, upstream), head
+
+    async def _stream(
+        self,
+        request: web.Request,
+        parsed: Request,
+        upstream: aiohttp.ClientResponse,
+        head: bytes,
+        headers: dict[str, str],
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        """Passes a stream on event by event, from its first chunk ``head``."""
+        filtered = StreamFilter(keep_usage=parsed.client_wants_usage)
+        headers["Content-Type"] = "text/event-stream"
+        headers["Cache-Control"] = "no-cache"
+        answer = web.StreamResponse(status=200, headers=headers)
+        try:
+            await answer.prepare(request)
+            chunk = head
+            while chunk:
+                out = filtered.feed(chunk)
+                if out:
+                    await answer.write(out)
+                chunk = await upstream.content.readany()
+            rest = filtered.finish()
+            if rest:
+                await answer.write(rest)
+        except TimeoutError:
+            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "timeout").inc()
+            await _write_quietly(
+                answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, "the upstream stalled")
+            )
+        except aiohttp.ClientPayloadError as e:
+            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
+        except ConnectionResetError:
+            # The client went away: end here. Before ``aiohttp.ClientError``, which the
+            # writer's ``ClientConnectionResetError`` also is.
+            self.metrics.disconnects.inc()
+            return answer
+        except aiohttp.ClientError as e:  # the upstream connection failed otherwise
+            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
+        finally:
+            outcome.usage = filtered.counted(parsed)
+        with contextlib.suppress(ConnectionResetError):
+            await answer.write_eof()
+        return answer
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(Refusal.TOO_LARGE, f"the body is larger than {limit} bytes")
+
+
+async def _write_quietly(answer: web.StreamResponse, data: bytes) -> None:
+    with contextlib.suppress(ConnectionResetError):
+        await answer.write(data)
+
+
+async def _unless_signalled(
+    first: Coroutine[Any, Any, tuple[tuple[str, aiohttp.ClientResponse], bytes]],
+    watched: Watched | None,
+    close: Callable[[str, aiohttp.ClientResponse], None],
+) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
+    """Awaits ``first`` (a coroutine of ``Proxy._first``), or raises ``Redecide`` if
+    ``watched`` is signalled before it ends (``first`` is then cancelled: the upstream
+    request is closed). When the caller is cancelled meanwhile, ``first`` is cancelled too,
+    or, had it just ended, its upstream response is closed with ``close``."""
+    if watched is None:
+        return await first
+    attempt = asyncio.ensure_future(first)
+    signal = asyncio.ensure_future(watched.signal.wait())
+    try:
+        await asyncio.wait({attempt, signal}, return_when=asyncio.FIRST_COMPLETED)
+        if not attempt.done():
+            attempt.cancel()
+            await asyncio.wait({attempt})  # its own cleanup closes the upstream request
+    except asyncio.CancelledError:
+        if not attempt.done():
+            attempt.cancel()
+        elif not attempt.cancelled() and attempt.exception() is None:
+            close(*attempt.result()[0])
+        raise
+    finally:
+        signal.cancel()
+    if attempt.cancelled():
+        raise Redecide
+    return attempt.result()

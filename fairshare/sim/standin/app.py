@@ -1,0 +1,225 @@
+"""The stand-in's aiohttp application: the OpenAI endpoints, the test controls, the records.
+
+How a client that goes away is seen: the server runs with aiohttp's handler cancellation
+(``handler_cancellation=True``), so when a connection closes aiohttp cancels the task of
+the request on it at once, whether the request waits for a slot, sleeps before its next
+token or waits to send its whole answer. The ``CancelledError`` reaches the handler, which
+frees the slot (``Scheduler`` leaves the queue or ``release``), marks the record
+``disconnected`` and ends. Cancellation was chosen over polling the transport because it is
+prompt without any loop that checks; a write to a closed transport would only be noticed
+at the next token, never while the request waits or a non-streaming answer is generated.
+
+Guarantees: every request received is recorded before anything else happens to it; a
+record's times are on this process's monotonic clock; every slot taken is given back on
+every path. Not guaranteed: the records survive a restart (they are in memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from fairshare.sim.standin.scheduler import Policy, Scheduler
+from fairshare.sim.standin.shapes import Ask, BadRequest, Shapes, error_body, parse, sse
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The command line's choices (see ``fairshare.sim.standin.command``)."""
+
+    models: tuple[str, ...] = ("standin",)
+    max_running: int = 4
+    tokens_per_s: float = 50.0
+    prefill_s: float = 0.0
+    policy: Policy = "priority"
+    max_tokens_default: int = 16
+    dev_mode: bool = False
+
+
+class Standin:
+    """The state of one server: its settings, scheduler and records."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.scheduler = Scheduler(settings.max_running, settings.policy)
+        self.records: list[dict[str, Any]] = []
+        self._ids = itertools.count(1)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/standin/requests", self.list_records)
+        app.router.add_delete("/standin/requests", self.forget_records)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": name}
+            | {"parent": None, "max_model_len": 4096}
+            for name in self.settings.models
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """vLLM's ``GET /server_info``, the one place a running vLLM tells its scheduling
+        policy; vLLM serves it only with ``VLLM_SERVER_DEV_MODE=1`` (here: ``--dev-mode``),
+        404 otherwise. Only the fields a client may read are imitated:
+        ``vllm_config.scheduler_config.policy`` and ``max_num_seqs`` under
+        ``config_format=json``; the text form is a string with no contract."""
+        if not self.settings.dev_mode:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        scheduler = {"policy": self.settings.policy, "max_num_seqs": self.settings.max_running}
+        if request.query.get("config_format", "text") == "json":
+            config: Any = {
+                "model_config": {"model": self.settings.models[0]},
+                "scheduler_config": scheduler,
+            }
+        else:
+            config = f"model='{self.settings.models[0]}', scheduler_config={scheduler}"
+        env = {"VLLM_SERVER_DEV_MODE": True}
+        return web.json_response({"vllm_config": config, "vllm_env": env, "system_env": {}})
+
+    async def list_records(self, request: web.Request) -> web.Response:
+        return web.json_response(self.records)
+
+    async def forget_records(self, request: web.Request) -> web.Response:
+        self.records = []
+        return web.json_response({"forgotten": True})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    def _record(self, request: web.Request, body: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "id": str(next(self._ids)),
+            "model": None,
+            "priority": None,
+            "stream": None,
+            "include_usage": None,
+            "max_tokens": None,
+            "arrival_s": time.monotonic(),
+            "start_s": None,
+            "first_token_s": None,
+            "end_s": None,
+            "prompt_tokens": None,
+            "completion_tokens": 0,
+            "disconnected": False,
+            "status": None,
+            "path": request.path,
+            "headers": {name.lower(): value for name, value in request.headers.items()},
+            "body": body,
+        }
+        self.records.append(record)
+        return record
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            record = self._record(request, None)
+            return self._error(record, 400, "the body is not valid JSON")
+        record = self._record(request, body)
+        try:
+            ask = parse(
+                body,
+                chat=chat,
+                models=self.settings.models,
+                max_tokens_default=self.settings.max_tokens_default,
+            )
+        except BadRequest as refused:
+            return self._error(record, refused.status, str(refused))
+        record |= {
+            "model": ask.model,
+            "priority": ask.priority,
+            "stream": ask.stream,
+            "include_usage": ask.include_usage,
+            "max_tokens": ask.max_tokens,
+            "prompt_tokens": ask.prompt_tokens,
+        }
+        if ask.status is not None:
+            return self._error(record, ask.status, f"standin_status {ask.status} asked for")
+        try:
+            if ask.hang:
+                await asyncio.get_running_loop().create_future()  # until the client goes
+            await self.scheduler.admit(ask.priority)
+            try:
+                record["start_s"] = time.monotonic()
+                if ask.stream:
+                    return await self._stream(request, ask, record)
+                return await self._whole(ask, record)
+            finally:
+                self.scheduler.release()
+        except (asyncio.CancelledError, ConnectionResetError):
+            record["disconnected"] = True  # a write may notice the close before the cancel
+            raise
+        finally:
+            if record["end_s"] is None:
+                record["end_s"] = time.monotonic()
+
+    def _error(self, record: dict[str, Any], status: int, message: str) -> web.Response:
+        record["status"] = status
+        record["end_s"] = time.monotonic()
+        return web.json_response(error_body(status, message), status=status)
+
+    async def _token_due(self, record: dict[str, Any], index: int) -> None:
+        """Sleeps until token ``index`` is due: the first ``prefill_s`` after the start, the
+        next ones ``1 / tokens_per_s`` apart (on absolute times, so no drift)."""
+        due = record["start_s"] + self.settings.prefill_s + index / self.settings.tokens_per_s
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _produced(self, record: dict[str, Any], index: int) -> None:
+        if index == 0:
+            record["first_token_s"] = time.monotonic()
+        record["completion_tokens"] = index + 1
+
+    async def _whole(self, ask: Ask, record: dict[str, Any]) -> web.Response:
+        for index in range(ask.max_tokens):
+            await self._token_due(record, index)
+            self._produced(record, index)
+        record["status"] = 200
+        return web.json_response(Shapes(ask, record["id"]).completion())
+
+    async def _stream(
+        self, request: web.Request, ask: Ask, record: dict[str, Any]
+    ) -> web.StreamResponse:
+        shapes = Shapes(ask, record["id"])
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        record["status"] = 200
+        if ask.chat:
+            await response.write(sse(shapes.role_chunk()))
+        for index in range(ask.max_tokens):
+            if ask.fail_after is not None and index >= ask.fail_after:
+                record["end_s"] = time.monotonic()
+                record["failed"] = True
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            await self._token_due(record, index)
+            self._produced(record, index)
+            await response.write(sse(shapes.token_chunk(index)))
+        if ask.include_usage:
+            await response.write(sse(shapes.usage_chunk(ask.max_tokens)))
+        await response.write(sse("[DONE]"))
+        await response.write_eof()
+        return response
