@@ -160,8 +160,18 @@ class Adoption(Calls):
             aio.AioRpcError: an Adopt failed (the grants not yet re-reported are kept).
         """
         ended = self._ended.get(pool)
-        if not ended:
-            return
+        if not ended or pool in self._ending:
+            return  # one group at a time: a second loop would overrun the owner's bound
+        self._ending.add(pool)
+        try:
+            await self._report_groups(pool, epoch, ended)
+        finally:
+            self._ending.discard(pool)
+
+    async def _report_groups(
+        self, pool: str, epoch: int, ended: dict[str, tuple[ClientGrant, float]]
+    ) -> None:
+        """The loop of ``_report_ended``: one group re-reported, then released, at a time."""
         if pool not in self._capacities:
             await self.refresh_pools()
         while ended:
@@ -179,7 +189,7 @@ class Adoption(Calls):
             )
             await self._call("Adopt", request, deadline_s=2.0, pool=pool)
             for grant, consumed in group:
-                del ended[grant.grant_id]
+                ended.pop(grant.grant_id, None)
                 self._buffer(grant.grant_id, consumed)
             sent = await asyncio.gather(*(self._send_release(g.grant_id, c) for g, c in group))
             if not all(sent):

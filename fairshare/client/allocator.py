@@ -173,6 +173,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         # what they consumed: re-reported, then released (see _report_ended).
         self._ended: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
         self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
+        self._ending: set[str] = set()  # pools whose ended grants are being re-reported
         # Per pool, the epoch whose complete re-report carried no proof of holdership.
         self._unproven: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()

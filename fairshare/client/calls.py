@@ -98,6 +98,7 @@ class Calls:
     _unreported: dict[str, set[str]]
     _ended: dict[str, dict[str, tuple[ClientGrant, float]]]
     _capacities: dict[str, int]
+    _ending: set[str]
     _unproven: dict[str, int]
     _reporting: set[str]
     _tasks: set[asyncio.Task[None]]
