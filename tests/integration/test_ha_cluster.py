@@ -236,5 +236,11 @@ async def test_a_session_reaches_the_owner_through_a_forwarder_and_survives_its_
             grants=[pb.HeldGrant(grant_id=granted.grant_id, team="inst-a")],
         )
         adopted = await stub.Adopt(report, timeout=2, metadata=own)
-        assert (adopted.adopted, adopted.epoch) == (1, new_epoch)
+        assert adopted.epoch == new_epoch
+        # Counted once, with no phantom left: by this re-report, or already by the
+        # forwarding replica's own re-report of the grant it obtained for its caller (its
+        # stub), whichever reached the new owner first (then this one adopts 0).
+        snap = await stub.Snapshot(pb.SnapshotRequest(pool="gpu-a"), timeout=2)
+        team = next(t for t in snap.teams if t.team == "inst-a")
+        assert (team.in_flight, team.phantoms) == (1, 0), (adopted.adopted, team)
         await stub.Release(pb.ReleaseRequest(grant_id=granted.grant_id, consumed=1.0), timeout=2)
