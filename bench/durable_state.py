@@ -10,7 +10,7 @@ For N = 0, 3,000 and 25,000 held, in one run:
 
 1. pairs one at a time over one whole checkpoint cycle (from just after a checkpoint to
    just after the next, watched through the head's position), so the checkpoint's share
-   counts as it falls (``ha.journal.LOG_RATIO``): the bytes etcd received per pair
+   counts as it falls (``ha.owned.journal.LOG_RATIO``): the bytes etcd received per pair
    (``etcd_network_client_grpc_received_bytes_total`` before and after, from etcd's
    /metrics), a record per commit;
 2. the same at 32 in flight: pairs/s, and bytes per pair, now with the group commit
@@ -166,7 +166,7 @@ class Prober:
 
 
 def head_position(client_url: str, key: str) -> int:
-    """The position of the pool's checkpoint head (``ha.poolstate``), read through etcd's
+    """The position of the pool's checkpoint head (``ha.owned.poolstate``), read through etcd's
     JSON gateway; it changes only when a checkpoint is written."""
     body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
     request = urllib.request.Request(

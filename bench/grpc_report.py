@@ -275,7 +275,7 @@ At a paced rate:
 Where the time goes (cProfile of the server under load, measured separately): most of
 the server's CPU is grpc.aio's own per-call work (callbacks in the event loop, two
 `asyncio.wait` and three tasks per RPC), as for the echo server; the project's Python
-path of a borrowing Acquire (validation, `ha.node` → `ha.owner` → `fairshare.Pool`, grant
+path of a borrowing Acquire (validation, `ha.node` → `ha.owned.pool` → `fairshare.Pool`, grant
 id, two Prometheus counters and a histogram) is about 18 µs per call. A durable write
 costs the event loop about 10 µs to encode the snapshot (each request in flight keeps
 its row encoded) and the append itself, 0.12 to 0.3 ms with fdatasync on this disk

@@ -40,7 +40,7 @@ from bench._common import (
 )
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from ha.cluster import preferred_owner
+from ha.cluster.view import preferred_owner
 from harness.etcd import EtcdProcess
 from harness.serve import Allocator, wait_serving
 

@@ -1,6 +1,6 @@
 """What many teams cost one pool's owner: Snapshot, an Acquire and a durable write.
 
-In-process, on ``ha.owner.OwnedPool`` with a fake clock and a write that does nothing, so
+In-process, on ``ha.owned.pool.OwnedPool`` with a fake clock and a write that does nothing, so
 it measures the owner's own work (encoding included), not a store. A flood of ``--flood``
 new team names, each acquired once and released with a charge of 1.0 (so none is
 negligible and none can be forgotten), then 50 Snapshots (``view``), 200 within-share
@@ -23,8 +23,8 @@ import time
 from fairshare import Class
 from ha.api import AllocatorError, Epoch, GrantRef, NodeId
 from ha.clock import FakeClock
-from ha.journal import MemoryLog
-from ha.owner import OwnedPool
+from ha.owned.journal import MemoryLog
+from ha.owned.pool import OwnedPool
 from ha.settings import PoolConfig
 
 

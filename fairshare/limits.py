@@ -1,7 +1,7 @@
 """The limits that keep one replica's memory and work bounded whatever clients send.
 
 Every value here is checked at the door (``server.servicer``) before anything is stored,
-or by the owner of a pool for what depends on its state (``ha.owner``). docs/ha.md
+or by the owner of a pool for what depends on its state (``ha.owned.pool``). docs/ha.md
 ("Limits") lists each with what a client sees at it.
 """
 
@@ -26,4 +26,4 @@ MAX_ANSWER_BYTES: Final = 32 * 2**20
 MAX_ANSWERS: Final = 100_000
 """Most remembered answers one pool keeps, whatever their size."""
 MAX_SESSIONS: Final = 16_384
-"""Most holder sessions one pool's owner keeps open at once (``ha.sessions``)."""
+"""Most holder sessions one pool's owner keeps open at once (``ha.owned.sessions``)."""

@@ -154,7 +154,7 @@ class Allocator(Protocol):
         call names the ``epoch`` its forwarder routed to: a replica that does not own the
         pool at exactly that epoch (at any, for ``ANY_EPOCH``) raises WrongEpoch instead
         of forwarding again. ``epoch`` means nothing in a call that is not forwarded.
-        The grant belongs to ``session`` when one is given (``ha.sessions``).
+        The grant belongs to ``session`` when one is given (``ha.owned.sessions``).
         """
         ...
 

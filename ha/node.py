@@ -2,11 +2,11 @@
 
 ``Node`` is the replica the server runs (``ha.api.Allocator`` plus start, stop_deciding,
 close, status): it builds the pieces, runs their loops and answers through them.
-- ``ha.ownership``: the pools this node owns (campaign, rebalancing, losses) and
-  ``ha.handover`` (graceful handover, resignation, stale keys);
+- ``ha.cluster.ownership``: the pools this node owns (campaign, rebalancing, losses) and
+  ``ha.cluster.handover`` (graceful handover, resignation, stale keys);
 - ``ha.routing``: every call, answered from the owned pool, forwarded to the owner, or
   degraded, with the stubs of grants obtained elsewhere;
-- ``ha.owner``: one owned pool during one epoch.
+- ``ha.owned.pool``: one owned pool during one epoch.
 
 Guarantees:
 - One epoch decides at a time: a node decides for a pool only while it holds the pool's
@@ -27,7 +27,7 @@ Guarantees:
   every call as when etcd is lost later (each pool per its degraded mode) and joins the
   cluster in the background, retrying with a backoff from ``JOIN_FIRST_S`` doubling to
   ``JOIN_MAX_S`` (jittered), for as long as it runs. Only a refusal that waiting cannot
-  cure (``ha.etcd.AccessRefused``: TLS handshake, password, permission) stops the start.
+  cure (``ha.store.etcd.AccessRefused``: TLS handshake, password, permission) stops the start.
 
 Non-guarantees: availability while the store is unreachable for longer than the fencing
 deadline (pools then run degraded); decisions made in degraded mode are not counted until
@@ -61,18 +61,18 @@ from ha.api import (
     Session,
 )
 from ha.clock import Clock, SystemClock, system_clock
-from ha.cluster import ClusterView
-from ha.etcd import AccessRefused, EtcdAccess, connect
-from ha.filestore import FileStore
-from ha.genuine import IdCounters
+from ha.cluster.lease import NodeLease
+from ha.cluster.ownership import Ownership
+from ha.cluster.view import ClusterView
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
-from ha.keys import Keys, Route
-from ha.lease import NodeLease
-from ha.ownership import Ownership
+from ha.owned.genuine import IdCounters
 from ha.routing import ROUTE_POLL_S, Router
 from ha.settings import PoolConfig, Timing
-from ha.store import LeaseNotFound, Store, StoreUnavailable
-from ha.writes import WatchedStore
+from ha.store.contract import LeaseNotFound, Store, StoreUnavailable
+from ha.store.etcd import AccessRefused, EtcdAccess, connect
+from ha.store.file import FileStore
+from ha.store.keys import Keys, Route
+from ha.store.writes import WatchedStore
 
 logger = logging.getLogger(__name__)
 
@@ -504,7 +504,7 @@ async def open_node(  # noqa: PLR0913 (a replica's wiring, as Node's constructor
 ) -> Node:
     """Builds a node: embedded on a local file store when no etcd endpoint is given.
 
-    ``etcd_access``: TLS and auth for etcd (``ha.etcd.EtcdAccess``; None: plaintext, no
+    ``etcd_access``: TLS and auth for etcd (``ha.store.etcd.EtcdAccess``; None: plaintext, no
     auth). ``grant_keys`` sign and verify grant ids; None: with etcd endpoints an error (the
     replicas must share keys), embedded the key kept in ``state_dir`` (made on first use).
     Without ``clock`` it runs on ``ha.clock.system_clock()``: the system's clocks, or

@@ -52,11 +52,11 @@ from ha.api import (
     WrongEpoch,
 )
 from ha.clock import Clock
-from ha.cluster import ClusterView
-from ha.genuine import degraded_grant_id
+from ha.cluster.ownership import Ownership
+from ha.cluster.view import ClusterView
 from ha.grantkeys import GrantKeys
-from ha.owner import NotDeciding, OwnedPool
-from ha.ownership import Ownership
+from ha.owned.genuine import degraded_grant_id
+from ha.owned.pool import NotDeciding, OwnedPool
 from ha.settings import DegradedMode, PoolConfig, Timing
 from ha.stubs import Stubs
 

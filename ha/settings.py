@@ -89,7 +89,7 @@ class PoolConfig:
         max_in_flight: grants the owner counts in flight for the pool (issued or
             adopted, phantoms not included) past which a request that would borrow is
             refused with RESOURCE_EXHAUSTED (one within its team's share never is:
-            ``ha.bounds``). None (default): ``IN_FLIGHT_PER_CAPACITY`` x the live
+            ``ha.owned.bounds``). None (default): ``IN_FLIGHT_PER_CAPACITY`` x the live
             capacity, at least ``MIN_IN_FLIGHT``. Never below the live capacity
             (``in_flight_bounds``).
         max_in_flight_per_holder: the same, for the grants of one holder. None
@@ -224,7 +224,7 @@ class Timing:
     release_memory_s: float = 3600.0
     """How long an owner remembers released grant ids, so a retried release is a no-op."""
     session_ttl_s: float = 30.0
-    """How long a holder session lives without being renewed (``ha.sessions``); its grants
+    """How long a holder session lives without being renewed (``ha.owned.sessions``); its grants
     then stop counting. Clients renew every third of it."""
 
     @property

@@ -33,10 +33,10 @@ from ha.api import (
     WrongEpoch,
 )
 from ha.clock import Clock
-from ha.cluster import ClusterView
-from ha.keys import Route
-from ha.ownership import Ownership
+from ha.cluster.ownership import Ownership
+from ha.cluster.view import ClusterView
 from ha.settings import PoolConfig, Timing
+from ha.store.keys import Route
 
 logger = logging.getLogger(__name__)
 

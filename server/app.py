@@ -50,11 +50,20 @@ from grpc_reflection.v1alpha import reflection
 from fairshare.wire.credentials import read_token
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from ha.api import Allocator, MemberStatus, NodeId, Peers, StoreUnavailable
-from ha.etcd import EtcdAccess
-from ha.grantkeys import GrantKeys, KeyFileError
-from ha.node import open_node
-from ha.settings import ConfigError, PoolConfig, Timing
+from ha import (
+    Allocator,
+    ConfigError,
+    EtcdAccess,
+    GrantKeys,
+    KeyFileError,
+    MemberStatus,
+    NodeId,
+    Peers,
+    PoolConfig,
+    StoreUnavailable,
+    Timing,
+    open_node,
+)
 from server.auth import AdminAuth
 from server.config import Config, load_config
 from server.etcd_access import load_etcd_access

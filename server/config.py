@@ -25,9 +25,7 @@ from typing import Final
 
 import yaml
 
-from ha.api import NodeId
-from ha.etcd.connection import is_tls
-from ha.settings import ConfigError, PoolConfig, Timing
+from ha import ConfigError, NodeId, PoolConfig, Timing, is_tls
 from server.config_pools import parse_pools
 from server.config_values import (
     check_address,

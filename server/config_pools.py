@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Final
 
 from fairshare import ShareError, check_shares
-from ha.settings import ConfigError, DegradedMode, PoolConfig, UnknownTeams
+from ha import ConfigError, DegradedMode, PoolConfig, UnknownTeams
 from server.config_values import read_mapping, read_number, read_string
 
 POOL_KEYS: Final = (

@@ -12,7 +12,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from ha.settings import ConfigError
+from ha import ConfigError
 
 MAX_PORT = 65535
 """The highest TCP port number (port 0 asks the system for a free one)."""

@@ -1,6 +1,6 @@
 """The files of the ``etcd`` section (certificates, key, password), followed while running.
 
-``load_etcd_access`` turns the configured paths into ``ha.etcd.EtcdAccess`` for the
+``load_etcd_access`` turns the configured paths into ``ha.store.etcd.EtcdAccess`` for the
 store, checking each file as the TLS library will use it, so a bad one stops the start
 with a ``ConfigError`` naming its key instead of failing every etcd call later.
 
@@ -17,8 +17,7 @@ import dataclasses
 import pathlib
 import ssl
 
-from ha.etcd import EtcdAccess
-from ha.settings import ConfigError
+from ha import ConfigError, EtcdAccess
 from server.config import EtcdConfig
 from server.tls_files import check_ca_bundle, check_cert_chain
 from server.tls_reload import Reloading

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ha.api import Decision, PoolStatus
+from ha import Decision, PoolStatus
 
 logger = logging.getLogger(__name__)
 

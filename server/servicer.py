@@ -61,8 +61,8 @@ from fairshare.wire.errors import abort, item_error
 from fairshare.wire.metadata import SESSION_KEY, is_forwarded, read_call
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from ha.api import Allocator as AllocatorApi
-from ha.settings import MAX_CAPACITY, PoolConfig
+from ha import MAX_CAPACITY, PoolConfig
+from ha import Allocator as AllocatorApi
 from server.auth import AdminAuth, peer_identities
 from server.metrics import Metrics, Outcome
 

@@ -34,8 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from fairshare import TeamStat
-from ha.api import AllocatorError, MemberStatus, PoolInfo, PoolStatus, PoolView
-from ha.settings import PoolConfig
+from ha import AllocatorError, MemberStatus, PoolConfig, PoolInfo, PoolStatus, PoolView
 
 FORWARD_TIMEOUT_S: Final = 1.0
 """How long the report waits for a pool's owner to answer its Snapshot."""

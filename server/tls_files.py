@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ssl
 
-from ha.settings import ConfigError
+from ha import ConfigError
 
 
 def check_cert_chain(key: str, cert_file: str, key_file: str, protocol: ssl._SSLMethod) -> None:

@@ -34,7 +34,7 @@ from typing import Final, TypeVar
 import grpc
 
 from fairshare.filewatch import Followed
-from ha.settings import ConfigError
+from ha import ConfigError
 from server.config import Config
 from server.tls_files import check_ca_bundle, check_cert_chain
 

@@ -1,12 +1,12 @@
-"""An ``ha.owner.OwnedPool`` as the owner-level tests make it: fenced for ever, commits
+"""An ``ha.owned.pool.OwnedPool`` as the owner-level tests make it: fenced for ever, commits
 without a window, on a fake clock and an in-memory log."""
 
 from __future__ import annotations
 
 from ha.api import Epoch, NodeId
 from ha.clock import FakeClock
-from ha.journal import StateWriter
-from ha.owner import OwnedPool
+from ha.owned.journal import StateWriter
+from ha.owned.pool import OwnedPool
 from ha.settings import PoolConfig
 
 

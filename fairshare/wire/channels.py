@@ -14,7 +14,7 @@ Guarantees:
   default is 30 s), so a replica that moved to a new address behind the same name (a
   restarted pod's new IP) is found again about a second after its name resolves to it.
 - No shipped module opens a gRPC channel to a replica any other way (a test checks the
-  source); channels to etcd state the same limits in ``ha.etcd.connection``.
+  source); channels to etcd state the same limits in ``ha.store.etcd.connection``.
 
 Non-guarantees: a call made while the channel waits between two attempts still fails at
 once with ``UNAVAILABLE`` (callers retry within their own deadline). How soon a name

@@ -1,4 +1,4 @@
-"""Harnesses that run the store contract (``ha.store``) on every implementation.
+"""Harnesses that run the store contract (``ha.store.contract``) on every implementation.
 
 A ``StoreHarness`` gives a test one store, a key prefix of its own, and the way time
 passes for that store: the in-memory store runs on a fake clock (``pass_time`` advances
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ha.clock import FakeClock, SystemClock
-from ha.etcd import EtcdStore, connect
-from ha.filestore import FileStore
-from ha.memorystore import MemoryStore
-from ha.store import LeaseId, Store, WatchEvent
+from ha.store.contract import LeaseId, Store, WatchEvent
+from ha.store.etcd import EtcdStore, connect
+from ha.store.file import FileStore
+from ha.store.memory import MemoryStore
 
 ETCD_RPC_TIMEOUT_S = 2.0
 REAL_WAIT_S = 3.0

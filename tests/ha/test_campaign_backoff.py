@@ -9,10 +9,10 @@ import pytest
 
 from ha.api import NodeId, Peers
 from ha.clock import FakeClock
-from ha.memorystore import MemoryStore
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
-from ha.store import KeyValue, LeaseId, StoreFull
+from ha.store.contract import KeyValue, LeaseId, StoreFull
+from ha.store.memory import MemoryStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,7 +61,7 @@ async def test_campaigns_against_a_full_store_back_off_and_resume_when_it_has_ro
     )
     await node.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="ha.ownership"):
+        with caplog.at_level(logging.WARNING, logger="ha.cluster.ownership"):
             await clock.advance(TIMING.campaign_delay_s + 0.1)
             start = store.refused
             assert start >= 1

@@ -9,9 +9,9 @@ import pytest
 from test_node import POOLS, TIMING, Cluster, FlakyStore
 
 from ha.clock import FakeClock
-from ha.cluster import preferred_owner
-from ha.keys import decode_owner
-from ha.store import KeyValue, LeaseId, StoreUnavailable
+from ha.cluster.view import preferred_owner
+from ha.store.contract import KeyValue, LeaseId, StoreUnavailable
+from ha.store.keys import decode_owner
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,7 +15,7 @@ from fairshare import Class
 from ha.api import Epoch, GrantRef, HeldGrant, NodeId, PoolName, WrongEpoch
 from ha.clock import FakeClock, SystemClock, WallOffsetClock, system_clock
 from ha.node import open_node
-from ha.owner import NotDeciding
+from ha.owned.pool import NotDeciding
 from ha.settings import PoolConfig
 
 pytestmark = pytest.mark.timeout(30)

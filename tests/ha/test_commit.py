@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from ha.clock import FakeClock, settle
-from ha.commit import CommitFailed, GroupCommitter
+from ha.owned.commit import CommitFailed, GroupCommitter
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -14,9 +14,9 @@ from test_node import POOLS, TIMING, Cluster, FlakyStore, acquire
 from fairshare import Class
 from ha.api import GrantRef, HeldGrant, NodeId
 from ha.clock import FakeClock, settle
-from ha.cluster import preferred_owner
+from ha.cluster.view import preferred_owner
 from ha.node import Node
-from ha.store import Write
+from ha.store.contract import Write
 
 pytestmark = pytest.mark.timeout(30)
 

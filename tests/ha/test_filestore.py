@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ha import filestore
-from ha.filestore import FileStore
-from ha.memorystore import MemoryStore
-from ha.store import NO_LEASE, EventKind, StoreUnavailable
+from ha.store import file as filestore
+from ha.store.contract import NO_LEASE, EventKind, StoreUnavailable
+from ha.store.file import FileStore
+from ha.store.memory import MemoryStore
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ha import filestore
-from ha.filestore import FileStore
-from ha.store import NO_LEASE, EventKind, StoreFull, StoreUnavailable
+from ha.store import file as filestore
+from ha.store.contract import NO_LEASE, EventKind, StoreFull, StoreUnavailable
+from ha.store.file import FileStore
 
 pytestmark = pytest.mark.timeout(20)
 

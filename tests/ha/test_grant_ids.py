@@ -25,8 +25,8 @@ from ha.api import (
 )
 from ha.clock import FakeClock
 from ha.grantkeys import GrantKeys, KeyFileError, parse_keys
-from ha.journal import MemoryLog
-from ha.owner import OwnedPool
+from ha.owned.journal import MemoryLog
+from ha.owned.pool import OwnedPool
 from ha.settings import PoolConfig
 
 pytestmark = pytest.mark.timeout(30)

@@ -13,11 +13,11 @@ import pytest
 from test_node import TIMING, Cluster, acquire
 
 from fairshare import Class
-from ha.keys import Keys
-from ha.owner import OwnedPool
-from ha.poolstate import load
-from ha.snapshot import PoolSnapshot
-from ha.store import NO_LEASE, KeyValue, LeaseId, Write
+from ha.owned.pool import OwnedPool
+from ha.owned.poolstate import load
+from ha.owned.snapshot import PoolSnapshot
+from ha.store.contract import NO_LEASE, KeyValue, LeaseId, Write
+from ha.store.keys import Keys
 
 pytestmark = pytest.mark.timeout(30)
 

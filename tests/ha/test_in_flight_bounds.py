@@ -1,4 +1,4 @@
-"""The bounds on grants in flight (``ha.bounds``): per pool and per holder, on the owner.
+"""The bounds on grants in flight (``ha.owned.bounds``): per pool and per holder, on the owner.
 
 The finding they answer: one holder took 204 800 grants on a pool of capacity 4, and every
 one of them stayed in memory, in each checkpoint and, after a crash, as a phantom. Past a
@@ -20,11 +20,11 @@ from owned_pool import owned_pool
 from fairshare import Class, Grant, Pool
 from ha.api import Epoch, GrantRef, HeldGrant, LimitExceeded
 from ha.clock import FakeClock
-from ha.held import HeldGrants, holding_of
-from ha.journal import MemoryLog
-from ha.owner import OwnedPool
+from ha.owned.held import HeldGrants, holding_of
+from ha.owned.journal import MemoryLog
+from ha.owned.pool import OwnedPool
+from ha.owned.snapshot import GrantKey
 from ha.settings import ConfigError, PoolConfig
-from ha.snapshot import GrantKey
 
 pytestmark = pytest.mark.timeout(30)
 

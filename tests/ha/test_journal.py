@@ -1,4 +1,4 @@
-"""The persisted form (``ha.journal``, ``ha.poolstate``): a crash between any two writes
+"""The persisted form (``ha.owned.journal``, ``ha.owned.poolstate``): a crash between any two writes
 restores a state an owner really had, and every release is charged exactly once.
 
 The owner under test is itself a successor (it restores phantoms from a snapshot of the
@@ -20,21 +20,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from owned_pool import owned_pool
 
-import ha.journal
+import ha.owned.journal
 from fairshare import Class
 from fairshare.limits import MAX_NAME_BYTES
 from ha.api import Decision, Epoch, GrantRef, HeldGrant, PoolName
 from ha.clock import FakeClock
 from ha.grantkeys import ephemeral_keys
-from ha.journal import MemoryLog, encode_checkpoint, replay
-from ha.keys import Keys
-from ha.memorystore import MemoryStore
-from ha.owner import OwnedPool
-from ha.poolstate import PoolLog, load
+from ha.owned.journal import MemoryLog, encode_checkpoint, replay
+from ha.owned.pool import OwnedPool
+from ha.owned.poolstate import PoolLog, load
+from ha.owned.settled import MEMORY_CAP
+from ha.owned.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
 from ha.settings import PoolConfig
-from ha.settled import MEMORY_CAP
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, live_row
-from ha.store import KeyValue, Put, Write
+from ha.store.contract import KeyValue, Put, Write
+from ha.store.keys import Keys
+from ha.store.memory import MemoryStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,14 +88,14 @@ class WatchedLog(PoolLog):
         await super().append(record)
         self.whole.append((len(self.crash_store.copies) - 1, state))
 
-    async def checkpoint(self, checkpoint: ha.journal.Checkpoint) -> None:
+    async def checkpoint(self, checkpoint: ha.owned.journal.Checkpoint) -> None:
         assert self.owner is not None
         state = self.owner.snapshot()
         await super().checkpoint(checkpoint)
         self.whole.append((len(self.crash_store.copies) - 1, state))
 
 
-def owner(epoch: int, clock: FakeClock, log: ha.journal.StateWriter) -> OwnedPool:
+def owner(epoch: int, clock: FakeClock, log: ha.owned.journal.StateWriter) -> OwnedPool:
     return owned_pool(CONFIG, epoch, clock, log)
 
 
@@ -130,8 +130,8 @@ async def run_owner(
 ) -> tuple[CrashStore, WatchedLog, list[tuple[str, float, str]]]:
     """The owner under test, from a predecessor's state to its last write; returns its
     store, its log and every release of the story as (grant id, consumed, team)."""
-    monkeypatch.setattr(ha.journal, "PART_BYTES", 400)
-    monkeypatch.setattr(ha.journal, "LOG_FLOOR_BYTES", 1500)
+    monkeypatch.setattr(ha.owned.journal, "PART_BYTES", 400)
+    monkeypatch.setattr(ha.owned.journal, "LOG_FLOOR_BYTES", 1500)
     releases: list[tuple[str, float, str]] = []
 
     # The predecessor (epoch 3): grants to two gateways, one released.
@@ -293,7 +293,7 @@ def test_a_checkpoint_replays_to_its_state_in_any_number_of_parts(
         settled=settled,
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ha.journal, "PART_BYTES", part_bytes)
+        patch.setattr(ha.owned.journal, "PART_BYTES", part_bytes)
         checkpoint = encode_checkpoint(state, [live_row(g) for g in grants])
     longest = max((len(live_row(g)) for g in grants), default=0) + 40
     assert all(len(p) <= max(part_bytes, longest) for p in checkpoint.parts)
@@ -331,7 +331,7 @@ def test_a_state_written_before_rows_carried_a_standing_replays_it_as_unknown() 
     state = PoolSnapshot(pool="p", epoch=3, wall=10.0, capacity=4)
     checkpoint = encode_checkpoint(state, ['[3,1,"h","a",610.0]'])
     head = dict(checkpoint.head, version=3, position=1, parts=len(checkpoint.parts))
-    assert ha.journal.decode_head(json.dumps(head).encode()) is not None
+    assert ha.owned.journal.decode_head(json.dumps(head).encode()) is not None
     record = (
         b'{"epoch":3,"wall":11.0,"capacity":4,"issued":2,"usage":{},"drop":[],'
         b'"settled":[],"uncounted":[],"live":[[3,2,"h","a",611.0,1]]}'

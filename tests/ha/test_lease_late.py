@@ -11,10 +11,10 @@ import pytest
 from test_node import TIMING
 
 from ha.clock import FakeClock
-from ha.keys import Keys
-from ha.lease import NodeLease
-from ha.memorystore import MemoryStore
-from ha.store import LeaseId
+from ha.cluster.lease import NodeLease
+from ha.store.contract import LeaseId
+from ha.store.keys import Keys
+from ha.store.memory import MemoryStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -56,7 +56,7 @@ async def test_a_renewal_answered_after_the_deadline_is_logged(
         # Past the fencing deadline, not past the lease (the store would expire it).
         await clock.advance(lease.valid_until - clock.boottime() + fenced_for)
         assert not lease.fenced()
-        with caplog.at_level(logging.WARNING, logger="ha.lease"):
+        with caplog.at_level(logging.WARNING, logger="ha.cluster.lease"):
             store.answer.set()
             await clock.advance(0.1)
         assert lease.fenced()

@@ -21,10 +21,10 @@ from ha.api import (
     NoOwner,
 )
 from ha.clock import FakeClock, settle
-from ha.memorystore import MemoryStore
 from ha.node import Node
 from ha.settings import ConfigError, DegradedMode, PoolConfig, Timing
-from ha.store import LeaseId, StoreUnavailable
+from ha.store.contract import LeaseId, StoreUnavailable
+from ha.store.memory import MemoryStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -140,7 +140,7 @@ async def acquire(node: Node, pool: str, team: str, holder: str = "gw") -> Decis
 
 
 async def test_every_pool_goes_to_its_preferred_owner(cluster: Cluster) -> None:
-    from ha.cluster import preferred_owner
+    from ha.cluster.view import preferred_owner
 
     members = [n.node_id for n in cluster.nodes]
     for pool in POOLS:
@@ -466,7 +466,7 @@ async def test_every_replica_lists_the_owners_live_capacity(cluster: Cluster) ->
 async def test_a_returning_preferred_replica_gets_its_pools_back_by_handover(
     cluster: Cluster,
 ) -> None:
-    from ha.cluster import preferred_owner
+    from ha.cluster.view import preferred_owner
 
     victim = cluster.nodes[2]
     mine = [p.name for p in POOLS if cluster.owner(p.name) is victim]

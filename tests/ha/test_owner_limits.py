@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-import ha.answers
+import ha.owned.answers
 from fairshare import Class
 from ha.api import Epoch, GrantRef, LimitExceeded, NodeId
 from ha.clock import FakeClock
-from ha.journal import MemoryLog
-from ha.owner import OwnedPool
+from ha.owned.journal import MemoryLog
+from ha.owned.pool import OwnedPool
+from ha.owned.snapshot import PoolSnapshot
 from ha.settings import PoolConfig, Timing
-from ha.snapshot import PoolSnapshot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,7 +74,7 @@ async def test_the_owner_refuses_a_new_team_at_the_cap_and_admits_after_pruning(
 
 
 async def test_remembered_answers_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ha.answers, "MAX_ANSWER_BYTES", 200_000)
+    monkeypatch.setattr(ha.owned.answers, "MAX_ANSWER_BYTES", 200_000)
     clock = FakeClock()
     owned = owner(PoolConfig("p", 10, {"a": 1.0}), clock)
     for i in range(400):

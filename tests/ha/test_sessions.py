@@ -1,4 +1,4 @@
-"""Holder sessions at the owner (ha/sessions.py, docs/ha.md "Holder sessions"): only a
+"""Holder sessions at the owner (ha/owned/sessions.py, docs/ha.md "Holder sessions"): only a
 session confirms or closes what it holds, its grants live as long as it does, and it
 survives a change of owner. Owner-level, on a fake clock."""
 
@@ -11,9 +11,9 @@ from fairshare import Class
 from fairshare.sessions import Session, new_session
 from ha.api import Epoch, GrantRef, HeldGrant, LimitExceeded, PermissionDenied
 from ha.clock import FakeClock
-from ha.journal import MemoryLog
-from ha.owner import OwnedPool
-from ha.sessions import Sessions
+from ha.owned.journal import MemoryLog
+from ha.owned.pool import OwnedPool
+from ha.owned.sessions import Sessions
 from ha.settings import PoolConfig
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from ha.api import NodeId
-from ha.memorystore import MemoryStore
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
-from ha.store import bounded
+from ha.store.contract import bounded
+from ha.store.memory import MemoryStore
 
 pytestmark = pytest.mark.timeout(30)
 

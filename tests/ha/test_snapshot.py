@@ -13,10 +13,10 @@ from owned_pool import owned_pool
 from fairshare import Class
 from ha.api import Epoch, GrantRef, HeldGrant, NodeId
 from ha.clock import FakeClock
-from ha.journal import MemoryLog
-from ha.owner import OwnedPool
+from ha.owned.journal import MemoryLog
+from ha.owned.pool import OwnedPool
+from ha.owned.snapshot import GrantKey, LiveGrant, PoolSnapshot, decode_live, live_row
 from ha.settings import PoolConfig
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, decode_live, live_row
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,12 +13,12 @@ from owned_pool import owned_pool
 from fairshare import Class
 from ha.api import DEGRADED_EPOCH, Epoch, GrantRef, HeldGrant, PoolName
 from ha.clock import FakeClock
-from ha.genuine import degraded_grant_id
 from ha.grantkeys import ephemeral_keys
-from ha.journal import MemoryLog
-from ha.owner import OwnedPool, adopted_standing
+from ha.owned.genuine import degraded_grant_id
+from ha.owned.journal import MemoryLog
+from ha.owned.pool import OwnedPool, adopted_standing
+from ha.owned.snapshot import PoolSnapshot
 from ha.settings import PoolConfig
-from ha.snapshot import PoolSnapshot
 
 pytestmark = pytest.mark.timeout(30)
 

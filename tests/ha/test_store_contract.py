@@ -1,4 +1,4 @@
-"""The store contract (``ha.store``), one suite run on every store.
+"""The store contract (``ha.store.contract``), one suite run on every store.
 
 The in-memory store runs on a fake clock; the file store on the real clock in a
 temporary dir; the etcd store against the real etcd of the ``etcd_server`` fixture
@@ -23,7 +23,7 @@ from store_contract import (
     next_event,
 )
 
-from ha.store import (
+from ha.store.contract import (
     DeleteRange,
     EventKind,
     LeaseId,

@@ -16,9 +16,9 @@ import pytest
 from test_node import POOLS, TIMING, Cluster, acquire
 
 from ha.api import HeldGrant, NodeId, WrongEpoch
-from ha.cluster import preferred_owner
+from ha.cluster.view import preferred_owner
 from ha.node import Node
-from ha.store import NO_LEASE, LeaseId
+from ha.store.contract import NO_LEASE, LeaseId
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -211,7 +211,7 @@ async def test_a_graceful_handover_is_one_transition_and_logs_no_loss(
 
 
 def test_a_handover_record_of_an_earlier_version_reads_as_a_hint() -> None:
-    from ha.keys import Handover, decode_handover, encode_handover
+    from ha.store.keys import Handover, decode_handover, encode_handover
 
     assert decode_handover(b'{"node": "n1", "wall": 5.0}') == Handover(NodeId("n1"), 5.0)
     pin = decode_handover(encode_handover("n2", 7.0, member=42, pinned=True))

@@ -169,7 +169,7 @@ async def test_a_gateway_with_no_signed_grant_closes_the_phantom_of_one_it_never
     # grant. Its complete re-report must still close the phantom of the grant it never
     # got, with the proof of holdership it has: a grant the new owner signed for it.
     # The lost grant was decided in the client's own session (its call carried it).
-    caplog.set_level(logging.INFO, logger="ha.ownership")
+    caplog.set_level(logging.INFO, logger="ha.cluster.ownership")
     address = f"127.0.0.1:{free_port()}"
     config = make_config(tmp_path, environ={"FAIRSHARE_LISTEN": address})
     server = await start_server(config, serve_metrics=False)

@@ -21,9 +21,9 @@ from fairshare.client import AllocatorClient
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha.api import Epoch, GrantRef, PoolName
-from ha.filestore import FileStore
-from ha.keys import Keys
-from ha.poolstate import load
+from ha.owned.poolstate import load
+from ha.store.file import FileStore
+from ha.store.keys import Keys
 from harness.net import free_port
 from server.app import RunningServer, start_server
 from server.config import Config

@@ -24,10 +24,10 @@ import pytest
 from fairshare import Class
 from fairshare.errors import AllocatorError
 from ha.api import AdoptResult, Decision, NodeId, PeerUnavailable, PoolStatus, PoolView
-from ha.etcd import EtcdStore, connect
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
-from ha.store import EventKind, StoreFull, StoreUnavailable, WatchEvent
+from ha.store.contract import EventKind, StoreFull, StoreUnavailable, WatchEvent
+from ha.store.etcd import EtcdStore, connect
 from harness.etcd import EtcdProcess, find_etcd, find_etcdctl
 from harness.etcd_cluster import EtcdCluster
 from harness.net import free_port

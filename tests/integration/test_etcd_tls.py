@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from ha.etcd import EtcdAccess, EtcdStore, connect
-from ha.etcd.connection import Connection
-from ha.etcd.errors import translate_reason
-from ha.store import StoreUnavailable
+from ha.store.contract import StoreUnavailable
+from ha.store.etcd import EtcdAccess, EtcdStore, connect
+from ha.store.etcd.connection import Connection
+from ha.store.etcd.errors import translate_reason
 from harness.etcd import EtcdProcess, EtcdTls
 from harness.serve import Allocator, run_serve, serve_args, wait_serving
 
@@ -204,7 +204,7 @@ def test_https_endpoints_without_a_ca_exit_2_naming_the_key(
 async def test_the_store_authenticates_and_renews_an_expired_token(
     etcd_auth: EtcdProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="ha.etcd")
+    caplog.set_level(logging.INFO, logger="ha.store.etcd")
     access = EtcdAccess(username="app", password="app-pw")
     store = await connect(etcd_auth.endpoints, rpc_timeout_s=RPC_TIMEOUT_S, access=access)
     try:
@@ -246,7 +246,7 @@ async def test_without_credentials_etcd_with_auth_denies_the_store(
 async def test_without_a_username_auth_turned_on_fails_calls_without_renewing_a_token(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="ha.etcd")
+    caplog.set_level(logging.INFO, logger="ha.store.etcd")
     with EtcdProcess(name="auth-later-etcd") as etcd:
         store = await connect(etcd.endpoints, rpc_timeout_s=RPC_TIMEOUT_S)
         try:

@@ -28,7 +28,7 @@ from prometheus_client import generate_latest
 from fairshare.wire.channels import open_channel
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from ha import filestore
+from ha.store import file as filestore
 from harness.net import free_port
 from harness.process import ServerProcess
 from harness.serve import serve_args

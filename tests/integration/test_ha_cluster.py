@@ -18,7 +18,7 @@ from fairshare.sessions import new_session, session_id
 from fairshare.wire.metadata import session_entry
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from ha.etcd import connect
+from ha.store.etcd import connect
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(60)]
 

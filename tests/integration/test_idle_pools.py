@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from ha.api import NodeId, PoolName
-from ha.cluster import preferred_owner
-from ha.etcd import connect
+from ha.cluster.view import preferred_owner
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
+from ha.store.etcd import connect
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(30)]
 

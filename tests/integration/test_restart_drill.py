@@ -49,10 +49,10 @@ from fairshare.client import AllocatorClient, ClientGrant
 from fairshare.wire.channels import open_channel
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from ha.filestore import FileStore
-from ha.keys import Keys
-from ha.poolstate import load
-from ha.snapshot import PoolSnapshot
+from ha.owned.poolstate import load
+from ha.owned.snapshot import PoolSnapshot
+from ha.store.file import FileStore
+from ha.store.keys import Keys
 from harness.net import free_port
 from harness.serve import serve_args
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ha.filestore import FileStore
+from ha.store.file import FileStore
 from harness.serve import run_serve, serve_args
 
 from .conftest import POOLS_YAML

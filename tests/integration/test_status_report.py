@@ -20,9 +20,9 @@ from local_peers import LocalPeers
 
 from fairshare import Class
 from ha.api import NodeId, PoolName
-from ha.etcd import connect
 from ha.node import Node
 from ha.settings import PoolConfig, Timing
+from ha.store.etcd import connect
 from server.status_page import StatusPage
 from server.status_report import status_report
 

@@ -27,8 +27,8 @@ from grpc import aio
 from fairshare.errors import PeerUnavailable
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-from ha.etcd import AccessRefused, EtcdStore, connect
-from ha.store import StoreUnavailable
+from ha.store.contract import StoreUnavailable
+from ha.store.etcd import AccessRefused, EtcdStore, connect
 from harness.etcd import EtcdProcess, EtcdTls
 from harness.net import free_port
 from server.app import start_server

@@ -3,8 +3,8 @@ re-resolution (gRPC's defaults: 1 s growing to 120 s, one resolution per 30 s).
 
 Read from the source with ``ast``: a channel constructor (``insecure_channel``,
 ``secure_channel``, sync or ``aio``) may be called only where the options are set, in
-``fairshare/wire/channels.py`` (replicas) and ``ha/etcd/client.py`` (etcd, with the options of
-``ha.etcd.connection``). tests/integration/test_channel_dns.py shows the options at work.
+``fairshare/wire/channels.py`` (replicas) and ``ha/store/etcd/client.py`` (etcd, with the options of
+``ha.store.etcd.connection``). tests/integration/test_channel_dns.py shows the options at work.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fairshare.wire.channels import CHANNEL_OPTIONS
-from ha.etcd import connection
+from ha.store.etcd import connection
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("fairshare", "wire", "client", "ha", "server", "sim", "cli")
 """The packages of the wheel (pyproject.toml's setuptools include)."""
 CONSTRUCTORS = {"insecure_channel", "secure_channel"}
-WHERE_OPTIONS_ARE_SET = {"fairshare/wire/channels.py", "ha/etcd/client.py"}
+WHERE_OPTIONS_ARE_SET = {"fairshare/wire/channels.py", "ha/store/etcd/client.py"}
 LIMITS = (
     "grpc.initial_reconnect_backoff_ms",
     "grpc.max_reconnect_backoff_ms",

@@ -30,6 +30,8 @@ HA = "ha does not speak gRPC or read config files"
 HARNESS = "No shipped package imports the test harness"
 LIGHT = "The client library and the wire protocol stay out of the server"
 SERVER_CLIENT = "The server does not use the client library"
+ROOMS = "Rooms of ha: node -> routing -> stubs -> cluster -> owned -> store"
+SERVER_HA = "The server imports only ha's public API"
 
 CASES = [
     pytest.param("fairshare/pool.py", "import os", CORE, id="core-os"),
@@ -43,9 +45,14 @@ CASES = [
     pytest.param("fairshare/__init__.py", "import ha.settings", ABOVE, id="init-ha"),
     pytest.param("ha/clock.py", "import grpc", HA, id="ha-grpc"),
     pytest.param("ha/node.py", "import grpc", HA, id="ha-grpc-importer-of-etcd"),
-    pytest.param("ha/etcd/__init__.py", "import grpc", HA, id="ha-grpc-etcd-init"),
+    pytest.param("ha/store/etcd/__init__.py", "import grpc", HA, id="ha-grpc-etcd-init"),
     pytest.param("ha/settings.py", "import yaml", HA, id="ha-yaml"),
-    pytest.param("ha/owner.py", "import prometheus_client", HA, id="ha-prometheus"),
+    pytest.param("ha/store/contract.py", "import ha.owned.pool", ROOMS, id="store-up"),
+    pytest.param("ha/owned/held.py", "import ha.cluster.view", ROOMS, id="owned-up"),
+    pytest.param("ha/api.py", "import ha.node", ROOMS, id="api-up"),
+    pytest.param("server/app.py", "import ha.node", SERVER_HA, id="server-ha-room"),
+    pytest.param("server/metrics.py", "import ha.api", SERVER_HA, id="server-ha-api"),
+    pytest.param("ha/owned/pool.py", "import prometheus_client", HA, id="ha-prometheus"),
     pytest.param("server/app.py", "from harness import serve", HARNESS, id="server-harness"),
     pytest.param("fairshare/client/calls.py", "import server.metrics", LIGHT, id="client-server"),
     pytest.param(

@@ -1,9 +1,9 @@
 """The store contract in memory, on an injected clock.
 
-``MemoryStore`` honours the contract of ``ha.store.Store`` exactly: one revision counter,
+``MemoryStore`` honours the contract of ``ha.store.contract.Store`` exactly: one revision counter,
 atomic conditional writes, leases that expire on the injected clock and take their keys
 with them, watches that replay from a revision. Unit tests run whole clusters on it; the
-local file store of embedded mode (``ha.filestore.FileStore``) is one that also persists
+local file store of embedded mode (``ha.store.file.FileStore``) is one that also persists
 its writes (through the ``_persist`` and ``_applied`` hooks).
 
 Non-guarantees: nothing survives the process.
@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 
 from ha.clock import Clock, SystemClock
-from ha.store import (
+from ha.store.contract import (
     NO_LEASE,
     DeleteRange,
     EventKind,

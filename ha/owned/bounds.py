@@ -8,7 +8,7 @@ pool counts fewer than ``max_in_flight`` grants in flight and its holder fewer t
 ``max_in_flight_per_holder`` (``ha.settings.PoolConfig.in_flight_bounds``: by default
 multiples of the live capacity).
 
-Guarantees: ``beyond`` reads two counts (``ha.held.HeldGrants``), O(1) whatever is in
+Guarantees: ``beyond`` reads two counts (``ha.owned.held.HeldGrants``), O(1) whatever is in
 flight; it names the limit a grant would pass, the pool's first. What is counted is what
 the owner keeps as held grants, its own and adopted ones, whatever their standing:
 phantoms are not (they stand for a predecessor's grants, which obeyed the same bounds, and
@@ -26,14 +26,14 @@ flight stays below the bound plus C.
 from __future__ import annotations
 
 from ha.api import LimitExceeded
-from ha.held import HeldGrants
+from ha.owned.held import HeldGrants
 from ha.settings import PoolConfig
 
 
 def beyond(
     config: PoolConfig, capacity: int, held: HeldGrants, holding: str, *, within_share: bool
 ) -> LimitExceeded | None:
-    """None when the pool may count one more grant of ``holding`` (``ha.held.holding_of``:
+    """None when the pool may count one more grant of ``holding`` (``ha.owned.held.holding_of``:
     a holder session, or a holder without one), of that standing, while its live capacity
     is ``capacity``: always when ``within_share``; else the error naming the limit it would
     pass (``max_in_flight``, then ``max_in_flight_per_holder``), for the caller to raise or

@@ -9,9 +9,9 @@
                            (pinned: holds while that node's member key of
                            create_revision "member" lives) or a rebalancing hint
 <prefix>/pools/<q>/...     the pool's state: a checkpoint and records of changes
-                           (ha.poolstate names the keys, ha.journal the values),
+                           (ha.owned.poolstate names the keys, ha.owned.journal the values),
                            written fenced
-<prefix>/state/<pool>      a whole snapshot of the earlier layout (ha.snapshot), read
+<prefix>/state/<pool>      a whole snapshot of the earlier layout (ha.owned.snapshot), read
                            when no checkpoint exists
 <prefix>/capacity/<pool>   {"capacity": ..., "epoch": ...}
                            the capacity the owner decides with, written fenced when

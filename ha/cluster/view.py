@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 
 from ha.api import NodeId, PoolName
 from ha.clock import Clock
-from ha.keys import (
+from ha.store.contract import EventKind, KeyValue, Store, StoreUnavailable, WatchEvent
+from ha.store.keys import (
     Handover,
     Keys,
     Route,
@@ -32,7 +33,6 @@ from ha.keys import (
     decode_owner,
     pool_of,
 )
-from ha.store import EventKind, KeyValue, Store, StoreUnavailable, WatchEvent
 
 logger = logging.getLogger(__name__)
 

@@ -24,13 +24,13 @@ from collections.abc import Container, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 from fairshare import Pool
-from ha.snapshot import GrantKey, LiveGrant, live_row
+from ha.owned.snapshot import GrantKey, LiveGrant, live_row
 
 
 class Phantom(NamedTuple):
     team: str
     until: float  # time (of the epoch's clock) after which its request cannot be running
-    row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
+    row: str  # its entry in a snapshot's live list, encoded once (see ha.owned.snapshot.live_row)
     borrowing: bool | None  # its grant's standing; None: unknown (counted as within)
     session: str  # the holder session of its grant; empty: none
 

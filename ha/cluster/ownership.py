@@ -9,12 +9,12 @@ Guarantees:
 - Placement: a pool belongs to the node an operator's switchover pinned it to while that
   pin holds, otherwise to its preferred replica; an owner hands a pool to that replica
   only once it has been a member without a break for ``rebalance_settle_s``. A graceful
-  handover (``ha.handover``) is one transition, counted by the new owner, and is not
+  handover (``ha.cluster.handover``) is one transition, counted by the new owner, and is not
   logged as a loss.
 - An ownerless pool that its target does not take is campaigned for by every other
   replica at the latest ``lease_ttl_s + campaign_delay_s`` after it became ownerless,
   however many other pools are being taken meanwhile.
-- Failed campaigns for a pool back off and are logged sparingly (``ha.backoff``).
+- Failed campaigns for a pool back off and are logged sparingly (``ha.cluster.backoff``).
 - A node has at most ``IN_FLIGHT`` campaigns (a campaign ends once its first snapshot is
   written) and at most ``IN_FLIGHT`` rebalancing handovers under way at a time: a node
   starting with a thousand ownerless pools takes them a few at a time, each within its
@@ -34,19 +34,19 @@ from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Final
 
 from ha.api import Epoch, NodeId, PoolName, WrongEpoch
-from ha.backoff import CampaignBackoff
 from ha.clock import Clock
-from ha.cluster import ClusterView, preferred_owner
-from ha.genuine import IdCounters
+from ha.cluster.backoff import CampaignBackoff
+from ha.cluster.handover import TICK_S, Handovers, Mark
+from ha.cluster.lease import NodeLease
+from ha.cluster.view import ClusterView, preferred_owner
 from ha.grantkeys import GrantKeys
-from ha.handover import TICK_S, Handovers, Mark
-from ha.keys import Keys, Route, encode_capacity, encode_owner
-from ha.lease import NodeLease
-from ha.owner import OwnedPool
-from ha.poolstate import PoolLog, load
+from ha.owned.genuine import IdCounters
+from ha.owned.pool import OwnedPool
+from ha.owned.poolstate import PoolLog, load
 from ha.settings import PoolConfig, Timing
-from ha.store import LeaseNotFound, StoreFull, StoreUnavailable, bounded
-from ha.writes import WatchedStore
+from ha.store.contract import LeaseNotFound, StoreFull, StoreUnavailable, bounded
+from ha.store.keys import Keys, Route, encode_capacity, encode_owner
+from ha.store.writes import WatchedStore
 
 logger = logging.getLogger(__name__)
 

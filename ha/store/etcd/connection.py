@@ -22,7 +22,7 @@ Guarantees:
   ``http://`` ones plaintext; both kinds at once, or TLS settings with ``http://``
   endpoints, are refused when the connection is made. With a username, a call that etcd
   answers "invalid auth token" is sent once more with a new token, whatever the call:
-  etcd checks the token before it applies anything (``ha.etcd.client``). Without one
+  etcd checks the token before it applies anything (``ha.store.etcd.client``). Without one
   there is no token to renew: such an answer fails the call at once, and its reason
   names the settings to give (``reauthenticates``).
 
@@ -47,8 +47,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from ha.etcd.client import EtcdAccess, EtcdClient
-from ha.etcd.errors import (
+from ha.store.contract import StoreUnavailable
+from ha.store.etcd.client import EtcdAccess, EtcdClient
+from ha.store.etcd.errors import (
     TRANSLATED,
     UNKNOWN,
     AccessRefused,
@@ -56,7 +57,6 @@ from ha.etcd.errors import (
     details_of,
     translate,
 )
-from ha.store import StoreUnavailable
 
 __all__ = [
     "DEFAULT_PORT",
@@ -296,7 +296,7 @@ class Connection:
         time to try another.
 
         Raises:
-            StoreUnavailable, StoreFull, LeaseNotFound, ValueError: as ``ha.etcd.errors``
+            StoreUnavailable, StoreFull, LeaseNotFound, ValueError: as ``ha.store.etcd.errors``
                 translates the last attempt's failure.
         """
         loop = asyncio.get_running_loop()

@@ -20,11 +20,11 @@ from enum import Enum
 
 from ha.api import Epoch, NodeId, PoolName, StoreUnavailable, UnknownNode
 from ha.clock import Clock
-from ha.cluster import ClusterView
-from ha.keys import Keys, encode_handover
-from ha.owner import OwnedPool
+from ha.cluster.view import ClusterView
+from ha.owned.pool import OwnedPool
 from ha.settings import Timing
-from ha.store import Store, bounded
+from ha.store.contract import Store, bounded
+from ha.store.keys import Keys, encode_handover
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Mark(Enum):
 class Handovers:
     """Gives up the pools of one node (see module).
 
-    ``owned`` is the node's table of owned pools, shared with ``ha.ownership``: a
+    ``owned`` is the node's table of owned pools, shared with ``ha.cluster.ownership``: a
     handover takes its pool out of it just before deleting the owner key.
     """
 

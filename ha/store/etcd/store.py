@@ -1,9 +1,9 @@
-"""``EtcdStore``: the store contract (``ha.store.Store``) over etcd, and ``connect``.
+"""``EtcdStore``: the store contract (``ha.store.contract.Store``) over etcd, and ``connect``.
 
-This module says what each operation sends to etcd; the connection (``ha.etcd.connection``)
-sends it, with one deadline, and fails over; the watch (``ha.etcd.watch``) follows the
-connection from member to member. The guarantees beyond ``ha.store``'s are in the
-package's docstring (``ha.etcd``).
+This module says what each operation sends to etcd; the connection (``ha.store.etcd.connection``)
+sends it, with one deadline, and fails over; the watch (``ha.store.etcd.watch``) follows the
+connection from member to member. The guarantees beyond ``ha.store.contract``'s are in the
+package's docstring (``ha.store.etcd``).
 """
 
 from __future__ import annotations
@@ -16,18 +16,7 @@ from typing import Any
 
 from aetcd import rpc
 
-from ha.etcd.client import EtcdAccess
-from ha.etcd.connection import Connection
-from ha.etcd.messages import (
-    compare_create,
-    compare_exists,
-    delete_range_op,
-    key_value,
-    prefix_range,
-    put_op,
-)
-from ha.etcd.watch import watch_prefix
-from ha.store import (
+from ha.store.contract import (
     NO_LEASE,
     DeleteRange,
     KeyValue,
@@ -38,6 +27,17 @@ from ha.store import (
     WatchEvent,
     Write,
 )
+from ha.store.etcd.client import EtcdAccess
+from ha.store.etcd.connection import Connection
+from ha.store.etcd.messages import (
+    compare_create,
+    compare_exists,
+    delete_range_op,
+    key_value,
+    prefix_range,
+    put_op,
+)
+from ha.store.etcd.watch import watch_prefix
 
 __all__ = ["EtcdStore", "connect"]
 
@@ -82,7 +82,7 @@ async def connect(
 
 
 class EtcdStore:
-    """``ha.store.Store`` over etcd. Create it with ``connect``."""
+    """``ha.store.contract.Store`` over etcd. Create it with ``connect``."""
 
     def __init__(
         self,
@@ -91,7 +91,7 @@ class EtcdStore:
         rpc_timeout_s: float,
         access: EtcdAccess | None = None,
     ) -> None:
-        """Raises ValueError: as ``ha.etcd.connection.Connection``."""
+        """Raises ValueError: as ``ha.store.etcd.connection.Connection``."""
         self._connection = Connection(endpoints, rpc_timeout_s=rpc_timeout_s, access=access)
         self.endpoints: tuple[str, ...] = self._connection.endpoints
         self.rpc_timeout_s = rpc_timeout_s

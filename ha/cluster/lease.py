@@ -23,9 +23,9 @@ import logging
 from collections.abc import Callable
 
 from ha.clock import Clock
-from ha.keys import Keys, encode_member
 from ha.settings import Timing
-from ha.store import LeaseId, LeaseNotFound, Store, StoreUnavailable, bounded
+from ha.store.contract import LeaseId, LeaseNotFound, Store, StoreUnavailable, bounded
+from ha.store.keys import Keys, encode_member
 
 logger = logging.getLogger(__name__)
 

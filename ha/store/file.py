@@ -1,7 +1,7 @@
 """The local file store of embedded mode: the store contract for one process, on disk.
 
-``FileStore`` is the in-memory store (``ha.memorystore.MemoryStore``: the contract of
-``ha.store.Store`` exactly) that also keeps keys without a lease on disk (an fdatasync'd
+``FileStore`` is the in-memory store (``ha.store.memory.MemoryStore``: the contract of
+``ha.store.contract.Store`` exactly) that also keeps keys without a lease on disk (an fdatasync'd
 append-only log, compacted into a JSON file), with the revision counter: epochs keep
 growing across restarts. Keys on leases are not written: like etcd's, they cannot
 outlive the process that kept the lease alive.
@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ha.clock import Clock
-from ha.memorystore import MemoryStore
-from ha.store import (
+from ha.store.contract import (
     KeyValue,
     StoreFull,
     StoreUnavailable,
 )
+from ha.store.memory import MemoryStore
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Final
 import aetcd
 import grpc
 
-from ha.store import LeaseNotFound, StoreFull, StoreUnavailable
+from ha.store.contract import LeaseNotFound, StoreFull, StoreUnavailable
 
 __all__ = [
     "ERRORS_BY_MESSAGE",

@@ -1,6 +1,6 @@
 """The store contract over etcd 3.4, with the ``aetcd`` asyncio client (replicated mode).
 
-Guarantees (beyond those of ``ha.store``):
+Guarantees (beyond those of ``ha.store.contract``):
 
 - Every call has one deadline, enforced both as the gRPC deadline and around the awaited
   call: ``rpc_timeout_s``, or the caller's ``timeout_s`` for ``put_fenced`` and
@@ -10,7 +10,7 @@ Guarantees (beyond those of ``ha.store``):
   ``put_fenced``: within its budget, after its endpoint failed (connection lost, no
   leader, or no answer to one attempt while other endpoints remain), since the same
   value under the same fence leaves the same state however often it is applied.
-- etcd and gRPC errors are translated in one table (``ha.etcd.errors``): connection
+- etcd and gRPC errors are translated in one table (``ha.store.etcd.errors``): connection
   refused, no leader, deadline exceeded → ``StoreUnavailable``; NOSPACE ("database space
   exceeded") → ``StoreFull``; lease not found → ``LeaseNotFound``; a request etcd calls
   malformed → ``ValueError`` (a bug here).
@@ -32,7 +32,7 @@ Guarantees (beyond those of ``ha.store``):
 
 - ``https://`` endpoints are TLS, with a client certificate if one is given; with a
   username the store authenticates, and fetches a new token when etcd refuses the old
-  one (simple tokens expire), then sends the refused call again (``ha.etcd.client``).
+  one (simple tokens expire), then sends the refused call again (``ha.store.etcd.client``).
 
 - Rotated certificates, key or password reach the calls that follow when the access
   carries a ``reload`` (the server's follows the files, ``server.etcd_access``).
@@ -48,9 +48,9 @@ channel built here: TLS, require-leader metadata, auth tokens),
 ``messages`` (etcd's messages to and from the store's values). Import from here.
 """
 
-from ha.etcd.client import EtcdAccess
-from ha.etcd.connection import parse_endpoint
-from ha.etcd.errors import AccessRefused
-from ha.etcd.store import EtcdStore, connect
+from ha.store.etcd.client import EtcdAccess
+from ha.store.etcd.connection import parse_endpoint
+from ha.store.etcd.errors import AccessRefused
+from ha.store.etcd.store import EtcdStore, connect
 
 __all__ = ["AccessRefused", "EtcdAccess", "EtcdStore", "connect", "parse_endpoint"]

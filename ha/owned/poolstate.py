@@ -4,14 +4,14 @@ Keys (``<q>`` is the pool's name percent-encoded, so no name is a prefix of anot
 keys; positions are zero-padded so that key order is position order):
 
 ```
-<prefix>/pools/<q>/head                 the current checkpoint's head (ha.journal)
+<prefix>/pools/<q>/head                 the current checkpoint's head (ha.owned.journal)
 <prefix>/pools/<q>/part/<P>/<i>         part i of the checkpoint at position P
 <prefix>/pools/<q>/log/<P>              the record at position P
 <prefix>/state/<pool>                   a whole snapshot as written before this layout
 ```
 
 Every write is one fenced commit (``Store.commit_fenced``, fenced on the owner key's
-create_revision, the epoch) of at most ``ha.journal.PART_BYTES`` plus a key:
+create_revision, the epoch) of at most ``ha.owned.journal.PART_BYTES`` plus a key:
 
 - a record: one put at the next position;
 - a checkpoint at position P: one put per part, each its own commit, then one commit that
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from ha.api import Epoch, NodeId, PoolName, WrongEpoch
-from ha.journal import Checkpoint, decode_head, encode_head, replay
-from ha.keys import Keys
-from ha.snapshot import PoolSnapshot
-from ha.store import DeleteRange, KeyValue, Put, Store, Write, bounded
+from ha.owned.journal import Checkpoint, decode_head, encode_head, replay
+from ha.owned.snapshot import PoolSnapshot
+from ha.store.contract import DeleteRange, KeyValue, Put, Store, Write, bounded
+from ha.store.keys import Keys
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ async def load(
 class PoolLog:
     """Writes one owner's state of one pool at ``epoch``, fenced (see module).
 
-    Writes must not overlap (``ha.commit.GroupCommitter`` runs them one at a time). A
+    Writes must not overlap (``ha.owned.commit.GroupCommitter`` runs them one at a time). A
     write that fails leaves the pool lost to this owner: nothing more is written.
     """
 

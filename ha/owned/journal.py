@@ -3,19 +3,19 @@
 An owner does not write its whole state at every group commit: that would cost a row per
 request in flight at every decision. It writes, per commit, one *record* of what changed
 since the previous write, and now and then a *checkpoint* of the whole state, in parts
-(``ha.poolstate`` says which keys hold them and in which order they are written).
+(``ha.owned.poolstate`` says which keys hold them and in which order they are written).
 
 - A record holds the commit's wall time, the pool's capacity and highest sequence number
   issued, the usage of every team charged or admitted since the previous write (its value
   at that wall time), the requests counted in flight since (``live`` rows, as in
-  ``ha.snapshot``), the requests no longer counted (``drop``), and the accounting entries
+  ``ha.owned.snapshot``), the requests no longer counted (``drop``), and the accounting entries
   added (``settled``, ``uncounted``).
 - A checkpoint's head holds the scalars (writer's epoch, wall, capacity, issued, the
   capacity its configuration gives the pool) and the windows of uncounted grants; its
   parts hold the usage of every team, every request in flight and both accounting tables.
 
 ``replay`` turns a head, its parts and the records written after it back into the
-``ha.snapshot.PoolSnapshot`` the writer would have written whole at its last commit, so a
+``ha.owned.snapshot.PoolSnapshot`` the writer would have written whole at its last commit, so a
 successor restores exactly as from a whole snapshot.
 
 Guarantees:
@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from ha.snapshot import GrantKey, LiveGrant, PoolSnapshot, decode_live, decode_sessions
+from ha.owned.snapshot import GrantKey, LiveGrant, PoolSnapshot, decode_live, decode_sessions
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Changes:
     """Session id -> (digest, holder) when opened, None when it lapsed."""
 
     def counted(self, key: GrantKey, row: str) -> None:
-        """``key`` is counted in flight, as ``row`` (``ha.snapshot.live_row``)."""
+        """``key`` is counted in flight, as ``row`` (``ha.owned.snapshot.live_row``)."""
         self.live[key] = row
 
     def dropped(self, key: GrantKey) -> None:
@@ -112,7 +112,7 @@ class Journal:
 
 
 class StateWriter(Protocol):
-    """Where an owner writes its state (``ha.poolstate.PoolLog`` in the store)."""
+    """Where an owner writes its state (``ha.owned.poolstate.PoolLog`` in the store)."""
 
     async def append(self, record: bytes) -> None:
         """Writes one record; raises when it may not have been written."""

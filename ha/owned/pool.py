@@ -1,8 +1,8 @@
 """One pool as decided by its owner during one epoch.
 
-Its parts keep one table each: ``ha.held`` (grants in flight), ``ha.phantoms`` (the
-previous owner's), ``ha.settled`` (earlier grants nobody counted), ``ha.answers``
-(answers to retries), ``ha.genuine`` (id checks, the charge bound), ``ha.teams``
+Its parts keep one table each: ``ha.owned.held`` (grants in flight), ``ha.owned.phantoms`` (the
+previous owner's), ``ha.owned.settled`` (earlier grants nobody counted), ``ha.owned.answers``
+(answers to retries), ``ha.owned.genuine`` (id checks, the charge bound), ``ha.owned.teams``
 (admission of teams).
 
 Guarantees:
@@ -13,7 +13,7 @@ Guarantees:
 - A retried Acquire (same holder and request id) returns the first answer.
 - A borrowing grant is counted in flight (issued or adopted) only while fewer than
   ``max_in_flight`` grants are (phantoms apart), and fewer than
-  ``max_in_flight_per_holder`` of its holder (``ha.bounds``): an Acquire past either is
+  ``max_in_flight_per_holder`` of its holder (``ha.owned.bounds``): an Acquire past either is
   refused (``LimitExceeded``), an Adopt leaves it out. Within-share grants are never held
   back (the reservations bound them).
 - A release is counted once per grant id, whatever the epoch that issued it.
@@ -53,7 +53,6 @@ from itertools import chain
 from fairshare import Class, Pool, TeamStat
 from fairshare.limits import MAX_SESSIONS
 from fairshare.sessions import Session
-from ha.answers import Answer, Answers
 from ha.api import (
     DEGRADED_EPOCH,
     AdoptResult,
@@ -69,19 +68,20 @@ from ha.api import (
     PoolView,
     WrongEpoch,
 )
-from ha.bounds import beyond
 from ha.clock import Clock, EpochTime
-from ha.commit import CommitFailed, GroupCommitter
-from ha.genuine import IdCounters, IdGuard
 from ha.grantkeys import GrantKeys, ephemeral_keys
-from ha.held import HeldGrants, holding_of
-from ha.journal import Changes, Journal, StateWriter, encode_checkpoint, encode_record
-from ha.phantoms import Phantoms
-from ha.sessions import Sessions
+from ha.owned.answers import Answer, Answers
+from ha.owned.bounds import beyond
+from ha.owned.commit import CommitFailed, GroupCommitter
+from ha.owned.genuine import IdCounters, IdGuard
+from ha.owned.held import HeldGrants, holding_of
+from ha.owned.journal import Changes, Journal, StateWriter, encode_checkpoint, encode_record
+from ha.owned.phantoms import Phantoms
+from ha.owned.sessions import Sessions
+from ha.owned.settled import Settled
+from ha.owned.snapshot import GrantKey, PoolSnapshot
+from ha.owned.teams import admit, restorable
 from ha.settings import PoolConfig
-from ha.settled import Settled
-from ha.snapshot import GrantKey, PoolSnapshot
-from ha.teams import admit, restorable
 
 logger = logging.getLogger(__name__)
 
@@ -123,16 +123,16 @@ class OwnedPool:
         clock: read once for wall time (the epoch's start), then for monotonic time:
             the pool's decay, grant ages and phantoms run on ``ha.clock.EpochTime``.
         fenced: True while the node's lease is within its self-fencing deadline.
-        log: where the state is written (``ha.journal``: records of changes and
+        log: where the state is written (``ha.owned.journal``: records of changes and
             checkpoints), fenced on the epoch; a failed write raises (the pool is then
             lost).
         commit_window_s: group commit window.
-        release_commit_s: group commit window of releases (see ha.commit).
+        release_commit_s: group commit window of releases (see ha.owned.commit).
         release_memory_s: how long released ids of earlier epochs are remembered.
         keys: the cluster's grant keys; None: this process's ephemeral key (tests).
         counters: where refused ids and clamped charges are counted (kept by the node
             across epochs); None: a fresh one.
-        session_ttl_s: how long a holder session lives unrenewed (``ha.sessions``).
+        session_ttl_s: how long a holder session lives unrenewed (``ha.owned.sessions``).
         """
         self.config = config
         self.name = PoolName(config.name)
@@ -156,7 +156,7 @@ class OwnedPool:
         self._held = HeldGrants(epoch, config.max_request_s)  # counted in flight
         # Earlier grants the previous owner counted, each standing for one phantom.
         self._phantoms = Phantoms(self.pool)
-        self._earlier = Settled(config.name)  # earlier grants nobody counted (ha.settled)
+        self._earlier = Settled(config.name)  # earlier grants nobody counted (ha.owned.settled)
         self._sessions = Sessions(session_ttl_s, MAX_SESSIONS)
         self._answers = Answers()  # (holder, request id) -> the first answer
         self._teams_cache: tuple[float, Sequence[TeamStat], Mapping[str, int]] | None = None
@@ -334,7 +334,7 @@ class OwnedPool:
             PermissionDenied: ``session`` is open with another secret or holder.
             LimitExceeded: opening ``session`` would keep too many; or the request would
                 borrow and the pool, or the holder session (the holder, without one),
-                already has its bound of grants in flight (``ha.bounds``); nothing is
+                already has its bound of grants in flight (``ha.owned.bounds``); nothing is
                 counted or admitted.
         """
         if not self.can_decide():
@@ -416,7 +416,7 @@ class OwnedPool:
 
         Raises:
             WrongEpoch: the grant is of a later epoch than this owner's (it is stale).
-            PermissionDenied: the id is not genuine (see ``ha.genuine``).
+            PermissionDenied: the id is not genuine (see ``ha.owned.genuine``).
         """
         self._ids.check(ref, "grant_id")
         if ref.epoch > self.epoch:
@@ -496,7 +496,7 @@ class OwnedPool:
 
         Unsigned grants beyond the holder's bound (``capacity`` counted at a time) are
         not counted, and logged. So are borrowing grants beyond the bounds on grants in
-        flight (``ha.bounds``, the pool's and the grant's holder's): each keeps its
+        flight (``ha.owned.bounds``, the pool's and the grant's holder's): each keeps its
         phantom, if it has one, until it ends, and a complete inventory that left any out
         closes no other phantom (they stay until they expire: the cautious side).
         """
@@ -744,7 +744,7 @@ class OwnedPool:
 
     async def _persist(self) -> None:
         # A record of what changed since the previous write when the journal allows it
-        # (``ha.journal``): its cost follows the changes, not the requests in flight. A
+        # (``ha.owned.journal``): its cost follows the changes, not the requests in flight. A
         # checkpoint otherwise, from the rows each request keeps encoded.
         now = self._now()
         if now >= self._forgot_at + _FORGET_EVERY_S:

@@ -11,7 +11,7 @@ from typing import Any
 
 from aetcd import rpc, utils
 
-from ha.store import EventKind, KeyValue, LeaseId, WatchEvent
+from ha.store.contract import EventKind, KeyValue, LeaseId, WatchEvent
 
 __all__ = [
     "compare_create",

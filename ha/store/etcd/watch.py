@@ -25,10 +25,10 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from ha.etcd.connection import Connection, EndpointClient
-from ha.etcd.errors import TRANSLATED, details_of, translate_reason
-from ha.etcd.messages import event_of, prefix_range
-from ha.store import EventKind, KeyValue, StoreUnavailable, WatchEvent
+from ha.store.contract import EventKind, KeyValue, StoreUnavailable, WatchEvent
+from ha.store.etcd.connection import Connection, EndpointClient
+from ha.store.etcd.errors import TRANSLATED, details_of, translate_reason
+from ha.store.etcd.messages import event_of, prefix_range
 
 __all__ = ["ListPrefix", "watch_prefix"]
 

@@ -1,6 +1,6 @@
 """The grants an owner counts in flight: its own, and earlier ones it counted again.
 
-A grant made in a holder session (``ha.sessions``) lives as long as its session: it never
+A grant made in a holder session (``ha.owned.sessions``) lives as long as its session: it never
 expires by age, however long its request runs, and ``lapse`` ends it with its session. A
 grant made without one (a client that opens no session, a degraded grant re-reported)
 lives at most ``max_request_s``.
@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from fairshare import Grant
 from ha.api import Epoch
-from ha.snapshot import GrantKey, LiveGrant, live_row
+from ha.owned.snapshot import GrantKey, LiveGrant, live_row
 
 _K = TypeVar("_K")
 
@@ -42,7 +42,7 @@ class Held:
     key: GrantKey
     team: str
     wall: float  # when it was issued or adopted (the epoch's clock)
-    row: str  # its entry in a snapshot's live list, encoded once (see ha.snapshot.live_row)
+    row: str  # its entry in a snapshot's live list, encoded once (see ha.owned.snapshot.live_row)
     unsigned: bool = False  # a client-made degraded grant (no MAC)
     session: str = ""  # the holder session it belongs to; empty: none (it ages)
 

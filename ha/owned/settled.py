@@ -5,7 +5,7 @@ grants were never counted by anyone: those issued after an owner's last readable
 (``unknown_after``), those of owners whose snapshots nobody read (``unknown_between``),
 degraded grants (``DEGRADED_EPOCH``) and phantoms their holder closed (``uncounted``).
 Their releases must be charged, once: ``settled`` remembers the ones that were. The
-snapshot carries all four (see ``ha.snapshot``).
+snapshot carries all four (see ``ha.owned.snapshot``).
 
 Guarantees: ``chargeable`` is True for exactly those grants (an unsigned degraded one
 only once an owner counted it); ``settle`` remembers a
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from ha.api import DEGRADED_EPOCH, Epoch
-from ha.snapshot import GrantKey, PoolSnapshot
+from ha.owned.snapshot import GrantKey, PoolSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Settled:
 
         An unsigned (client-made) degraded id proves nothing: it is chargeable only once
         an owner counted it (``signed=False``: only as ``uncounted``), so a made-up one
-        charges nothing (see ``ha.owner``, ``release``).
+        charges nothing (see ``ha.owned.pool``, ``release``).
         """
         if key in self.uncounted:
             return True  # closed by its holder's re-report, its session lapsed, ...

@@ -63,7 +63,7 @@ class LiveGrant(NamedTuple):
     until: float
     borrowing: bool | None = None
     session: str = ""
-    """The holder session it was made in (``ha.sessions``); empty when none."""
+    """The holder session it was made in (``ha.owned.sessions``); empty when none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ class PoolSnapshot:
             SetCapacity an override until then). None in snapshots written before it was
             kept: the stored capacity stands.
         sessions: session id -> (digest of its secret, holder): the holder sessions open
-            at the writer (``ha.sessions``).
+            at the writer (``ha.owned.sessions``).
     """
 
     pool: str

@@ -1,7 +1,7 @@
 """The store contract: leases, conditional writes and watches, as etcd offers them.
 
-Three implementations honour it: ``ha.etcd.EtcdStore`` (replicated mode),
-``ha.filestore.FileStore`` (embedded single-node mode) and ``ha.memorystore.MemoryStore``
+Three implementations honour it: ``ha.store.etcd.EtcdStore`` (replicated mode),
+``ha.store.file.FileStore`` (embedded single-node mode) and ``ha.store.memory.MemoryStore``
 (fast tests under a fake clock).
 
 Guarantees every implementation gives:
@@ -259,7 +259,7 @@ class Store(Protocol):
         create_revision ``fence_revision``: one transaction, one revision.
 
         ``put_fenced`` is the commit of one ``Put``. What a commit may hold is bounded by
-        the store (etcd: 128 operations, 1.5 MiB by default); ``ha.poolstate`` keeps every
+        the store (etcd: 128 operations, 1.5 MiB by default); ``ha.owned.poolstate`` keeps every
         commit far below both.
 
         Returns:

@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequ
 from typing import Final, TypeVar
 
 from ha.api import PoolName
-from ha.keys import Keys
-from ha.store import NO_LEASE, KeyValue, LeaseId, Store, StoreFull, WatchEvent, Write
+from ha.store.contract import NO_LEASE, KeyValue, LeaseId, Store, StoreFull, WatchEvent, Write
+from ha.store.keys import Keys
 
 logger = logging.getLogger(__name__)
 
