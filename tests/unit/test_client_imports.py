@@ -66,3 +66,18 @@ def test_the_old_top_level_names_are_gone() -> None:
             check=False,
         )
         assert run.returncode != 0, f"`import {old}` still works"
+
+
+def test_the_wheel_installs_only_its_three_names() -> None:
+    """The packages setuptools finds with pyproject.toml's rules have three top-level names
+    (a pattern like ``ha*`` also took ``harness``, which is not shipped)."""
+    import tomllib
+    from pathlib import Path
+
+    from setuptools import find_packages
+
+    root = Path(__file__).resolve().parents[2]
+    rules = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = find_packages(str(root), include=rules["packages"]["find"]["include"])
+    assert {name.split(".")[0] for name in found} == {"fairshare", "ha", "server"}
+    assert "fairshare.wire.pb.fairshare.v1" in found and "ha.store.etcd" in found
