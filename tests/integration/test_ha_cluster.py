@@ -203,7 +203,8 @@ async def test_a_session_reaches_the_owner_through_a_forwarder_and_survives_its_
     async with aio.insecure_channel(survivors[0].address) as channel:
         stub = pb_grpc.AllocatorStub(channel)
         # Through a replica that does not own the pool: the owner opens the caller's
-        # session, so the same id with another secret is refused there.
+        # session; the same id with another secret is refused (at the door: an id is
+        # derived from its secret).
         granted = await stub.Acquire(
             pb.AcquireRequest(pool="gpu-a", team="inst-a", holder="gw"), timeout=2, metadata=own
         )
@@ -212,7 +213,7 @@ async def test_a_session_reaches_the_owner_through_a_forwarder_and_survives_its_
         assert list(renewed.renewed) == ["gpu-a"] and renewed.ttl_s > 0
         with pytest.raises(aio.AioRpcError) as refused:
             await stub.KeepAlive(keepalive, timeout=2, metadata=other)
-        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
     cluster.replica(node).signal(signal.SIGKILL)
     await decided_through(cluster, "gpu-a", exclude=node)
@@ -226,7 +227,7 @@ async def test_a_session_reaches_the_owner_through_a_forwarder_and_survives_its_
         assert list(renewed.renewed) == ["gpu-a"], renewed
         with pytest.raises(aio.AioRpcError) as refused:
             await stub.KeepAlive(keepalive, timeout=2, metadata=other)
-        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         # Its grant is a phantom of the session, closed by the session's own re-report.
         report = pb.AdoptRequest(
             pool="gpu-a",

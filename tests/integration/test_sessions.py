@@ -13,7 +13,9 @@ Issue 31's findings 1 and 2, each as it was found:
 - a grant a live client holds for three times ``max_request_s`` stays counted and its
   release is charged;
 - the session metadata is checked at the door (malformed: ``INVALID_ARGUMENT``) and at
-  the owner (another secret or holder: ``PERMISSION_DENIED``), KeepAlive included.
+  the owner (another holder: ``PERMISSION_DENIED``), KeepAlive included; a session id
+  presented with another secret is malformed (ids derive from secrets), so it can be
+  neither taken over nor opened first where it is not open yet.
 """
 
 from __future__ import annotations
@@ -338,11 +340,25 @@ async def test_session_metadata_is_checked_at_the_door_and_at_the_owner(tmp_path
         )
         assert (list(stranger.renewed), list(stranger.unknown)) == ([], ["gpu-a"])
 
-        # The open session's id with another secret, or for another holder.
+        # The open session's id with another secret cannot even be presented: an id is
+        # derived from its secret. (So nobody takes a session over, nor opens its id first
+        # at a pool where it is not open yet, to lock its client out there.)
         forged = f"{session_id(text)}.{new_session().partition('.')[2]}"
-        calls: list[tuple[str, Awaitable[object]]] = [
+        for what, call in [
             ("KeepAlive", stub.KeepAlive(keepalive, timeout=5, metadata=session_metadata(forged))),
             ("Acquire", stub.Acquire(acquire, timeout=5, metadata=session_metadata(forged))),
+            (
+                "Acquire at another pool",
+                stub.Acquire(
+                    pb.AcquireRequest(pool="short", team="team-a", holder="gw"),
+                    timeout=5,
+                    metadata=session_metadata(forged),
+                ),
+            ),
+        ]:
+            await _refused(call, grpc.StatusCode.INVALID_ARGUMENT, "fairshare-session", what)
+        # The session itself, presented for another holder.
+        calls: list[tuple[str, Awaitable[object]]] = [
             (
                 "Acquire as another holder",
                 stub.Acquire(
