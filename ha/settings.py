@@ -225,7 +225,10 @@ class Timing:
     """How long an owner remembers released grant ids, so a retried release is a no-op."""
     session_ttl_s: float = 30.0
     """How long a holder session lives without being renewed (``ha.owned.sessions``); its grants
-    then stop counting. Clients renew every third of it."""
+    then stop counting. Clients renew every third of it, so a renewal sent at two thirds
+    must reach the owner within the last third, through a forwarding replica at worst:
+    at least 3 x ``forward_deadline_s``; and an owner finds lapses on its tick: at least
+    3 x ``snapshot_interval_s``."""
 
     @property
     def close_bound_s(self) -> float:
@@ -265,8 +268,13 @@ class Timing:
                 f"{path}.snapshot_interval_s",
                 f"must be in (0, lease_ttl_s/2 = {t / 2:g}], got {self.snapshot_interval_s:g}",
             )
-        if self.session_ttl_s <= 0:
-            raise ConfigError(f"{path}.session_ttl_s", "must be > 0")
+        least = 3 * max(self.forward_deadline_s, self.snapshot_interval_s)
+        if self.session_ttl_s < least:
+            raise ConfigError(
+                f"{path}.session_ttl_s",
+                "must be >= 3 x max(forward_deadline_s, snapshot_interval_s) "
+                f"= {least:g}, got {self.session_ttl_s:g}",
+            )
         if self.fence_margin_s <= 0 or self.fence_margin_s >= t:
             raise ConfigError(f"{path}.fence_margin_s", "must be in (0, lease_ttl_s)")
         if self.release_memory_s < max_request_s:

@@ -35,7 +35,11 @@ async def test_a_killed_gateway_frees_its_slots_within_one_session_ttl(tmp_path:
         pools={"gpu-a": {"capacity": 8}},  # max_request_s 60
         standins={"a": {"max_running": 8, "tokens_per_s": 5.0}},
         models=models,
-        timing={"session_ttl_s": TTL_S, "snapshot_interval_s": SNAPSHOT_S},
+        timing={
+            "session_ttl_s": TTL_S,
+            "snapshot_interval_s": SNAPSHOT_S,
+            "forward_deadline_s": TTL_S / 3,  # the least TTL a config may have is 3 x it
+        },
     ) as stack:
         client = stack.client("team-a")
         streams = [

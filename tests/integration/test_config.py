@@ -151,6 +151,15 @@ def test_empty_metrics_listen_disables_metrics() -> None:
             "timing.keepalive_interval_s",
             id="env-rule",
         ),
+        pytest.param(
+            "timing: {session_ttl_s: 5}\n", {}, "timing.session_ttl_s", id="session-ttl-rule"
+        ),
+        pytest.param(
+            "timing: {session_ttl_s: 1.2, forward_deadline_s: 0.4, snapshot_interval_s: 0.5}\n",
+            {},
+            "timing.session_ttl_s",
+            id="session-ttl-tick",
+        ),
         pytest.param("", {"FAIRSHARE_LISTEN": "nowhere"}, "listen", id="env-listen"),
         pytest.param("", {"FAIRSHARE_LOG_LEVEL": "loud"}, "log_level", id="env-level"),
         pytest.param("tls: {cert_file: /nonexistent.pem}\n", {}, "tls.cert_file", id="no-cert"),

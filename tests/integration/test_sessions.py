@@ -52,6 +52,7 @@ SHORT_S = 1.0
 CONFIG = """\
 timing:
   session_ttl_s: {ttl_s}
+  forward_deadline_s: 0.5
   snapshot_interval_s: {snapshot_s}
 pools:
   - name: gpu-a
