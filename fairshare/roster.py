@@ -48,8 +48,9 @@ class Roster:
     """Every team one pool knows, with the indexes kept in step with their state.
 
     ``states`` maps each known team to its ``TeamState``; callers read it and change a
-    state's in-flight counts and phantoms (then ``touch`` it), never its usage or key,
-    and add or remove teams only through ``register``, ``team`` and ``prune``.
+    state's reservation, in-flight counts and phantoms (then ``touch`` it), never its
+    usage or key, and add or remove teams only through ``register``, ``team`` and
+    ``prune``.
     """
 
     __slots__ = (
