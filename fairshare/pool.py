@@ -3,13 +3,14 @@
 Everything here is deterministic and does no I/O: time comes in through the injected
 ``clock``, so the same calls give the same answers in unit, property and drill tests.
 
-Cost: ``acquire`` + ``release`` is O(log T) in the number of teams T. With one decay rate
-per pool every team's usage decays by the same factor, so the order of the level
-fairshare values only changes when a team is charged. Usage is therefore stored scaled
-to a reference time (``stored = usage(now) * exp(lam * (now - t_ref))``), which makes a
-charge one multiplication, and the distinct ordering keys live in a sorted list
-(``fairshare.ranking``), which makes a team's dense rank one bisection. A pool's grants
-are ``fairshare.grant``'s, its per-team state ``fairshare.team``'s.
+This module holds the decisions (standing and priority of each request), the counts in
+flight, the phantoms and the capacity. The teams a pool knows, their usage decayed on the
+pool's reference time and the dense ranks of their level fairshare are
+``fairshare.roster``'s; a pool's grants are ``fairshare.grant``'s, its per-team state
+``fairshare.team``'s.
+
+Cost: ``acquire`` + ``release`` is O(log T) in the number of teams T: a charge is one
+multiplication and a team's dense rank one bisection (``fairshare.roster`` says why).
 """
 
 from __future__ import annotations
@@ -18,29 +19,15 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
-
-from sortedcontainers import SortedList
 
 from fairshare.apportion import apportion
 from fairshare.grant import Grant, consumption
 from fairshare.priority import Class, borrowing_priority, within_share_priority
-from fairshare.ranking import DenseRanks, level_key
+from fairshare.roster import NEGLIGIBLE_FRACTION, Roster
 from fairshare.shares import check_shares
 from fairshare.team import TeamStat, TeamState
 
 __all__ = ["NEGLIGIBLE_FRACTION", "Grant", "Pool", "TeamStat"]
-
-NEGLIGIBLE_FRACTION: Final = 2.0**-20
-"""A team's decayed usage is negligible when it is at most this fraction (about one
-millionth) of the pool's total decayed usage, or when the pool has no usage at all. Usage
-of a team without share does not affect any rank (its level fairshare is 0 whatever it
-used): it only enters the reported level fairshare of others, through the total, and a
-millionth of it is below anything an operator reads there."""
-
-# Once usage is stored scaled by more than e**_REBASE_EXPONENT, every team is rescaled to
-# the present (O(T), and rare: about every 90 half-lives).
-_REBASE_EXPONENT: Final = 64.0
 
 
 class Pool:
@@ -85,23 +72,16 @@ class Pool:
         self._name = name
         self._capacity = capacity
         self._shares = checked
-        self._share_total = math.fsum(self._shares.values())
-        self._lam = math.log(2) / half_life_s if half_life_s > 0 else 0.0
+        lam = math.log(2) / half_life_s if half_life_s > 0 else 0.0
         self._clock: Callable[[], float] = clock if clock is not None else time.time
         self._lock = threading.Lock()
-        self._t_ref = self._clock()
-        self._teams: dict[str, TeamState] = {}
+        # Every team the pool knows: its state, its usage and its rank.
+        self._roster = Roster(checked, lam=lam, t_ref=self._clock())
         self._in_flight = 0  # grants of every team
         self._phantoms = 0  # live phantoms of every team, as of the last expiry sweep
         self._next_expiry = math.inf
-        # Every team's ordering key, for dense ranks.
-        self._ranks = DenseRanks()
-        # Teams without share and with nothing in flight, by stored usage: the candidates
-        # for ``prune``. ``_stored_total`` is the sum of every team's stored usage.
-        self._idle = SortedList()
-        self._stored_total = 0.0
         for team in sorted(self._shares):
-            self._register(team, reserved.get(team, 0))
+            self._roster.register(team, reserved.get(team, 0))
 
     # -- properties -----------------------------------------------------------------
 
@@ -118,16 +98,16 @@ class Pool:
     @property
     def decay_rate(self) -> float:
         """Usage decay rate lambda = ln 2 / half-life, in 1/s (0 when decay is off)."""
-        return self._lam
+        return self._roster.lam
 
     @property
     def team_count(self) -> int:
         """How many teams the pool knows now (configured ones included)."""
-        return len(self._teams)
+        return len(self._roster.states)
 
     def knows(self, team: str) -> bool:
         """Whether the pool has state for ``team`` now."""
-        return team in self._teams
+        return team in self._roster.states
 
     def prune(self, keep: int) -> int:
         """Forgets idle teams until at most ``keep`` teams are known, if it can.
@@ -141,22 +121,9 @@ class Pool:
         Returns:
             The number of teams forgotten.
         """
-        pruned = 0
         with self._lock:
             self._expire(self._clock())
-            while len(self._teams) > keep and self._idle:
-                stored, name = self._idle[0]
-                if stored > NEGLIGIBLE_FRACTION * max(self._stored_total, 0.0) and stored > 0.0:
-                    break
-                state = self._teams.pop(name)
-                self._idle.remove((stored, name))
-                state.idle = None
-                self._ranks.remove(state.key)
-                self._stored_total -= state.stored
-                pruned += 1
-            if not self._teams:
-                self._stored_total = 0.0
-        return pruned
+            return self._roster.prune(keep)
 
     # -- decisions ------------------------------------------------------------------
 
@@ -205,7 +172,7 @@ class Pool:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an int, got {priority!r}")
         with self._lock:
-            state = self._team(team)
+            state = self._roster.team(team)
             self._count(state, bool(borrowing), est_tokens)
             return Grant(
                 team=team,
@@ -236,7 +203,7 @@ class Pool:
             self._expire(now)
             if not until > now:  # also refuses NaN
                 return
-            state = self._team(team)
+            state = self._roster.team(team)
             phantoms = state.phantom_list(bool(borrowing))
             in_order = not phantoms or until >= phantoms[-1]
             phantoms.extend([until] * n)
@@ -244,7 +211,7 @@ class Pool:
                 phantoms.sort()
             self._phantoms += n
             self._next_expiry = min(self._next_expiry, phantoms[0])
-            self._touch(state)
+            self._roster.touch(state)
 
     def drop_phantom(self, team: str, *, borrowing: bool = False) -> bool:
         """Removes the team's live phantom of that standing that would last longest.
@@ -257,7 +224,7 @@ class Pool:
         """
         with self._lock:
             self._expire(self._clock())
-            state = self._teams.get(team)
+            state = self._roster.states.get(team)
             if state is None:
                 return False
             phantoms = state.phantom_list(bool(borrowing))
@@ -265,7 +232,7 @@ class Pool:
                 return False
             phantoms.pop()
             self._phantoms -= 1
-            self._touch(state)
+            self._roster.touch(state)
             return True
 
     def charge(self, team: str, consumed: float) -> None:
@@ -278,8 +245,8 @@ class Pool:
             raise ValueError("team must be a non-empty string")
         amount = consumption(consumed)
         with self._lock:
-            state = self._team(team)
-            self._charge(state, amount, self._clock())
+            state = self._roster.team(team)
+            self._roster.charge(state, amount, self._clock())
 
     def set_usage(self, team: str, usage: float) -> None:
         """Sets the team's decayed usage as of now (restored from a previous owner).
@@ -290,10 +257,8 @@ class Pool:
             raise ValueError("team must be a non-empty string")
         value = consumption(usage)
         with self._lock:
-            state = self._team(team)
-            now = self._clock()
-            self._maybe_rebase(now)
-            self._rekey(state, value * math.exp(self._lam * (now - self._t_ref)))
+            state = self._roster.team(team)
+            self._roster.set_usage(state, value, self._clock())
 
     def usage(self) -> tuple[dict[str, float], dict[str, int]]:
         """Every known team's usage decayed to now and its in-flight count.
@@ -304,18 +269,19 @@ class Pool:
         with self._lock:
             now = self._clock()
             self._expire(now)
-            factor = self._decay_factor(now)
-            usage = {name: t.stored * factor for name, t in self._teams.items()}
-            in_flight = {name: t.in_flight + t.phantoms for name, t in self._teams.items()}
+            factor = self._roster.decay_factor(now)
+            teams = self._roster.states
+            usage = {name: t.stored * factor for name, t in teams.items()}
+            in_flight = {name: t.in_flight + t.phantoms for name, t in teams.items()}
             return usage, in_flight
 
     def usage_of(self, team: str) -> float:
         """The team's usage decayed to now; 0 for a team the pool does not know. O(1)."""
         with self._lock:
-            state = self._teams.get(team)
+            state = self._roster.states.get(team)
             if state is None:
                 return 0.0
-            return state.stored * self._decay_factor(self._clock())
+            return state.stored * self._roster.decay_factor(self._clock())
 
     def set_capacity(self, c: int) -> int:
         """Changes C and recomputes the reservations; returns the previous C.
@@ -333,7 +299,7 @@ class Pool:
         with self._lock:
             previous = self._capacity
             self._capacity = c
-            for name, state in self._teams.items():
+            for name, state in self._roster.states.items():
                 state.reserved = reserved.get(name, 0)
             return previous
 
@@ -342,7 +308,7 @@ class Pool:
     def reserved(self) -> dict[str, int]:
         """Within-share slots per known team."""
         with self._lock:
-            return {name: t.reserved for name, t in self._teams.items()}
+            return {name: t.reserved for name, t in self._roster.states.items()}
 
     def within_share_next(self, team: str) -> bool:
         """Whether ``team``'s next ``acquire`` would be within share, if decided now: its
@@ -350,7 +316,7 @@ class Pool:
         know (it would have share 0). O(1); changes nothing but expired phantoms."""
         with self._lock:
             self._expire(self._clock())
-            state = self._teams.get(team)
+            state = self._roster.states.get(team)
             return state is not None and state.within < state.reserved
 
     def within(self) -> dict[str, int]:
@@ -359,37 +325,14 @@ class Pool:
         next request is within share iff its count is below its reservation."""
         with self._lock:
             self._expire(self._clock())
-            return {name: t.within for name, t in self._teams.items()}
+            return {name: t.within for name, t in self._roster.states.items()}
 
     def snapshot(self) -> list[TeamStat]:
         """Every known team's state, sorted by team name."""
         with self._lock:
             now = self._clock()
             self._expire(now)
-            factor = self._decay_factor(now)
-            stored_total = math.fsum(t.stored for t in self._teams.values())
-            # LF = S / U = (share / stored) * (sum stored / sum share): the same factor for
-            # every team, applied to the key that ranks it, so equal keys give equal LF.
-            lf_scale = stored_total / self._share_total if self._share_total > 0 else 0.0
-            stats = []
-            for name in sorted(self._teams):
-                t = self._teams[name]
-                lf = t.key * lf_scale if math.isfinite(t.key) else math.inf
-                stats.append(
-                    TeamStat(
-                        team=name,
-                        share=t.share,
-                        reserved=t.reserved,
-                        in_flight=t.in_flight,
-                        borrowing=t.borrowing,
-                        in_flight_tokens=t.tokens,
-                        usage=t.stored * factor,
-                        level_fairshare=lf,
-                        rank=self._rank(t),
-                        phantoms=t.phantoms,
-                    )
-                )
-            return stats
+            return self._roster.stats(now)
 
     # -- internals (callers hold self._lock unless said otherwise) --------------------
 
@@ -410,11 +353,11 @@ class Pool:
 
     def _decide(self, team: str, klass: Class, est_tokens: int) -> Grant:
         self._expire(self._clock())
-        state = self._team(team)
+        state = self._roster.team(team)
         saturated = self._in_flight + self._phantoms >= self._capacity
         borrowing = state.within >= state.reserved
         if borrowing:
-            priority = borrowing_priority(self._rank(state), klass)
+            priority = borrowing_priority(self._roster.rank(state), klass)
         else:
             priority = within_share_priority(klass)
         self._count(state, borrowing, est_tokens)
@@ -434,7 +377,7 @@ class Pool:
         if borrowing:
             state.borrowing += 1
         self._in_flight += 1
-        self._touch(state)
+        self._roster.touch(state)
 
     def _release(self, grant: Grant, amount: float) -> None:
         """Called by ``Grant.release`` without the lock held."""
@@ -450,80 +393,15 @@ class Pool:
                 state.borrowing -= 1
             self._in_flight -= 1
             if amount > 0.0:
-                self._charge(state, amount, self._clock())
-            self._touch(state)
-
-    def _team(self, name: str) -> TeamState:
-        state = self._teams.get(name)
-        if state is None:
-            state = self._register(name, 0)
-        return state
-
-    def _register(self, name: str, reserved: int) -> TeamState:
-        state = TeamState(name, self._shares.get(name, 0.0), reserved)
-        state.key = level_key(state.share, state.stored)
-        self._teams[name] = state
-        self._ranks.add(state.key)
-        self._touch(state)
-        return state
-
-    def _touch(self, state: TeamState) -> None:
-        """Keeps the team's entry in the prunable list in step with its state."""
-        entry = None
-        if state.in_flight == 0 and not state.phantoms and state.name not in self._shares:
-            entry = (state.stored, state.name)
-        if entry != state.idle:
-            if state.idle is not None:
-                self._idle.remove(state.idle)
-            if entry is not None:
-                self._idle.add(entry)
-            state.idle = entry
-
-    def _rank(self, state: TeamState) -> int:
-        """Dense rank of the team's level fairshare among all known teams, 0 first."""
-        return self._ranks.rank(state.key)
-
-    def _rekey(self, state: TeamState, stored: float) -> None:
-        self._stored_total += stored - state.stored
-        state.stored = stored
-        key = level_key(state.share, state.stored)
-        if key != state.key:
-            self._ranks.remove(state.key)
-            self._ranks.add(key)
-            state.key = key
-        self._touch(state)
-
-    def _charge(self, state: TeamState, amount: float, now: float) -> None:
-        if amount <= 0.0:
-            return
-        self._maybe_rebase(now)
-        self._rekey(state, state.stored + amount * math.exp(self._lam * (now - self._t_ref)))
-
-    def _decay_factor(self, now: float) -> float:
-        return math.exp(-self._lam * (now - self._t_ref))
-
-    def _maybe_rebase(self, now: float) -> None:
-        """Rescales stored usage to the present before its scale factor grows too large."""
-        if self._lam * (now - self._t_ref) <= _REBASE_EXPONENT:
-            return
-        factor = self._decay_factor(now)
-        self._t_ref = now
-        self._ranks = DenseRanks()
-        self._idle = SortedList()
-        for state in self._teams.values():
-            state.stored *= factor
-            state.key = level_key(state.share, state.stored)
-            self._ranks.add(state.key)
-            state.idle = None
-            self._touch(state)
-        self._stored_total = math.fsum(t.stored for t in self._teams.values())
+                self._roster.charge(state, amount, self._clock())
+            self._roster.touch(state)
 
     def _expire(self, now: float) -> None:
         """Drops phantoms whose time has come and finds the next expiry."""
         if now < self._next_expiry:
             return
         next_expiry = math.inf
-        for state in self._teams.values():
+        for state in self._roster.states.values():
             for phantoms in (state.within_phantoms, state.borrowing_phantoms):
                 if not phantoms:
                     continue
@@ -533,7 +411,7 @@ class Pool:
                 if live:
                     del phantoms[:live]
                     self._phantoms -= live
-                    self._touch(state)
+                    self._roster.touch(state)
                 if phantoms:
                     next_expiry = min(next_expiry, phantoms[0])
         self._next_expiry = next_expiry

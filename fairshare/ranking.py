@@ -2,7 +2,7 @@
 
 Level fairshare is LF = (share / sum share) / (usage / sum usage). The normalisers are
 common to every team of a pool, and so is the decay factor of usage stored scaled to the
-pool's reference time (see ``fairshare.pool``), so ``share / stored`` orders teams as LF
+pool's reference time (see ``fairshare.roster``), so ``share / stored`` orders teams as LF
 does and changes only when a team is charged. ``DenseRanks`` keeps every distinct key once,
 so a team's dense rank is one bisection.
 

@@ -7,15 +7,9 @@ and the metrics endpoint, then report SERVING. Two interceptors guard the port: 
 per-client call limit (``server.intake``) and the bound on open streams
 (``server.streams``).
 
-Health: SERVING once started, also before the node has joined the cluster (etcd did not
-answer at start: the replica answers every call as when etcd is lost later, each pool per
-its degraded mode, and joins in the background). ``fairshare.member`` tells membership
-apart: NOT_SERVING until the node has joined, SERVING from then on. Each pool also has
-its own health service,
-``fairshare.v1.Allocator/<pool>``: NOT_SERVING while the store refuses this replica's writes
-for the pool for lack of space (``PoolStatus.store_full``), SERVING again once a write
-succeeds. When that holds for every pool, the Allocator service and the overall status
-are NOT_SERVING too: the replica can serve no pool.
+Health (``server.health``): SERVING once started, also before the node has joined the
+cluster; ``fairshare.member`` tells membership apart, and each pool has its own service,
+NOT_SERVING while the store refuses this replica's writes for the pool for lack of space.
 
 Stop (SIGTERM or SIGINT), in one fixed order: health NOT_SERVING → ``node.stop_deciding()``
 → ``node.close()`` (final snapshot, release ownership) → ``server.stop(grace)`` → exit 0.
@@ -48,7 +42,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fairshare.wire.credentials import read_token
-from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha import (
     Allocator,
@@ -67,6 +60,14 @@ from ha import (
 from server.auth import AdminAuth
 from server.config import Config, load_config
 from server.etcd_access import load_etcd_access
+from server.health import (
+    ADMIN_SERVICE,
+    ALLOCATOR_SERVICE,
+    MEMBER_SERVICE,
+    pool_health_service,
+    start_health,
+    watch_health,
+)
 from server.intake import Intake
 from server.metrics import Metrics, event_loop_alive
 from server.peers import GrpcPeers
@@ -76,21 +77,30 @@ from server.status_report import status_report
 from server.streams import StreamLimit
 from server.tls_reload import peer_credentials, server_credentials
 
+__all__ = [
+    "ADMIN_SERVICE",
+    "ALLOCATOR_SERVICE",
+    "GRACE_S",
+    "MEMBER_SERVICE",
+    "Node",
+    "NodeFactory",
+    "RunningServer",
+    "add_serve_arguments",
+    "configure_logging",
+    "overrides_of",
+    "pool_health_service",
+    "run",
+    "serve",
+    "start_server",
+]
+
 logger = logging.getLogger(__name__)
 
-ALLOCATOR_SERVICE: Final = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
-ADMIN_SERVICE: Final = pb.DESCRIPTOR.services_by_name["Admin"].full_name
 HEALTH_SERVICE: Final = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-OVERALL: Final = ""
-"""The health service name that stands for the whole server."""
-MEMBER_SERVICE: Final = "fairshare.member"
-"""The health service that is SERVING once the node has joined the cluster."""
 GRACE_S: Final = 5.0
 """How long in-flight RPCs may finish once the server stops."""
 EXIT_CONFIG: Final = 2
 SWITCH_INTERVAL_S: Final = 0.001
-HEALTH_POLL_S: Final = 0.5
-"""How often the per-pool health is brought up to date with the node's status."""
 """How long a busy thread keeps the interpreter when another thread waits for it."""
 
 
@@ -142,11 +152,6 @@ class NodeFactory(Protocol):
         peers: Peers,
         grant_keys: GrantKeys | None,
     ) -> Awaitable[Node]: ...
-
-
-def pool_health_service(pool: str) -> str:
-    """The health service name of one pool."""
-    return f"{ALLOCATOR_SERVICE}/{pool}"
 
 
 @dataclass
@@ -211,46 +216,6 @@ class RunningServer:
             if self.stop_metrics is not None:
                 self.stop_metrics()
             logger.info("shut down")
-
-    async def watch_health(self) -> None:
-        """Keeps each pool's health service (and, when every pool is refused, the
-        Allocator's and the overall) in line with ``node.status()``, until cancelled."""
-        known: dict[str, bool] = {}  # pool -> serving, as last set
-        overall = True
-        joined = False
-        while True:
-            if not joined and self.node.joined:
-                joined = True
-                logger.info("health of %s: SERVING (joined the cluster)", MEMBER_SERVICE)
-                await self.health.set(MEMBER_SERVICE, _status(True))
-            try:
-                pools = self.node.status()
-            except Exception:
-                logger.exception("health: reading the node status failed")
-                pools = []
-            for view in pools:
-                serving = not view.store_full
-                if known.get(view.pool) != serving:
-                    known[view.pool] = serving
-                    logger.info(
-                        "health of pool %s: %s (store %s)",
-                        view.pool,
-                        "SERVING" if serving else "NOT_SERVING",
-                        "accepts writes" if serving else "full",
-                    )
-                    await self.health.set(pool_health_service(view.pool), _status(serving))
-            any_serving = not known or any(known.values())
-            if overall != any_serving:
-                overall = any_serving
-                for service in (ALLOCATOR_SERVICE, OVERALL):
-                    await self.health.set(service, _status(overall))
-            await asyncio.sleep(HEALTH_POLL_S)
-
-
-def _status(serving: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
-    if serving:
-        return health_pb2.HealthCheckResponse.SERVING
-    return health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def _advertised(config: Config, port: int) -> str:
@@ -411,10 +376,8 @@ async def start_server(
             raise ConfigError(
                 "metrics_listen", f"cannot listen on {config.metrics_listen}: {e}"
             ) from e
-    for service in (ALLOCATOR_SERVICE, ADMIN_SERVICE, OVERALL):
-        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
-    await health.set(MEMBER_SERVICE, _status(node.joined))
-    running.health_task = asyncio.create_task(running.watch_health(), name="pool-health")
+    await start_health(health, joined=node.joined)
+    running.health_task = asyncio.create_task(watch_health(health, node), name="pool-health")
     logger.info(
         "serving %d pools on %s as %s (%s)",
         len(config.pools),

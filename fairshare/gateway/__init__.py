@@ -12,8 +12,9 @@ a release charges), ``fairshare.gateway.errors`` (the one table of error answers
 ``fairshare.gateway.upstreams`` (which vLLM server), ``fairshare.gateway.placement`` (the grant, and
 fallback pools), ``fairshare.gateway.redecide`` (fail-open requests sent again after an outage),
 ``fairshare.gateway.releases`` (releases that outlive a cancelled request),
-``fairshare.gateway.proxy`` (the request path), ``fairshare.gateway.policy`` (the upstreams'
-scheduling policy, checked at startup), ``fairshare.gateway.metrics`` (Prometheus),
+``fairshare.gateway.proxy`` (the request path), ``fairshare.gateway.forward`` (one attempt at
+the upstream), ``fairshare.gateway.policy`` (the upstreams' scheduling policy, checked at
+startup), ``fairshare.gateway.metrics`` (Prometheus),
 ``fairshare.gateway.app`` (startup, readiness, SIGTERM).
 
 The package imports the client library (``client``) and the core (``fairshare``) of the

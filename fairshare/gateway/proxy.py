@@ -12,8 +12,8 @@ not) and ``GET /v1/models``. For one request:
    ``Retry-After`` and ``x-fairshare-limit`` naming it;
 3. the body with the grant's ``priority`` goes to the upstream the route's router chooses
    for that priority (``fairshare.gateway.upstreams``; ``fewest-ahead`` unless configured
-   otherwise);
-   a connection that cannot be opened goes to another one;
+   otherwise), through ``fairshare.gateway.forward``, which does the HTTP side of each
+   attempt; a connection that cannot be opened goes to another one;
 4. the answer goes back with ``x-fairshare-priority``, ``-standing``, ``-borrowing``,
    ``-degraded`` and ``-pool``: a non-streaming answer whole, with the upstream's status
    and body; a stream event by event (``fairshare.gateway.body.StreamFilter``), its status line sent
@@ -32,11 +32,9 @@ closed and it is placed and sent again, once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
@@ -45,10 +43,11 @@ from aiohttp import web
 from fairshare.client import AllocatorClient, ClientGrant, NoOwner
 from fairshare.errors import AllocatorError, InvalidArgument, LimitExceeded, PermissionDenied
 from fairshare.gateway import body as bodies
-from fairshare.gateway.body import BadJson, BadRequest, Endpoint, Request, StreamFilter, Usage
+from fairshare.gateway.body import BadJson, BadRequest, Endpoint, Request, Usage
 from fairshare.gateway.config import GatewayConfig, Model, Route
 from fairshare.gateway.cost import charge
-from fairshare.gateway.errors import Refusal, error_response, sse_error_event
+from fairshare.gateway.errors import Refusal, error_response
+from fairshare.gateway.forward import Forwarder, Outcome, UpstreamFailed, standing
 from fairshare.gateway.identity import BadClass, identify
 from fairshare.gateway.keys import Identity, KeysFile
 from fairshare.gateway.metrics import GatewayMetrics
@@ -56,7 +55,6 @@ from fairshare.gateway.placement import Placement, place
 from fairshare.gateway.redecide import Redecider, Watched
 from fairshare.gateway.releases import Releases
 from fairshare.gateway.upstreams import Upstreams
-from fairshare.gateway.upstreams import standing as upstream_standing
 
 logger = logging.getLogger(__name__)
 
@@ -89,34 +87,6 @@ class Refused(Exception):
     def __init__(self, refusal: Refusal, message: str) -> None:
         super().__init__(message)
         self.refusal = refusal
-
-
-class UpstreamFailed(Exception):
-    """No upstream answered; ``refusal`` says how to answer the client."""
-
-    def __init__(self, refusal: Refusal, message: str) -> None:
-        super().__init__(message)
-        self.refusal = refusal
-
-
-@dataclass
-class Outcome:
-    """What one attempt at the upstream used: for the charge and the metrics."""
-
-    status: int = 0
-    usage: Usage | None = None
-    sent: bool = False
-    """The request went to an upstream that accepted its connection (it may have started
-    on it, whatever happened next)."""
-    upstream_s: float = 0.0
-    started: float = field(default_factory=time.monotonic)
-    first_chunk: float | None = None
-    """When a streamed answer's first chunk came (monotonic); None when not streamed."""
-
-
-def standing(grant: ClientGrant) -> str:
-    """How ``grant`` stands with its pool (``fairshare.gateway.upstreams.STANDINGS``)."""
-    return upstream_standing(borrowing=grant.borrowing, degraded=grant.degraded)
 
 
 def grant_headers(grant: ClientGrant) -> dict[str, str]:
@@ -180,10 +150,15 @@ class Proxy:
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
         self.releases = Releases()
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=config.limits.upstream_connect_s,
-            sock_read=config.limits.upstream_timeout_s,
+        self.forwarder = Forwarder(
+            self.upstreams,
+            session=session,
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                connect=config.limits.upstream_connect_s,
+                sock_read=config.limits.upstream_timeout_s,
+            ),
+            metrics=metrics,
         )
 
     # -- routes ------------------------------------------------------------------------------
@@ -345,87 +320,6 @@ class Proxy:
 
     # -- the upstream ------------------------------------------------------------------------
 
-    async def _open(
-        self, placement: Placement, path: str, data: bytes, outcome: Outcome
-    ) -> tuple[str, aiohttp.ClientResponse]:
-        """Sends the request to the upstream the route's router chooses for the grant's
-        priority, among those that accept a connection.
-
-        The caller ends the upstream's lease (``Upstreams.sent``) with ``_close``.
-
-        A connection closed before the status line (``ServerDisconnectedError``: a pooled
-        connection the upstream closed as idle) is tried again once, like a refused one but
-        on any upstream.
-
-        Raises:
-            UpstreamFailed: none accepted a connection, or the one that did failed or timed
-                out before its status line (a second closed connection included).
-        """
-        route, grant = placement.route, placement.grant
-        upstreams = self.upstreams[route]
-        tried: set[str] = set()
-        disconnected = False
-        while True:
-            url = upstreams.choose(grant.priority, tried)
-            if url is None:
-                raise UpstreamFailed(
-                    Refusal.UPSTREAM_UNREACHABLE,
-                    f"no upstream of pool {route.pool} accepted a connection",
-                )
-            upstreams.sent(url, grant.priority, standing(grant))
-            outcome.started = time.monotonic()
-            outcome.sent = True
-            try:
-                response = await self.session.post(
-                    url + path,
-                    data=data,
-                    headers={"Content-Type": "application/json"},
-                    timeout=self._timeout,
-                )
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
-                upstreams.ended(url, grant.priority)
-                outcome.sent = False
-                self.metrics.upstream_errors.labels(url, "refused").inc()
-                logger.warning("upstream %s refused: %s; trying another", url, e)
-                tried.add(url)
-                continue
-            except aiohttp.ServerDisconnectedError as e:
-                # Closed before its status line: most likely a pooled connection the
-                # upstream was closing as idle when the request went out. Sent again,
-                # once, to the upstream the router chooses (this one included).
-                upstreams.ended(url, grant.priority)
-                self.metrics.upstream_errors.labels(url, "disconnected").inc()
-                if disconnected:
-                    raise UpstreamFailed(
-                        Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}"
-                    ) from e
-                disconnected = True
-                logger.info("upstream %s closed the connection: %r; sending again", url, e)
-                continue
-            except TimeoutError as e:
-                upstreams.ended(url, grant.priority)
-                self.metrics.upstream_errors.labels(url, "timeout").inc()
-                raise UpstreamFailed(
-                    Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
-                ) from e
-            except (aiohttp.ClientError, OSError) as e:
-                upstreams.ended(url, grant.priority)
-                self.metrics.upstream_errors.labels(url, "broken").inc()
-                raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
-            except BaseException:
-                upstreams.ended(url, grant.priority)
-                raise
-            return url, response
-
-    def _close(self, placement: Placement, url: str, response: aiohttp.ClientResponse) -> None:
-        """Ends an upstream request: a response not read to its end closes its connection,
-        so the upstream aborts the request."""
-        if not response.content.is_eof():
-            response.close()
-        else:
-            response.release()
-        self.upstreams[placement.route].ended(url, placement.grant.priority)
-
     async def _forward(
         self,
         request: web.Request,
@@ -447,9 +341,9 @@ class Proxy:
         answered_error = False  # the upstream answered with an error status
         try:
             try:
-                first = self._first(placement, path, data, parsed, outcome)
+                first = self.forwarder.first(placement, path, data, parsed, outcome)
                 opened, head = await _unless_signalled(
-                    first, watched, lambda url, r: self._close(placement, url, r)
+                    first, watched, lambda url, r: self.forwarder.close(placement, url, r)
                 )
             except UpstreamFailed as e:
                 outcome.status = e.refusal.value.status
@@ -461,7 +355,9 @@ class Proxy:
                 self.redecider.unwatch(watched)
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
                 outcome.first_chunk = time.monotonic()
-                return await self._stream(request, parsed, upstream, head, headers, outcome)
+                return await self.forwarder.stream(
+                    request, parsed, upstream, head, headers, outcome
+                )
             if not parsed.stream:
                 outcome.usage = bodies.usage_of_body(head) if upstream.status == 200 else None  # noqa: PLR2004
             for name in PASSED_HEADERS:
@@ -480,91 +376,11 @@ class Proxy:
                 # may have read the prompt; charge it, without completion tokens.
                 outcome.usage = Usage(prompt_tokens=parsed.prompt_tokens, completion_tokens=0)
             if opened is not None:
-                self._close(placement, *opened)
-
-    async def _first(
-        self, placement: Placement, path: str, data: bytes, parsed: Request, outcome: Outcome
-    ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
-        """Everything up to the first byte the client may see: the whole answer when not
-        streaming (or on an error status), else the first chunk of the stream."""
-        url, upstream = await self._open(placement, path, data, outcome)
-        try:
-            if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
-                head = await upstream.content.readany()
-            else:
-                head = await upstream.read()
-        except TimeoutError as e:
-            self._close(placement, url, upstream)
-            self.metrics.upstream_errors.labels(url, "timeout").inc()
-            raise UpstreamFailed(
-                Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
-            ) from e
-        except (aiohttp.ClientError, OSError) as e:
-            self._close(placement, url, upstream)
-            self.metrics.upstream_errors.labels(url, "broken").inc()
-            raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
-        except BaseException:
-            self._close(placement, url, upstream)
-            raise
-        if upstream.status >= 500:  # noqa: PLR2004 (server errors)
-            self.metrics.upstream_errors.labels(url, "status").inc()
-        return (url, upstream), head
-
-    async def _stream(
-        self,
-        request: web.Request,
-        parsed: Request,
-        upstream: aiohttp.ClientResponse,
-        head: bytes,
-        headers: dict[str, str],
-        outcome: Outcome,
-    ) -> web.StreamResponse:
-        """Passes a stream on event by event, from its first chunk ``head``."""
-        filtered = StreamFilter(keep_usage=parsed.client_wants_usage)
-        headers["Content-Type"] = "text/event-stream"
-        headers["Cache-Control"] = "no-cache"
-        answer = web.StreamResponse(status=200, headers=headers)
-        try:
-            await answer.prepare(request)
-            chunk = head
-            while chunk:
-                out = filtered.feed(chunk)
-                if out:
-                    await answer.write(out)
-                chunk = await upstream.content.readany()
-            rest = filtered.finish()
-            if rest:
-                await answer.write(rest)
-        except TimeoutError:
-            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "timeout").inc()
-            await _write_quietly(
-                answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, "the upstream stalled")
-            )
-        except aiohttp.ClientPayloadError as e:
-            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
-            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
-        except ConnectionResetError:
-            # The client went away: end here. Before ``aiohttp.ClientError``, which the
-            # writer's ``ClientConnectionResetError`` also is.
-            self.metrics.disconnects.inc()
-            return answer
-        except aiohttp.ClientError as e:  # the upstream connection failed otherwise
-            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
-            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
-        finally:
-            outcome.usage = filtered.counted(parsed)
-        with contextlib.suppress(ConnectionResetError):
-            await answer.write_eof()
-        return answer
+                self.forwarder.close(placement, *opened)
 
 
 def _too_large(limit: int) -> Refused:
     return Refused(Refusal.TOO_LARGE, f"the body is larger than {limit} bytes")
-
-
-async def _write_quietly(answer: web.StreamResponse, data: bytes) -> None:
-    with contextlib.suppress(ConnectionResetError):
-        await answer.write(data)
 
 
 async def _unless_signalled(
@@ -572,7 +388,7 @@ async def _unless_signalled(
     watched: Watched | None,
     close: Callable[[str, aiohttp.ClientResponse], None],
 ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
-    """Awaits ``first`` (a coroutine of ``Proxy._first``), or raises ``Redecide`` if
+    """Awaits ``first`` (a coroutine of ``Forwarder.first``), or raises ``Redecide`` if
     ``watched`` is signalled before it ends (``first`` is then cancelled: the upstream
     request is closed). When the caller is cancelled meanwhile, ``first`` is cancelled too,
     or, had it just ended, its upstream response is closed with ``close``."""

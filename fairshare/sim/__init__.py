@@ -14,7 +14,8 @@
 - ``workloads``: arrival processes (Poisson, bursts, floods) and request shapes.
 - ``scenarios``: the scenarios of ``docs/simulation.md``, with figures and targets (one
   module per family, and the registry of their command-line names).
-- ``report``: PNG plots (matplotlib, imported lazily) and the markdown report.
+- ``plots``: PNG plots (matplotlib, imported lazily).
+- ``report``: the markdown report.
 - ``remote``: ``GrpcAllocator``, priorities from a running allocator over gRPC
   (``--allocator``), instead of the in-process pool.
 - ``cli``: ``fairshare simulate`` / ``python -m fairshare.sim``.

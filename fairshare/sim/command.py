@@ -108,6 +108,7 @@ def _run_scenario(name: str, args: argparse.Namespace) -> ScenarioResult:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the scenarios; returns the exit status."""
     from fairshare.sim import report
+    from fairshare.sim.plots import PlottingUnavailable, require_matplotlib, write_plots
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -119,8 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "allocator, and failover is in-process only)"
         )
     try:
-        report.require_matplotlib()
-    except report.PlottingUnavailable as e:
+        require_matplotlib()
+    except PlottingUnavailable as e:
         print(f"fairshare simulate: {e}", file=sys.stderr)
         return EXIT_USAGE
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
@@ -139,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except AllocatorError as e:
             print(f"fairshare simulate: {name}: allocator call failed: {e}", file=sys.stderr)
             return EXIT_FAILED
-        images = report.write_plots(result, out)
+        images = write_plots(result, out)
         plots += len(images)
         sections.append(report.section(result, images, markdown.parent))
         results.append(result)

@@ -1,0 +1,263 @@
+"""One attempt at the upstream: connect, read the first bytes, pass a stream on, close.
+
+``Forwarder`` does the HTTP side of the request path for ``fairshare.gateway.proxy``: it
+sends a body to the upstream the route's router chooses for the grant's priority
+(``fairshare.gateway.upstreams``), reads the answer's first bytes (the whole answer when it
+is not a stream, or has an error status), passes a stream on to the client event by event
+(``fairshare.gateway.body.StreamFilter``), and closes the upstream request. What the
+attempt used, for the charge and the metrics, goes into an ``Outcome``.
+
+Guaranteed:
+
+- every upstream a request was sent to (``Upstreams.sent``) is ended (``Upstreams.ended``)
+  once, whatever way the attempt ends, provided the caller ``close``-s what ``first``
+  returned (``first`` ends it itself when it raises);
+- a connection that cannot be opened goes to another upstream of the route, and one the
+  upstream closed before its status line (a pooled connection closed as idle) is sent
+  again once, to any; no other failure is retried;
+- a response not read to its end is closed, not returned to the pool, so the upstream
+  aborts the request;
+- a failure before the status line is ``UpstreamFailed``, whose ``refusal`` says how to
+  answer; a failure mid-stream is an error event at the end of the stream; a client gone
+  mid-stream ends the stream quietly.
+
+Not guaranteed: the charge (the caller computes it from the ``Outcome``); anything about
+the grant (the caller decides and releases it); thread safety (one event loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from fairshare.client import ClientGrant
+from fairshare.gateway.body import Request, StreamFilter, Usage
+from fairshare.gateway.config import Route
+from fairshare.gateway.errors import Refusal, sse_error_event
+from fairshare.gateway.metrics import GatewayMetrics
+from fairshare.gateway.placement import Placement
+from fairshare.gateway.upstreams import Upstreams
+from fairshare.gateway.upstreams import standing as upstream_standing
+
+logger = logging.getLogger(__name__)
+
+
+class UpstreamFailed(Exception):
+    """No upstream answered; ``refusal`` says how to answer the client."""
+
+    def __init__(self, refusal: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+@dataclass
+class Outcome:
+    """What one attempt at the upstream used: for the charge and the metrics."""
+
+    status: int = 0
+    usage: Usage | None = None
+    sent: bool = False
+    """The request went to an upstream that accepted its connection (it may have started
+    on it, whatever happened next)."""
+    upstream_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    first_chunk: float | None = None
+    """When a streamed answer's first chunk came (monotonic); None when not streamed."""
+
+
+def standing(grant: ClientGrant) -> str:
+    """How ``grant`` stands with its pool (``fairshare.gateway.upstreams.STANDINGS``)."""
+    return upstream_standing(borrowing=grant.borrowing, degraded=grant.degraded)
+
+
+class Forwarder:
+    """Attempts at the upstreams of every route, over one ``ClientSession``."""
+
+    def __init__(
+        self,
+        upstreams: Mapping[Route, Upstreams],
+        *,
+        session: aiohttp.ClientSession,
+        timeout: aiohttp.ClientTimeout,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.upstreams = upstreams
+        self.session = session
+        self.metrics = metrics
+        self._timeout = timeout
+
+    async def first(
+        self, placement: Placement, path: str, data: bytes, parsed: Request, outcome: Outcome
+    ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
+        """Everything up to the first byte the client may see: the whole answer when not
+        streaming (or on an error status), else the first chunk of the stream.
+
+        Returns:
+            The upstream's URL and response, which the caller ends with ``close``, and
+            those bytes.
+
+        Raises:
+            UpstreamFailed: as ``_open``, or the answer failed or timed out before its
+                first bytes (the upstream request is then closed).
+        """
+        url, upstream = await self._open(placement, path, data, outcome)
+        try:
+            if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
+                head = await upstream.content.readany()
+            else:
+                head = await upstream.read()
+        except TimeoutError as e:
+            self.close(placement, url, upstream)
+            self.metrics.upstream_errors.labels(url, "timeout").inc()
+            raise UpstreamFailed(
+                Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
+            ) from e
+        except (aiohttp.ClientError, OSError) as e:
+            self.close(placement, url, upstream)
+            self.metrics.upstream_errors.labels(url, "broken").inc()
+            raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
+        except BaseException:
+            self.close(placement, url, upstream)
+            raise
+        if upstream.status >= 500:  # noqa: PLR2004 (server errors)
+            self.metrics.upstream_errors.labels(url, "status").inc()
+        return (url, upstream), head
+
+    def close(self, placement: Placement, url: str, response: aiohttp.ClientResponse) -> None:
+        """Ends an upstream request: a response not read to its end closes its connection,
+        so the upstream aborts the request."""
+        if not response.content.is_eof():
+            response.close()
+        else:
+            response.release()
+        self.upstreams[placement.route].ended(url, placement.grant.priority)
+
+    async def stream(
+        self,
+        request: web.Request,
+        parsed: Request,
+        upstream: aiohttp.ClientResponse,
+        head: bytes,
+        headers: dict[str, str],
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        """Passes a stream on event by event, from its first chunk ``head``."""
+        filtered = StreamFilter(keep_usage=parsed.client_wants_usage)
+        headers["Content-Type"] = "text/event-stream"
+        headers["Cache-Control"] = "no-cache"
+        answer = web.StreamResponse(status=200, headers=headers)
+        try:
+            await answer.prepare(request)
+            chunk = head
+            while chunk:
+                out = filtered.feed(chunk)
+                if out:
+                    await answer.write(out)
+                chunk = await upstream.content.readany()
+            rest = filtered.finish()
+            if rest:
+                await answer.write(rest)
+        except TimeoutError:
+            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "timeout").inc()
+            await _write_quietly(
+                answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, "the upstream stalled")
+            )
+        except aiohttp.ClientPayloadError as e:
+            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
+        except ConnectionResetError:
+            # The client went away: end here. Before ``aiohttp.ClientError``, which the
+            # writer's ``ClientConnectionResetError`` also is.
+            self.metrics.disconnects.inc()
+            return answer
+        except aiohttp.ClientError as e:  # the upstream connection failed otherwise
+            self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
+        finally:
+            outcome.usage = filtered.counted(parsed)
+        with contextlib.suppress(ConnectionResetError):
+            await answer.write_eof()
+        return answer
+
+    async def _open(
+        self, placement: Placement, path: str, data: bytes, outcome: Outcome
+    ) -> tuple[str, aiohttp.ClientResponse]:
+        """Sends the request to the upstream the route's router chooses for the grant's
+        priority, among those that accept a connection.
+
+        The caller ends the upstream's lease (``Upstreams.sent``) with ``close``.
+
+        A connection closed before the status line (``ServerDisconnectedError``: a pooled
+        connection the upstream closed as idle) is tried again once, like a refused one but
+        on any upstream.
+
+        Raises:
+            UpstreamFailed: none accepted a connection, or the one that did failed or timed
+                out before its status line (a second closed connection included).
+        """
+        route, grant = placement.route, placement.grant
+        upstreams = self.upstreams[route]
+        tried: set[str] = set()
+        disconnected = False
+        while True:
+            url = upstreams.choose(grant.priority, tried)
+            if url is None:
+                raise UpstreamFailed(
+                    Refusal.UPSTREAM_UNREACHABLE,
+                    f"no upstream of pool {route.pool} accepted a connection",
+                )
+            upstreams.sent(url, grant.priority, standing(grant))
+            outcome.started = time.monotonic()
+            outcome.sent = True
+            try:
+                response = await self.session.post(
+                    url + path,
+                    data=data,
+                    headers={"Content-Type": "application/json"},
+                    timeout=self._timeout,
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+                upstreams.ended(url, grant.priority)
+                outcome.sent = False
+                self.metrics.upstream_errors.labels(url, "refused").inc()
+                logger.warning("upstream %s refused: %s; trying another", url, e)
+                tried.add(url)
+                continue
+            except aiohttp.ServerDisconnectedError as e:
+                # Closed before its status line: most likely a pooled connection the
+                # upstream was closing as idle when the request went out. Sent again,
+                # once, to the upstream the router chooses (this one included).
+                upstreams.ended(url, grant.priority)
+                self.metrics.upstream_errors.labels(url, "disconnected").inc()
+                if disconnected:
+                    raise UpstreamFailed(
+                        Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}"
+                    ) from e
+                disconnected = True
+                logger.info("upstream %s closed the connection: %r; sending again", url, e)
+                continue
+            except TimeoutError as e:
+                upstreams.ended(url, grant.priority)
+                self.metrics.upstream_errors.labels(url, "timeout").inc()
+                raise UpstreamFailed(
+                    Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
+                ) from e
+            except (aiohttp.ClientError, OSError) as e:
+                upstreams.ended(url, grant.priority)
+                self.metrics.upstream_errors.labels(url, "broken").inc()
+                raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
+            except BaseException:
+                upstreams.ended(url, grant.priority)
+                raise
+            return url, response
+
+
+async def _write_quietly(answer: web.StreamResponse, data: bytes) -> None:
+    with contextlib.suppress(ConnectionResetError):
+        await answer.write(data)
