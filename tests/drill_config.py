@@ -14,6 +14,10 @@ from fairshare import apportion
 LEASE_TTL_S = 2.0
 HALF_LIFE_S = 30 * 24 * 3600.0
 MAX_REQUEST_S = 6.0
+SESSION_TTL_S = 4.0
+"""Below MAX_REQUEST_S, so a dead gateway's grants (and, after a failover, its phantoms)
+end when its holder session lapses, sooner than max_request_s; the least a config allows
+with these timings is 3 x forward_deadline_s = 3 s."""
 FENCE_MARGIN_S = 0.5
 RPC_TIMEOUT_S = 0.25
 STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - RPC_TIMEOUT_S
@@ -51,6 +55,7 @@ def drill_config(
             "degraded_after_s": 0.2,
             "forward_deadline_s": 1.0,
             "release_memory_s": 600.0,
+            "session_ttl_s": SESSION_TTL_S,
         },
         "pools": [
             {

@@ -95,7 +95,8 @@ async def empty_state_dir(cluster: DrillCluster) -> tuple[float, float]:
 
 
 async def killed_gateway(cluster: DrillCluster) -> tuple[float, float]:
-    """A gateway dies holding grants, and the owner dies too: its phantoms must expire."""
+    """A gateway dies holding grants, and the owner dies too: its phantoms must end when
+    its holder session lapses at the new owner (one session TTL after the restore)."""
     at = time.monotonic()
     await cluster.live_gateway().kill()
     victim = cluster.replica(await owner_of(cluster, "gpu-a"))
