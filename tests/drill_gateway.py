@@ -178,7 +178,10 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.client._closed = True  # no flush: a dead process sends nothing
+        # Releases not acknowledged, and ended degraded grants still to be re-reported
+        # before their release: a dead process sends none of them.
         unsent = set(self.client._pending)
+        unsent.update(gid for ended in self.client._ended.values() for gid in ended)
         for record in self.ledger.grants:
             if record.holder == self.holder and record.grant_id in unsent:
                 record.release_lost = True
