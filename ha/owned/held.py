@@ -112,10 +112,6 @@ class HeldGrants:
     def adopted(self, key: GrantKey) -> bool:
         return key in self._adopted or key in self._in_session
 
-    def unsigned_of(self, holder: str) -> int:
-        """How many unsigned (client-made degraded) grants of ``holder`` are kept."""
-        return sum(1 for h in self._adopted.values() if h.unsigned and h.key.holder == holder)
-
     def of_session(self, session: str) -> set[GrantKey]:
         """The keys of the grants kept for ``session``."""
         return set(self._by_session.get(session, ()))

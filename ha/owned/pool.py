@@ -26,8 +26,8 @@ Guarantees:
   (adopted, then held, a phantom or closed): the release of one nobody counted charges
   nothing, and is counted (``unproven_releases``).
 - Adopt counts unsigned (client-made degraded) grants only when they name the calling
-  holder, at most ``config.capacity`` of them per holder at a time, each for at most
-  ``max_request_s`` from its adoption; a complete re-report closes the holder's phantoms
+  holder, as borrowers within the in-flight bounds, each for at most ``max_request_s``
+  from its adoption; a complete re-report closes the holder's phantoms
   only when it proves to be that holder by carrying at least one signed grant of it.
 - On restore, the previous owner's in-flight requests count as phantoms until
   ``max_request_s``, attributed to their holders, so a holder's complete re-report
@@ -494,9 +494,9 @@ class OwnedPool:
                 nothing is counted then.
             InvalidArgument: a grant is of another pool.
 
-        Unsigned grants beyond the holder's bound (``capacity`` counted at a time) are
-        not counted, and logged. So are borrowing grants beyond the bounds on grants in
-        flight (``ha.owned.bounds``, the pool's and the grant's holder's): each keeps its
+        Borrowing grants (every unsigned one is) beyond the bounds on grants in flight
+        (``ha.owned.bounds``, the pool's and the grant's holder's) are not counted, and
+        logged: each keeps its
         phantom, if it has one, until it ends, and a complete inventory that left any out
         closes no other phantom (they stay until they expire: the cautious side).
         """
@@ -507,7 +507,6 @@ class OwnedPool:
         if session is not None:
             self._open(session, holder)
         self._touch()
-        unsigned_live = self._held.unsigned_of(holder)
         adopted = 0
         dropped = 0
         left_out = 0  # grants beyond the in-flight bounds
@@ -516,18 +515,6 @@ class OwnedPool:
             key = GrantKey(ref.epoch, ref.seq, ref.holder)
             if not self._counts_again(key, ref):
                 continue
-            if not ref.mac:
-                if unsigned_live >= self.pool.capacity:
-                    logger.warning(
-                        "pool %s at epoch %d: holder %r re-reported more unsigned grants "
-                        "than the capacity (%d); the rest are not counted",
-                        self.name,
-                        self.epoch,
-                        holder,
-                        self.pool.capacity,
-                    )
-                    continue
-                unsigned_live += 1
             recorded = self._phantoms.get(key)
             borrowing = adopted_standing(ref, None if recorded is None else recorded.borrowing)
             met = beyond(

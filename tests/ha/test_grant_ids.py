@@ -233,7 +233,7 @@ async def test_made_up_unsigned_ids_charge_nothing_however_many() -> None:
         pool.release(ref, 1e12)
     assert usage(pool, "b") == 0.0 and usage(pool, "c") == 0.0
     assert pool.counters.unproven_releases == 2 * 256 + 10_240
-    # Re-reported by a holder, at most capacity of them are counted, so charged.
+    # Re-reported by a holder, as many as its in-flight bound are counted, so charged.
     pool.adopt(
         holder="x",
         grants=[HeldGrant(ref.encode(), "b", 100, True) for ref in made_up],
@@ -241,7 +241,8 @@ async def test_made_up_unsigned_ids_charge_nothing_however_many() -> None:
     )
     for ref in made_up:
         pool.release(ref, 1e12)
-    assert usage(pool, "b") == pytest.approx(CONFIG.capacity * CONFIG.max_charge())
+    bound = CONFIG.in_flight_bounds(CONFIG.capacity)[1]
+    assert usage(pool, "b") == pytest.approx(min(bound, 256) * CONFIG.max_charge())
 
 
 def test_a_name_longer_than_the_request_limit_is_refused_in_any_grant_id() -> None:
@@ -291,15 +292,16 @@ async def test_forged_adopts_cannot_fill_a_teams_reservation() -> None:
     assert not (await grant(pool, "a")).borrowing
 
 
-async def test_unsigned_degraded_grants_are_counted_at_most_capacity_per_holder() -> None:
+async def test_unsigned_degraded_grants_are_counted_within_the_holders_in_flight_bound() -> None:
     pool = owner(5, GrantKeys([KEY_A.encode()]))
     pool.restore(None)
+    bound = CONFIG.in_flight_bounds(CONFIG.capacity)[1]
     many = [
         HeldGrant(GrantRef(PoolName("p"), Epoch(0), seq, "a", "gw").encode(), "a", 100, True)
-        for seq in range(1, 2 * CONFIG.capacity + 1)
+        for seq in range(1, bound + 11)
     ]
     result = pool.adopt(holder="gw", grants=many, complete=False)
-    assert result.adopted == CONFIG.capacity
+    assert result.adopted == bound
     again = pool.adopt(holder="gw", grants=many, complete=False)
     assert again.adopted == 0
 

@@ -3,7 +3,7 @@
 Issue 31, finding 3: made-up unsigned (epoch-0) ids charged any team without limit. An
 owner now charges such an id only if it counted it first (its holder re-reported it), so
 a client whose degraded grants ended while no replica answered re-reports them before it
-releases them, a pool's capacity at a time (the most an owner counts for one holder).
+releases them, in groups of at most a pool's capacity, one group at a time.
 Made-up ids released alone charge nothing (tests/integration/test_grant_ids.py).
 """
 
@@ -35,7 +35,7 @@ async def test_degraded_grants_that_ended_in_an_outage_are_charged_in_full(
         try:
             await client.refresh_pools()
             server.kill()
-            # More than the pool's capacity (4): more than an owner counts at a time.
+            # More than the pool's capacity (4): more than one group.
             grants = await asyncio.gather(*(client.acquire("gpu-a", "team-a") for _ in range(10)))
             assert all(g.degraded for g in grants)
             for grant in grants:

@@ -97,7 +97,7 @@ async def test_epoch_zero_and_old_epoch_ids_cannot_charge_without_limit(
     releases = [pb.ReleaseRequest(grant_id=i, consumed=1e12) for i in made_up]
     await stub.ReleaseMany(pb.ReleaseManyRequest(holder="gw-x", releases=releases), timeout=5)
     assert (await table(stub))["inst-a"].usage == 0.0
-    # Re-reported by their holder first, they count (at most capacity at a time: 10),
+    # Re-reported by their holder first, they count (within its in-flight bound),
     # and each release is charged once, within the bound.
     held = [pb.HeldGrant(grant_id=i, team="inst-a", priority=100) for i in made_up[:3]]
     await stub.Adopt(
