@@ -74,7 +74,7 @@ from harness.process import ServerProcess
 from harness.serve import Allocator, wait_serving
 from harness.standin import Standin, wait_standin
 
-SECTION = "Gateway"
+SECTION = "## Gateway"
 POOL = "bench-gw"
 MODEL = "standin"
 FAST_MODEL = "standin-fast"
@@ -351,6 +351,8 @@ def section(res: Results, info: dict[str, str], args: argparse.Namespace) -> str
     text, _, _ = verdicts(res)
     return "\n".join(
         [
+            SECTION,
+            "",
             f"Command: `python -m bench.gateway` (rounds {args.rounds}, {args.duration:g} s "
             f"per loop after {args.warmup:g} s of warm-up; medians over the rounds).",
             "",
