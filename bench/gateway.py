@@ -34,6 +34,9 @@ the median over the rounds.
 2. **Throughput of short non-streaming requests at 32 in flight** (one token each, the
    stand-in answering at once): through the gateway vs through the pass-through proxy.
    Target: the gateway serves at least 50 % of the proxy's requests per second.
+
+With ``--peer litellm`` it measures instead the gateway against LiteLLM's proxy and the
+stand-in directly, side by side (bench/gateway_peer.py).
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ TTFT_TARGET_S = 0.002
 THROUGHPUT_TARGET = 0.5
 REQUEST_TIMEOUT_S = 30.0
 HTTP_OK = 200
+PEERS = ("litellm",)
+"""Other proxies ``--peer`` measures the gateway against (bench/gateway_peer.py)."""
 
 
 @dataclass
@@ -378,13 +383,22 @@ def section(res: Results, info: dict[str, str], args: argparse.Namespace) -> str
 
 def cpu_table(res: Results) -> str:
     """CPU per short request of each process, on each path (medians over the rounds)."""
-    parts = list(res.cpu["gateway"][0])
+    rows = (("passthrough", "pass-through proxy"), ("gateway", "gateway"))
+    return cpu_rows(res.cpu, rows, "short requests: ms of CPU per request")
+
+
+def cpu_rows(
+    cpu: dict[str, list[dict[str, float]]], rows: Sequence[tuple[str, str]], heading: str
+) -> str:
+    """A table of ``cpu`` (per path, per round, ms of CPU per request of each process): a
+    row per (path, label) of ``rows``, a column per process, medians over the rounds."""
+    parts = list(cpu[rows[-1][0]][0])
     lines = [
-        "| short requests: ms of CPU per request | " + " | ".join(parts) + " | all |",
+        f"| {heading} | " + " | ".join(parts) + " | all |",
         "| --- | " + " | ".join("---:" for _ in parts) + " | ---: |",
     ]
-    for name, label in (("passthrough", "pass-through proxy"), ("gateway", "gateway")):
-        rounds = res.cpu[name]
+    for name, label in rows:
+        rounds = cpu[name]
         medians = [statistics.median(r[part] for r in rounds) for part in parts]
         cells = " | ".join(f"{m:.2f}" for m in medians)
         lines.append(f"| {label} | {cells} | {sum(medians):.2f} |")
@@ -542,11 +556,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per loop")
     parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per loop")
     parser.add_argument("--no-write", action="store_true", help="do not touch docs/")
+    parser.add_argument(
+        "--peer",
+        choices=PEERS,
+        help="instead, the gateway against this proxy and the stand-in directly "
+        "(bench/gateway_peer.py; installs the proxy under build/peers/ on first use)",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.peer is not None:
+        from bench.gateway_peer import main as peer_main
+
+        return peer_main(args)
     info = machine()
     for key, value in info.items():
         print(f"{key}: {value}")
