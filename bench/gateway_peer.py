@@ -248,9 +248,9 @@ def section(
             "server, and that server called directly, measured side by side in one run "
             "(bench/gateway_peer.py). The rounds interleave the three paths, in an order "
             "that rotates from round to round, so that other work on the machine hits them "
-            "alike; every figure is the median over the rounds. Absolute figures move from "
-            "run to run with the machine's load (the load average below was taken at the "
-            "start); the ratios, taken within one run, move less.",
+            "alike; every figure is the median over the rounds. Figures vary from run to run "
+            "and from round to round with the machine's load (the load average below was "
+            "taken at the start; the last table gives each round's own figures).",
             "",
             f"Command: `python -m bench.gateway --peer litellm --rounds {args.rounds} "
             f"--duration {args.duration:g} --warmup {args.warmup:g}` (the loops at "
@@ -289,8 +289,31 @@ def section(
             cpu_table(res),
             "",
             READING,
+            "",
+            rounds_table(res),
         ]
     )
+
+
+def rounds_table(res: PeerResults) -> str:
+    """Each round's own figures, in the order its paths ran."""
+    lines = [
+        "| round | order | gateway adds, ms | LiteLLM adds, ms | gateway ÷ LiteLLM | "
+        f"{SHORT_IN_FLIGHT} in flight, requests/s: direct, gateway, LiteLLM | gateway ÷ direct |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for i in range(len(res.sequential["direct"])):
+        direct = p50(res.sequential["direct"][i])
+        ours = p50(res.sequential["gateway"][i]) - direct
+        theirs = p50(res.sequential["litellm"][i]) - direct
+        rates = [res.loaded[name][i].rate for name in PATHS]
+        lines.append(
+            f"| {i + 1} | {', '.join(order_of(i))} | {ms(ours)} | {ms(theirs)} | "
+            f"{ours / theirs if theirs > 0 else float('inf'):.2f} | "
+            f"{', '.join(f'{r:,.0f}' for r in rates)} | "
+            f"{rates[1] / rates[0] if rates[0] > 0 else 0.0:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 READING = (
@@ -301,7 +324,8 @@ READING = (
     "runs on the same cores, so requests per second through a path is about the cores' time "
     "divided by the CPU that one request costs in all the processes on it (the table above, "
     "from /proc): through the gateway that includes the allocator's Acquire and Release, "
-    "batched with the others that wait."
+    "batched with the others that wait. On each row, the columns of the processes off that "
+    "path are what they spend idle, divided over that path's requests."
 )
 
 
