@@ -34,6 +34,9 @@ the median over the rounds.
 2. **Throughput of short non-streaming requests at 32 in flight** (one token each, the
    stand-in answering at once): through the gateway vs through the pass-through proxy.
    Target: the gateway serves at least 50 % of the proxy's requests per second.
+
+With ``--peer litellm`` it measures instead the gateway against LiteLLM's proxy and the
+stand-in directly, side by side (bench/gateway_peer.py).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +77,7 @@ from harness.process import ServerProcess
 from harness.serve import Allocator, wait_serving
 from harness.standin import Standin, wait_standin
 
-SECTION = "Gateway"
+SECTION = "## Gateway"
 POOL = "bench-gw"
 MODEL = "standin"
 FAST_MODEL = "standin-fast"
@@ -90,6 +94,8 @@ TTFT_TARGET_S = 0.002
 THROUGHPUT_TARGET = 0.5
 REQUEST_TIMEOUT_S = 30.0
 HTTP_OK = 200
+PEERS = ("litellm",)
+"""Other proxies ``--peer`` measures the gateway against (bench/gateway_peer.py)."""
 
 
 @dataclass
@@ -126,8 +132,8 @@ class Load:
             [team for team, w in zip(TEAMS, weights, strict=True) for _ in range(w)]
         )
 
-    def _headers(self) -> dict[str, str]:
-        return {TEAM_HEADER: next(self._teams), "Authorization": "Bearer unused"}
+    def _headers(self, bearer: str = "unused") -> dict[str, str]:
+        return {TEAM_HEADER: next(self._teams), "Authorization": f"Bearer {bearer}"}
 
     async def stream(self, base: str, samples: Samples) -> None:
         """One streaming chat completion; records the time to its first SSE event."""
@@ -151,8 +157,9 @@ class Load:
             if first:
                 raise RuntimeError(f"{base}: a stream without events")
 
-    async def short(self, base: str, samples: Samples) -> None:
-        """One non-streaming completion of one token."""
+    async def short(self, base: str, samples: Samples, bearer: str = "unused") -> None:
+        """One non-streaming completion of one token (``bearer``: the key the server asks
+        for, if any)."""
         body = {
             "model": FAST_MODEL,
             "messages": [{"role": "user", "content": "hi"}],
@@ -160,7 +167,7 @@ class Load:
         }
         t0 = time.perf_counter()
         async with self.session.post(
-            base + "/v1/chat/completions", json=body, headers=self._headers()
+            base + "/v1/chat/completions", json=body, headers=self._headers(bearer)
         ) as reply:
             data = await reply.read()
             if reply.status != HTTP_OK:
@@ -174,6 +181,29 @@ class Load:
         samples.add("acquire", time.perf_counter() - t0)
         await asyncio.sleep(STREAM_S)
         await grant.release(float(STREAM_TOKENS))
+
+
+async def short_loop(
+    load: Load, base: str, pids: dict[str, int], args: argparse.Namespace, bearer: str = "unused"
+) -> tuple[LoadResult, dict[str, float]]:
+    """One closed loop of short requests at ``SHORT_IN_FLIGHT`` through ``base``: its result
+    and the ms of CPU per request each process of ``pids`` (and this one) spent."""
+
+    async def called(samples: Samples) -> None:
+        await load.short(base, samples, bearer)
+
+    before = {part: cpu_seconds(pid) for part, pid in pids.items()}
+    own_before = time.process_time()
+    result = await closed_loop(
+        called,
+        in_flight=SHORT_IN_FLIGHT,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        max_ops=100_000,
+    )
+    # Warm-up requests are in the CPU time but not in the count: divide by all.
+    done = result.ops + round(result.rate * args.warmup)
+    return result, cpu_per_request(pids, before, own_before, done)
 
 
 @dataclass
@@ -254,23 +284,8 @@ async def measure(args: argparse.Namespace, targets: Targets) -> Results:
                 flush=True,
             )
             for name in ("passthrough", "gateway"):
-                base = bases[name]
-
-                async def called(samples: Samples, base: str = base) -> None:
-                    await load.short(base, samples)
-
-                before = {part: cpu_seconds(pid) for part, pid in targets.pids.items()}
-                own_before = time.process_time()
-                result = await closed_loop(
-                    called,
-                    in_flight=SHORT_IN_FLIGHT,
-                    warmup_s=args.warmup,
-                    duration_s=args.duration,
-                    max_ops=100_000,
-                )
-                # Warm-up requests are in the CPU time but not in the count: divide by all.
-                done = result.ops + round(result.rate * args.warmup)
-                cpu[name].append(cpu_per_request(targets.pids, before, own_before, done))
+                result, spent = await short_loop(load, bases[name], targets.pids, args)
+                cpu[name].append(spent)
                 short[name].append(result)
                 print(
                     f"  round {round_no + 1} short   {name:>11}: {result.rate:7.0f} requests/s",
@@ -341,6 +356,8 @@ def section(res: Results, info: dict[str, str], args: argparse.Namespace) -> str
     text, _, _ = verdicts(res)
     return "\n".join(
         [
+            SECTION,
+            "",
             f"Command: `python -m bench.gateway` (rounds {args.rounds}, {args.duration:g} s "
             f"per loop after {args.warmup:g} s of warm-up; medians over the rounds).",
             "",
@@ -366,13 +383,22 @@ def section(res: Results, info: dict[str, str], args: argparse.Namespace) -> str
 
 def cpu_table(res: Results) -> str:
     """CPU per short request of each process, on each path (medians over the rounds)."""
-    parts = list(res.cpu["gateway"][0])
+    rows = (("passthrough", "pass-through proxy"), ("gateway", "gateway"))
+    return cpu_rows(res.cpu, rows, "short requests: ms of CPU per request")
+
+
+def cpu_rows(
+    cpu: dict[str, list[dict[str, float]]], rows: Sequence[tuple[str, str]], heading: str
+) -> str:
+    """A table of ``cpu`` (per path, per round, ms of CPU per request of each process): a
+    row per (path, label) of ``rows``, a column per process, medians over the rounds."""
+    parts = list(cpu[rows[-1][0]][0])
     lines = [
-        "| short requests: ms of CPU per request | " + " | ".join(parts) + " | all |",
+        f"| {heading} | " + " | ".join(parts) + " | all |",
         "| --- | " + " | ".join("---:" for _ in parts) + " | ---: |",
     ]
-    for name, label in (("passthrough", "pass-through proxy"), ("gateway", "gateway")):
-        rounds = res.cpu[name]
+    for name, label in rows:
+        rounds = cpu[name]
         medians = [statistics.median(r[part] for r in rounds) for part in parts]
         cells = " | ".join(f"{m:.2f}" for m in medians)
         lines.append(f"| {label} | {cells} | {sum(medians):.2f} |")
@@ -403,15 +429,15 @@ WHERE_THE_TIME_GOES = (
 # -- processes ------------------------------------------------------------------------------
 
 
-def gateway_yaml(allocator: str, standin: str, fast: str, listen: str) -> str:
+def gateway_yaml(allocator: str, upstreams: dict[str, str], listen: str) -> str:
+    """The gateway's config: each model of ``upstreams`` (model: base URL) in the pool."""
     doc = {
         "listen": listen,
         "metrics_listen": "",
         "allocator": {"endpoints": [allocator], "holder": "bench-gateway"},
         "auth": {"team_header": TEAM_HEADER},
         "models": [
-            {"name": MODEL, "pool": POOL, "upstreams": [standin]},
-            {"name": FAST_MODEL, "pool": POOL, "upstreams": [fast]},
+            {"name": model, "pool": POOL, "upstreams": [url]} for model, url in upstreams.items()
         ],
         "cost": {"unit": "tokens"},
     }
@@ -440,8 +466,8 @@ def passthrough_process(work: Path, upstream: str, name: str) -> ServerProcess:
     return ServerProcess([sys.executable, *command], address=address, log=work / f"{name}.log")
 
 
-async def run(args: argparse.Namespace) -> Results:
-    work = workdir("fairshare-bench-gateway-")
+def allocator_process(work: Path) -> Allocator:
+    """The allocator (embedded mode) with the benchmark's one pool, its config in ``work``."""
     config = work / "pools.yaml"
     pool = {
         "name": POOL,
@@ -450,26 +476,43 @@ async def run(args: argparse.Namespace) -> Results:
         "degraded_mode": "fail_open",
     }
     config.write_text(pool_yaml([pool]), encoding="utf-8")
-    allocator = Allocator(work, config)
+    return Allocator(work, config)
+
+
+def gateway_process(work: Path, allocator: str, upstreams: dict[str, str]) -> ServerProcess:
+    """``fairshare gateway`` on a free loopback port, asking ``allocator`` for every request
+    to a model of ``upstreams`` (model: base URL); its config and log in ``work``."""
+    address = f"127.0.0.1:{free_port()}"
+    config = work / "gateway.yaml"
+    config.write_text(gateway_yaml(allocator, upstreams, address), encoding="utf-8")
+    return ServerProcess(
+        [sys.executable, "-m", "fairshare.cli", "gateway", "--config", str(config)],
+        address=address,
+        log=work / "gateway.log",
+    )
+
+
+def stop_all(processes: Sequence[ServerProcess], work: Path) -> None:
+    """Stops (then kills) every process and removes ``work``."""
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.stop(timeout_s=10)
+        process.kill()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+async def run(args: argparse.Namespace) -> Results:
+    work = workdir("fairshare-bench-gateway-")
+    allocator = allocator_process(work)
     standin = standin_process(work, MODEL, TOKENS_PER_S)
     fast = standin_process(work, FAST_MODEL, FAST_TOKENS_PER_S)
     standin_address, fast_address = standin.address, fast.address
-    gateway_address = f"127.0.0.1:{free_port()}"
-    gateway_config = work / "gateway.yaml"
-    gateway_config.write_text(
-        gateway_yaml(
-            allocator.address,
-            f"http://{standin_address}",
-            f"http://{fast_address}",
-            gateway_address,
-        ),
-        encoding="utf-8",
+    gateway = gateway_process(
+        work,
+        allocator.address,
+        {MODEL: f"http://{standin_address}", FAST_MODEL: f"http://{fast_address}"},
     )
-    gateway = ServerProcess(
-        [sys.executable, "-m", "fairshare.cli", "gateway", "--config", str(gateway_config)],
-        address=gateway_address,
-        log=work / "gateway.log",
-    )
+    gateway_address = gateway.address
     proxy = passthrough_process(work, f"http://{fast_address}", "passthrough")
     stream_proxy = passthrough_process(work, f"http://{standin_address}", "stream-passthrough")
     processes = (allocator, standin, fast, gateway, proxy, stream_proxy)
@@ -504,20 +547,30 @@ async def run(args: argparse.Namespace) -> Results:
         )
         return await measure(args, targets)
     finally:
-        for process in processes:
-            with contextlib.suppress(Exception):
-                process.stop(timeout_s=10)
-            process.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_all(processes, work)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every loop")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per loop")
     parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per loop")
     parser.add_argument("--no-write", action="store_true", help="do not touch docs/")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--peer",
+        choices=PEERS,
+        help="instead, the gateway against this proxy and the stand-in directly "
+        "(bench/gateway_peer.py; installs the proxy under build/peers/ on first use)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.peer is not None:
+        from bench.gateway_peer import main as peer_main
+
+        return peer_main(args)
     info = machine()
     for key, value in info.items():
         print(f"{key}: {value}")

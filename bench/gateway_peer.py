@@ -1,0 +1,401 @@
+"""``fairshare gateway`` against LiteLLM's proxy, side by side in one run:
+``python -m bench.gateway --peer litellm``.
+
+Processes on loopback, each a child of this one:
+
+- an allocator (``fairshare serve``, embedded mode) with bench/gateway.py's pool (C = 100,
+  three teams 0.5, 0.3, 0.2; every request is within its team's share, so every Acquire
+  waits for the pool's durable write);
+- one stand-in vLLM server answering at once (model ``standin-fast``, room for every
+  request at once), the upstream of all three paths;
+- ``fairshare gateway`` in front of it, team from a trusted header;
+- LiteLLM's proxy in front of it (bench/litellm_peer.py: the pinned version in its own
+  virtualenv under build/, one uvicorn worker, a master key, no database, offline).
+
+Every request is bench/gateway.py's short one: a non-streaming chat completion of one token.
+Three paths: the stand-in directly, through the gateway, through LiteLLM. Each round runs
+every path once per measurement, in an order that rotates from round to round, so that
+other work on the machine hits all three alike; each figure is the median over the rounds.
+
+1. **Sequential added latency:** one request at a time, started at a fixed pace of
+   ``SEQUENTIAL_PER_S`` (well below what one path serves one after another, so no request
+   waits for the one before it). A path's added latency in a round is its median latency
+   minus the direct median of the same round. Target: the gateway's added latency is at most
+   ``ADDED_LATENCY_TARGET`` of LiteLLM's.
+2. **Throughput at 32 in flight** (bench/gateway.py's closed loop of short requests), with
+   the CPU each process spends per request. Target: the gateway serves at least
+   ``THROUGHPUT_TARGET`` of the requests per second the stand-in serves directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+from dataclasses import dataclass
+
+import aiohttp
+
+from bench import litellm_peer
+from bench._common import (
+    LoadResult,
+    Samples,
+    machine,
+    machine_lines,
+    met,
+    ms,
+    paced_loop,
+    percentile,
+    workdir,
+    write_section,
+)
+from bench.gateway import (
+    FAST_MODEL,
+    FAST_TOKENS_PER_S,
+    REQUEST_TIMEOUT_S,
+    SHORT_IN_FLIGHT,
+    TEAMS,
+    Load,
+    allocator_process,
+    cpu_rows,
+    gateway_process,
+    median_rate,
+    pids_of,
+    short_loop,
+    standin_process,
+    stop_all,
+)
+from harness.http import wait_http
+from harness.process import ROOT
+from harness.serve import wait_serving
+from harness.standin import wait_standin
+
+SECTION = "## The gateway against LiteLLM's proxy"
+PATHS = ("direct", "gateway", "litellm")
+LABELS = {
+    "direct": "stand-in directly",
+    "gateway": "fairshare gateway",
+    "litellm": "LiteLLM proxy",
+}
+SEQUENTIAL_PER_S = 5.0
+"""The pace of the sequential requests: one every 200 ms, where one takes from a few ms
+(directly) to some tens of ms (LiteLLM's proxy on a busy machine)."""
+SEQUENTIAL_RECORDED = 40
+"""Sequential requests recorded per path and round (8 s at that pace)."""
+SEQUENTIAL_WARMUP = 5
+"""Sequential requests of each loop not recorded, before those."""
+WARM_REQUESTS = 50
+"""Requests through each path before the first round (LiteLLM loads code on its first)."""
+ADDED_LATENCY_TARGET = 0.25
+"""The gateway's sequential added latency over direct, as a fraction of LiteLLM's: at most."""
+THROUGHPUT_TARGET = 0.5
+"""The gateway's requests per second at 32 in flight, as a fraction of direct's: at least."""
+
+
+@dataclass
+class PeerTargets:
+    bases: dict[str, str]
+    """The base URL of each path."""
+    bearer: dict[str, str]
+    """The key each path asks for (LiteLLM's master key; unused by the others)."""
+    pids: dict[str, int]
+    """The process of each part, for its CPU time."""
+
+
+@dataclass
+class PeerResults:
+    sequential: dict[str, list[LoadResult]]
+    loaded: dict[str, list[LoadResult]]
+    cpu: dict[str, list[dict[str, float]]]
+    """32 in flight: per path, per round, ms of CPU per request of each process."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    fairshare: str
+    litellm: str
+
+
+def order_of(round_no: int) -> list[str]:
+    """The paths in the order of round ``round_no``: each round starts one further."""
+    shift = round_no % len(PATHS)
+    return [*PATHS[shift:], *PATHS[:shift]]
+
+
+def p50(result: LoadResult) -> float:
+    return percentile(result.samples.get("call"), 50)
+
+
+def median_of(results: list[LoadResult], q: float) -> float:
+    return statistics.median(percentile(r.samples.get("call"), q) for r in results)
+
+
+def added_latency(res: PeerResults, name: str) -> float:
+    """The median over the rounds of ``name``'s sequential median minus direct's."""
+    pairs = zip(res.sequential[name], res.sequential["direct"], strict=True)
+    return statistics.median(p50(path) - p50(direct) for path, direct in pairs)
+
+
+def skipped(results: list[LoadResult]) -> int:
+    """Sequential requests not started because the one before was still running."""
+    return sum(len(r.samples.get("skipped")) for r in results)
+
+
+async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults:
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        load = Load(session)
+        for name in PATHS:
+            for _ in range(WARM_REQUESTS):
+                await load.short(targets.bases[name], Samples(), targets.bearer[name])
+        sequential: dict[str, list[LoadResult]] = {name: [] for name in PATHS}
+        loaded: dict[str, list[LoadResult]] = {name: [] for name in PATHS}
+        cpu: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
+        count = SEQUENTIAL_WARMUP + SEQUENTIAL_RECORDED
+        for round_no in range(args.rounds):
+            for name in order_of(round_no):
+                base, bearer = targets.bases[name], targets.bearer[name]
+
+                async def one(samples: Samples, base: str = base, bearer: str = bearer) -> None:
+                    await load.short(base, samples, bearer)
+
+                result = await paced_loop(
+                    one,
+                    rate=SEQUENTIAL_PER_S,
+                    count=count,
+                    warmup=SEQUENTIAL_WARMUP,
+                    max_in_flight=1,
+                )
+                sequential[name].append(result)
+                print(
+                    f"  round {round_no + 1} sequential {name:>8}: p50 {ms(p50(result))} ms",
+                    flush=True,
+                )
+            for name in order_of(round_no):
+                result, spent = await short_loop(
+                    load, targets.bases[name], targets.pids, args, targets.bearer[name]
+                )
+                loaded[name].append(result)
+                cpu[name].append(spent)
+                print(
+                    f"  round {round_no + 1} {SHORT_IN_FLIGHT} in flight {name:>8}: "
+                    f"{result.rate:7.0f} requests/s",
+                    flush=True,
+                )
+        return PeerResults(sequential, loaded, cpu)
+
+
+def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
+    ours = added_latency(res, "gateway")
+    theirs = added_latency(res, "litellm")
+    latency_ratio = ours / theirs if theirs > 0 else float("inf")
+    latency_ok = latency_ratio <= ADDED_LATENCY_TARGET
+    direct = median_rate(res.loaded["direct"])
+    gateway = median_rate(res.loaded["gateway"])
+    litellm = median_rate(res.loaded["litellm"])
+    rate_ratio = gateway / direct if direct > 0 else 0.0
+    rate_ok = rate_ratio >= THROUGHPUT_TARGET
+    text = (
+        f"Targets: one request at a time, the gateway adds {ms(ours)} ms to the direct median "
+        f"and LiteLLM's proxy {ms(theirs)} ms: the gateway's is {latency_ratio:.2f} of "
+        f"LiteLLM's, target ≤ {ADDED_LATENCY_TARGET:.2f}: {met(latency_ok)}. At "
+        f"{SHORT_IN_FLIGHT} in flight the gateway serves {gateway:,.0f} requests/s, "
+        f"{rate_ratio:.0%} of the {direct:,.0f}/s served directly, target ≥ "
+        f"{THROUGHPUT_TARGET:.0%}: {met(rate_ok)} (LiteLLM's proxy: {litellm:,.0f}/s, "
+        f"{litellm / direct if direct > 0 else 0.0:.0%} of direct; the gateway serves "
+        f"{gateway / litellm if litellm > 0 else 0.0:.1f}× LiteLLM's)."
+    )
+    return text, latency_ok, rate_ok
+
+
+def tables(res: PeerResults) -> str:
+    direct = median_rate(res.loaded["direct"])
+    lines = [
+        f"| path | one at a time: p50 ms | p99 ms | added over direct, ms | "
+        f"{SHORT_IN_FLIGHT} in flight: requests/s | × direct | p50 ms | p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in PATHS:
+        seq, loaded = res.sequential[name], res.loaded[name]
+        added = "—" if name == "direct" else ms(added_latency(res, name))
+        rate = median_rate(loaded)
+        lines.append(
+            f"| {LABELS[name]} | {ms(median_of(seq, 50))} | {ms(median_of(seq, 99))} | "
+            f"{added} | {rate:,.0f} | {rate / direct if direct > 0 else 0.0:.2f} | "
+            f"{ms(median_of(loaded, 50))} | {ms(median_of(loaded, 99))} |"
+        )
+    return "\n".join(lines)
+
+
+def cpu_table(res: PeerResults) -> str:
+    """CPU per request at 32 in flight of each process, on each path (medians of rounds)."""
+    rows = [(name, LABELS[name]) for name in PATHS]
+    return cpu_rows(res.cpu, rows, f"{SHORT_IN_FLIGHT} in flight: ms of CPU per request")
+
+
+def section(
+    res: PeerResults, info: dict[str, str], args: argparse.Namespace, versions: Versions
+) -> str:
+    text, _, _ = verdicts(res)
+    shares = ", ".join(f"{share:g}" for share in TEAMS.values())
+    return "\n".join(
+        [
+            SECTION,
+            "",
+            "`fairshare gateway` and LiteLLM's proxy in front of the same stand-in vLLM "
+            "server, and that server called directly, measured side by side in one run "
+            "(bench/gateway_peer.py). The rounds interleave the three paths, in an order "
+            "that rotates from round to round, so that other work on the machine hits them "
+            "alike; every figure is the median over the rounds. Figures vary from run to run "
+            "and from round to round with the machine's load (the load average below was "
+            "taken at the start; the last table gives each round's own figures).",
+            "",
+            f"Command: `python -m bench.gateway --peer litellm --rounds {args.rounds} "
+            f"--duration {args.duration:g} --warmup {args.warmup:g}` (the loops at "
+            f"{SHORT_IN_FLIGHT} in flight: {args.duration:g} s each after {args.warmup:g} s "
+            "of warm-up; LiteLLM's proxy answers them in waves a few seconds apart, so they "
+            "need to be long).",
+            "",
+            f"Versions: fairshare {versions.fairshare}; litellm {versions.litellm} "
+            "(`litellm[proxy]` with opentelemetry-sdk and prisma, which its proxy imports on "
+            "every request; every version pinned in bench/litellm-requirements.txt, which "
+            "says why; in a virtualenv of its own under build/).",
+            "",
+            machine_lines(info),
+            "",
+            "Workload: every request is a non-streaming chat completion of one token to "
+            f"model `{FAST_MODEL}`, which the stand-in answers at once (room for every "
+            "request at once, no queueing in it). One at a time: "
+            f"{SEQUENTIAL_PER_S:g} requests/s, one in flight, {SEQUENTIAL_RECORDED} recorded per "
+            f"path and round after {SEQUENTIAL_WARMUP} unrecorded; "
+            f"{sum(skipped(rs) for rs in res.sequential.values())} were skipped in all because the "
+            f"one before was still running. Loaded: {SHORT_IN_FLIGHT} in flight, a closed "
+            "loop. The gateway asks the allocator (embedded mode, one pool of C = 100 shared "
+            f"by three teams {shares}, team from a trusted header) for every request, and "
+            "every request is within its team's share, so each Acquire waits for the pool's "
+            "durable write (an fdatasync). LiteLLM's proxy: one uvicorn worker (its default), "
+            "a master key (it refuses to start without one), no database, warnings-only "
+            "logging (no access log; the gateway keeps none either), offline (the tables it "
+            "would fetch are read from the package, telemetry vetoed). The load generator, "
+            "the allocator, the stand-in and both proxies share the machine's cores; "
+            f"{WARM_REQUESTS} requests went through each path before the first round.",
+            "",
+            tables(res),
+            "",
+            text,
+            "",
+            cpu_table(res),
+            "",
+            READING,
+            "",
+            rounds_table(res),
+        ]
+    )
+
+
+def rounds_table(res: PeerResults) -> str:
+    """Each round's own figures, in the order its paths ran."""
+    lines = [
+        "| round | order | gateway adds, ms | LiteLLM adds, ms | gateway ÷ LiteLLM | "
+        f"{SHORT_IN_FLIGHT} in flight, requests/s: direct, gateway, LiteLLM | gateway ÷ direct |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for i in range(len(res.sequential["direct"])):
+        direct = p50(res.sequential["direct"][i])
+        ours = p50(res.sequential["gateway"][i]) - direct
+        theirs = p50(res.sequential["litellm"][i]) - direct
+        rates = [res.loaded[name][i].rate for name in PATHS]
+        lines.append(
+            f"| {i + 1} | {', '.join(order_of(i))} | {ms(ours)} | {ms(theirs)} | "
+            f"{ours / theirs if theirs > 0 else float('inf'):.2f} | "
+            f"{', '.join(f'{r:,.0f}' for r in rates)} | "
+            f"{rates[1] / rates[0] if rates[0] > 0 else 0.0:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+READING = (
+    "Reading the figures. One at a time, the gateway's added latency is an HTTP hop plus an "
+    "Acquire that returns after the pool's durable write (its Release runs in the background: "
+    "the answer does not wait for it); LiteLLM's is an HTTP hop through FastAPI and its router, "
+    "its key check and its callbacks, with no write at all. At 32 in flight every process "
+    "runs on the same cores, so requests per second through a path is about the cores' time "
+    "divided by the CPU that one request costs in all the processes on it (the table above, "
+    "from /proc): through the gateway that includes the allocator's Acquire and Release, "
+    "batched with the others that wait. On each row, the columns of the processes off that "
+    "path are what they spend idle, divided over that path's requests."
+)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.strip()
+
+
+def fairshare_commit() -> str:
+    """The checkout's commit, marked when tracked files differ from it."""
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head} (with uncommitted changes)" if changed else head
+
+
+async def run(args: argparse.Namespace) -> PeerResults:
+    work = workdir("fairshare-bench-gateway-peer-")
+    allocator = allocator_process(work)
+    fast = standin_process(work, FAST_MODEL, FAST_TOKENS_PER_S)
+    upstream = f"http://{fast.address}"
+    gateway = gateway_process(work, allocator.address, {FAST_MODEL: upstream})
+    litellm = litellm_peer.LiteLLM(work, FAST_MODEL, upstream)
+    processes = (allocator, fast, gateway, litellm)
+    try:
+        allocator.start()
+        fast.start()
+        await wait_serving(allocator.address, process=allocator)
+        await wait_standin(upstream, process=fast)
+        gateway.start()
+        litellm.start()
+        await wait_http(f"http://{gateway.address}/readyz", process=gateway)
+        await wait_http(litellm.health_url, process=litellm, timeout_s=litellm_peer.START_TIMEOUT_S)
+        targets = PeerTargets(
+            bases={
+                "direct": upstream,
+                "gateway": f"http://{gateway.address}",
+                "litellm": litellm.url,
+            },
+            bearer={"direct": "unused", "gateway": "unused", "litellm": litellm.master_key},
+            pids=pids_of(
+                {"allocator": allocator, "stand-in": fast, "gateway": gateway, "litellm": litellm}
+            ),
+        )
+        return await measure(args, targets)
+    finally:
+        stop_all(processes, work)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``python -m bench.gateway --peer litellm`` (bench/gateway.py parses the arguments)."""
+    if args.peer != "litellm":
+        raise ValueError(f"no such peer: {args.peer}")
+    versions = Versions(fairshare=fairshare_commit(), litellm=litellm_peer.ensure_installed())
+    info = machine()
+    for key, value in info.items():
+        print(f"{key}: {value}")
+    print(f"fairshare: {versions.fairshare}\nlitellm: {versions.litellm}")
+    res = asyncio.run(run(args))
+    print()
+    print(tables(res))
+    print()
+    text, _, _ = verdicts(res)
+    print(text)
+    print()
+    print(cpu_table(res))
+    if not args.no_write:
+        write_section(SECTION, section(res, info, args, versions))
+        print(f"\nwrote the {SECTION!r} section of docs/benchmarks.md")
+    return 0
