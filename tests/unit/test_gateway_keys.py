@@ -6,13 +6,21 @@ import hashlib
 import io
 import os
 import time
+from dataclasses import replace
+from ipaddress import ip_network
 from pathlib import Path
 
 import pytest
 
 from fairshare import Class
 from fairshare.gateway.config import AuthSettings
-from fairshare.gateway.identity import BadClass, bearer_key, identify
+from fairshare.gateway.identity import (
+    BadClass,
+    Unauthorized,
+    bearer_key,
+    identify,
+    trusted,
+)
 from fairshare.gateway.keys import (
     Identity,
     KeysFile,
@@ -145,29 +153,62 @@ def test_bearer_key() -> None:
     assert bearer_key("Bearer ") is None
 
 
+LOCAL = "127.0.0.1"
+
+
 def test_identify(tmp_path: Path) -> None:
     path = tmp_path / "keys.yaml"
     path.write_text(KEYS)
     keys = KeysFile(path)
     both = AuthSettings(team_header="x-team", class_header="x-class")
-    assert identify({"authorization": "Bearer sk-b"}, auth=both, keys=keys) == Identity(
-        "inst-b", Class.BATCH
-    )
+
+    def who(headers: dict[str, str], peer: str | None = LOCAL, **settings: object) -> Identity:
+        auth = replace(both, **settings)  # type: ignore[arg-type]
+        return identify(headers, peer=peer, auth=auth, keys=keys)
+
+    assert who({"authorization": "Bearer sk-b"}) == Identity("inst-b", Class.BATCH)
     # A known key wins over the header, and its class over the class header.
-    assert identify(
-        {"authorization": "Bearer sk-b", "x-team": "t", "x-class": "interactive"},
-        auth=both,
-        keys=keys,
+    assert who(
+        {"authorization": "Bearer sk-b", "x-team": "t", "x-class": "interactive"}
     ) == Identity("inst-b", Class.BATCH)
-    # Without a known key: the header.
-    assert identify(
-        {"authorization": "Bearer sk-unknown", "x-team": "t", "x-class": "batch"},
-        auth=both,
-        keys=keys,
-    ) == Identity("t", Class.BATCH)
-    assert identify({"x-team": "t"}, auth=both, keys=None) == Identity("t")
+    # A presented key that is not known is refused, whatever header comes with it.
+    for authorization in ("Bearer sk-unknown", "Basic c2stYg==", "Bearer ", ""):
+        with pytest.raises(Unauthorized) as raised:
+            who({"authorization": authorization, "x-team": "t"})
+        assert "sk-" not in str(raised.value)
+    # Without a key: the header, from a trusted peer only.
+    assert who({"x-team": "t", "x-class": "batch"}) == Identity("t", Class.BATCH)
+    with pytest.raises(Unauthorized, match="trusted_peers"):
+        who({"x-team": "t"}, peer="192.0.2.7")
+    with pytest.raises(Unauthorized):
+        who({"x-team": "t"}, peer=None)
+    assert who({"x-team": "t"}, peer="192.0.2.7", trusted_peers=(ip_network("192.0.2.0/24"),))
     with pytest.raises(BadClass):
-        identify({"x-team": "t", "x-class": "urgent"}, auth=both, keys=keys)
+        who({"x-team": "t", "x-class": "urgent"})
+    # Without a keys file, the Authorization header names nobody and is not looked at.
+    assert identify(
+        {"authorization": "Bearer sk-unknown", "x-team": "t"}, peer=LOCAL, auth=both, keys=None
+    ) == Identity("t")
     # Neither: no identity (401).
-    assert identify({}, auth=both, keys=keys) is None
-    assert identify({"x-team": "t"}, auth=AuthSettings(), keys=keys) is None
+    with pytest.raises(Unauthorized):
+        who({})
+    with pytest.raises(Unauthorized):
+        identify({"x-team": "t"}, peer=LOCAL, auth=AuthSettings(), keys=keys)
+
+
+@pytest.mark.parametrize(
+    ("peer", "expected"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.0.1", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("10.0.0.1", False),
+        ("::ffff:10.0.0.1", False),
+        ("fe80::1%eth0", False),
+        ("/run/gateway.sock", False),
+        (None, False),
+    ],
+)
+def test_trusted_peers_default_to_loopback(peer: str | None, expected: bool) -> None:
+    assert trusted(peer, AuthSettings().trusted_peers) is expected
