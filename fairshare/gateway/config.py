@@ -83,6 +83,8 @@ class AuthSettings:
         keys_file: the API keys (``fairshare.gateway.keys``).
         team_header: a header naming the team, set by a proxy in front.
         class_header: a header naming the class of a request identified by a header.
+        fairness_id: whether the Gateway API Inference Extension's
+            ``x-gateway-inference-fairness-id`` header names the team (off by default).
         trusted_peers: the networks whose connections may identify a request by a header
             (the TCP peer's address; loopback only by default).
     """
@@ -90,7 +92,13 @@ class AuthSettings:
     keys_file: str | None = None
     team_header: str | None = None
     class_header: str | None = None
+    fairness_id: bool = False
     trusted_peers: tuple[Network, ...] = LOOPBACK_PEERS
+
+    @property
+    def any_source(self) -> bool:
+        """Whether anything identifies a request (else every request is refused)."""
+        return self.keys_file is not None or self.team_header is not None or self.fairness_id
 
 
 @dataclass(frozen=True)
@@ -287,15 +295,19 @@ def _allocator(value: object) -> AllocatorSettings:
     )
 
 
-AUTH_KEYS: Final = ("keys_file", "team_header", "class_header", "trusted_peers")
+AUTH_KEYS: Final = ("keys_file", "team_header", "class_header", "fairness_id", "trusted_peers")
 
 
 def _auth(value: object) -> AuthSettings:
     raw = _mapping("auth", value, AUTH_KEYS)
+    fairness_id = raw.get("fairness_id", False)
+    if not isinstance(fairness_id, bool):
+        raise ConfigError(f"auth.fairness_id: expected true or false, got {fairness_id!r}")
     return AuthSettings(
         keys_file=_opt_string("auth.keys_file", raw.get("keys_file")),
         team_header=_header("auth.team_header", raw.get("team_header")),
         class_header=_header("auth.class_header", raw.get("class_header")),
+        fairness_id=fairness_id,
         trusted_peers=(
             _networks("auth.trusted_peers", raw["trusted_peers"])
             if "trusted_peers" in raw

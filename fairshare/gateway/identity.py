@@ -7,7 +7,8 @@ The rules, in order:
    (unknown, or not ``Bearer <key>``) is refused (401), whatever headers come with it.
    Without a keys file the ``Authorization`` header names nobody and is not looked at
    (clients such as the OpenAI SDK or LiteLLM always send one).
-2. **A trusted header**, for a request without a key: the ``team_header``. A
+2. **A trusted header**, for a request without a key: the ``team_header``, else (with
+   ``fairness_id``) the Gateway API Inference Extension's ``FAIRNESS_ID_HEADER``. A
    header is trusted only on a connection from ``trusted_peers`` (the TCP peer's address;
    this host's own connections by default): a proxy in front sets it, so the gateway's port
    must not be reachable by clients directly, and a header from any other peer is refused
@@ -28,6 +29,9 @@ from fairshare.gateway.config import AuthSettings, Network
 from fairshare.gateway.keys import Identity, KeysFile, KeysFileError, parse_class
 
 BEARER: Final = "bearer "
+FAIRNESS_ID_HEADER: Final = "x-gateway-inference-fairness-id"
+"""The Gateway API Inference Extension's header grouping requests for fairness (its
+endpoint picker's flow control): read as the team when ``auth.fairness_id`` is on."""
 NO_IDENTITY: Final = "a known API key or team is required"
 
 
@@ -62,10 +66,15 @@ def trusted(peer: str | None, networks: tuple[Network, ...]) -> bool:
 
 
 def header_team(headers: Mapping[str, str], auth: AuthSettings) -> str | None:
-    """The team the team header names, or None."""
-    if auth.team_header is None:
-        return None
-    return headers.get(auth.team_header, "").strip() or None
+    """The team a header names (the team header first, then the fairness id), or None."""
+    names = [auth.team_header] if auth.team_header is not None else []
+    if auth.fairness_id:
+        names.append(FAIRNESS_ID_HEADER)
+    for name in names:
+        team = headers.get(name, "").strip()
+        if team:
+            return team
+    return None
 
 
 def identify(

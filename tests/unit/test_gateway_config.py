@@ -67,12 +67,14 @@ def test_defaults() -> None:
 
 def test_auth_trusts_headers_from_loopback_unless_told() -> None:
     auth = parse(yaml.safe_load(FULL)).auth
+    assert not auth.fairness_id
     assert [str(n) for n in auth.trusted_peers] == ["127.0.0.0/8", "::1/128"]
-    told = {"trusted_peers": ["10.0.0.0/8", "192.0.2.7", "fd00::/8"]}
+    told = {"fairness_id": True, "trusted_peers": ["10.0.0.0/8", "192.0.2.7", "fd00::/8"]}
     auth = parse({**yaml.safe_load(FULL), "auth": told}).auth
+    assert auth.fairness_id and auth.any_source and auth.keys_file is None
     assert [str(n) for n in auth.trusted_peers] == ["10.0.0.0/8", "192.0.2.7/32", "fd00::/8"]
     nobody = parse({**yaml.safe_load(FULL), "auth": {"trusted_peers": []}}).auth
-    assert nobody.trusted_peers == ()
+    assert nobody.trusted_peers == () and not nobody.any_source
 
 
 @pytest.mark.parametrize(
@@ -148,6 +150,7 @@ def test_auth_trusts_headers_from_loopback_unless_told() -> None:
         ({"cost": {"unit": "dollars"}}, "cost.unit"),
         ({"cost": {"prompt_weight": -1}}, "cost.prompt_weight"),
         ({"auth": {"team_header": "bad header"}}, "auth.team_header"),
+        ({"auth": {"fairness_id": "yes"}}, "auth.fairness_id"),
         ({"auth": {"trusted_peers": "10.0.0.0/8"}}, "auth.trusted_peers"),
         ({"auth": {"trusted_peers": ["10.0.0.1/8"]}}, "auth.trusted_peers[0]"),
         ({"auth": {"trusted_peers": ["127.0.0.1", "proxy"]}}, "auth.trusted_peers[1]"),

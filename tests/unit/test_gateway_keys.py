@@ -15,6 +15,7 @@ import pytest
 from fairshare import Class
 from fairshare.gateway.config import AuthSettings
 from fairshare.gateway.identity import (
+    FAIRNESS_ID_HEADER,
     BadClass,
     Unauthorized,
     bearer_key,
@@ -194,6 +195,21 @@ def test_identify(tmp_path: Path) -> None:
         who({})
     with pytest.raises(Unauthorized):
         identify({"x-team": "t"}, peer=LOCAL, auth=AuthSettings(), keys=keys)
+
+
+def test_fairness_id_is_a_team_source_when_on() -> None:
+    fairness = {FAIRNESS_ID_HEADER: "t-f"}
+    off = AuthSettings(team_header="x-team")
+    with pytest.raises(Unauthorized):
+        identify(fairness, peer=LOCAL, auth=off, keys=None)
+    on = replace(off, fairness_id=True, class_header="x-class")
+    assert identify({**fairness, "x-class": "batch"}, peer=LOCAL, auth=on, keys=None) == (
+        Identity("t-f", Class.BATCH)
+    )
+    # The team header first; the same trust as the team header.
+    assert identify({**fairness, "x-team": "t"}, peer=LOCAL, auth=on, keys=None).team == "t"
+    with pytest.raises(Unauthorized):
+        identify(fairness, peer="192.0.2.7", auth=on, keys=None)
 
 
 @pytest.mark.parametrize(
