@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from harness.http import wait_http
 from harness.net import LOOPBACK, free_port
-from harness.process import ServerProcess
+from harness.process import ROOT, ServerProcess
 
 GATEWAY = (sys.executable, "-m", "fairshare.cli", "gateway")
 """How the gateway is started: the module the ``fairshare`` command runs."""
@@ -82,6 +83,22 @@ class Gateway(ServerProcess):
         """``metrics_text`` in a worker thread: the caller's event loop (the SDK streams
         of a test) runs on meanwhile."""
         return await asyncio.to_thread(self.metrics_text)
+
+
+def run_gateway_command(
+    *args: str, stdin: str | None = None, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """``fairshare gateway ARGS`` run to its end (a start that fails on its configuration,
+    ``hash-key``) with ``stdin`` as its input: its exit status and output, as text."""
+    return subprocess.run(
+        [*GATEWAY, *args],
+        input=stdin,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 async def wait_gateway(

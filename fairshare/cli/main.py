@@ -4,7 +4,8 @@ This module parses the arguments and runs one command (its first line is the hel
 
 Commands:
     serve          run a replica (``server.app``)
-    gateway        the OpenAI-compatible proxy in front of vLLM (``fairshare.gateway.app``)
+    gateway        the OpenAI-compatible proxy in front of vLLM (``fairshare.gateway.app``);
+                   ``gateway hash-key``: the keys-file entry of each key read from stdin
     status         an sshare-like table of each pool's teams, with owner and epoch
     pools          every pool with its capacity, owner, epoch and degraded mode
     set-capacity   change a pool's capacity (admin credentials)
@@ -40,7 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(sub.add_parser("serve", help="run an allocator replica"))
     from fairshare.gateway.app import add_gateway_arguments
 
-    add_gateway_arguments(sub.add_parser("gateway", help="run the OpenAI-compatible gateway"))
+    add_gateway_arguments(
+        sub.add_parser(
+            "gateway",
+            help="run the OpenAI-compatible gateway",
+            epilog="fairshare gateway hash-key < KEYS: print the hashed keys-file entry "
+            "(sha256:<hex>) of each API key read from stdin, one a line",
+        )
+    )
     status = sub.add_parser("status", help="sshare-like table of each pool")
     add_client_arguments(status)
     status.add_argument("--pool", help="only this pool")
@@ -63,9 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
     """Entry point of the ``fairshare`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["simulate"]:
-        # The simulator parses its own arguments (``python -m fairshare.sim`` takes the same).
-        return fairshare.sim.command.main(argv[1:])
+    if argv[:1] == ["simulate"] or argv[:2] == ["gateway", "hash-key"]:
+        return _parses_its_own(argv, out)
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         from server.app import run
@@ -84,3 +91,13 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     except (OSError, ValueError) as e:
         print(f"fairshare {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _parses_its_own(argv: list[str], out: TextIO | None) -> int:
+    """A command that parses its own arguments: the simulator (``python -m fairshare.sim``
+    takes the same), or ``gateway hash-key`` (not the gateway's flags)."""
+    if argv[0] == "simulate":
+        return fairshare.sim.command.main(argv[1:])
+    from fairshare.gateway.keys import hash_key_main
+
+    return hash_key_main(argv[2:], stdout=out)

@@ -294,10 +294,10 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, KeysFileError) as e:
         print(f"fairshare gateway: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if config.auth.keys_file is None and config.auth.team_header is None:
+    if not config.auth.any_source:
         print(
-            "fairshare gateway: auth: give keys_file or team_header (or both); "
-            "without either every request is refused",
+            "fairshare gateway: auth: give keys_file, team_header or fairness_id; "
+            "without one every request is refused",
             file=sys.stderr,
         )
         return EXIT_USAGE

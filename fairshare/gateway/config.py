@@ -11,6 +11,7 @@ The keys of the issue (``listen``, ``metrics_listen``, ``allocator``, ``auth``, 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import socket
 from collections.abc import Mapping, Sequence
@@ -66,13 +67,38 @@ class AllocatorSettings:
     tls_key_file: str | None = None
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK_PEERS: Final[tuple[Network, ...]] = (
+    ipaddress.ip_network("127.0.0.0/8"),
+    ipaddress.ip_network("::1/128"),
+)
+"""Whose headers are trusted by default: this host's own connections."""
+
+
 @dataclass(frozen=True)
 class AuthSettings:
-    """Where a request's team and class come from (``fairshare.gateway.identity``)."""
+    """Where a request's team and class come from (``fairshare.gateway.identity``).
+
+    Attributes:
+        keys_file: the API keys (``fairshare.gateway.keys``).
+        team_header: a header naming the team, set by a proxy in front.
+        class_header: a header naming the class of a request identified by a header.
+        fairness_id: whether the Gateway API Inference Extension's
+            ``x-gateway-inference-fairness-id`` header names the team (off by default).
+        trusted_peers: the networks whose connections may identify a request by a header
+            (the TCP peer's address; loopback only by default).
+    """
 
     keys_file: str | None = None
     team_header: str | None = None
     class_header: str | None = None
+    fairness_id: bool = False
+    trusted_peers: tuple[Network, ...] = LOOPBACK_PEERS
+
+    @property
+    def any_source(self) -> bool:
+        """Whether anything identifies a request (else every request is refused)."""
+        return self.keys_file is not None or self.team_header is not None or self.fairness_id
 
 
 @dataclass(frozen=True)
@@ -269,13 +295,40 @@ def _allocator(value: object) -> AllocatorSettings:
     )
 
 
+AUTH_KEYS: Final = ("keys_file", "team_header", "class_header", "fairness_id", "trusted_peers")
+
+
 def _auth(value: object) -> AuthSettings:
-    raw = _mapping("auth", value, ("keys_file", "team_header", "class_header"))
+    raw = _mapping("auth", value, AUTH_KEYS)
+    fairness_id = raw.get("fairness_id", False)
+    if not isinstance(fairness_id, bool):
+        raise ConfigError(f"auth.fairness_id: expected true or false, got {fairness_id!r}")
     return AuthSettings(
         keys_file=_opt_string("auth.keys_file", raw.get("keys_file")),
         team_header=_header("auth.team_header", raw.get("team_header")),
         class_header=_header("auth.class_header", raw.get("class_header")),
+        fairness_id=fairness_id,
+        trusted_peers=(
+            _networks("auth.trusted_peers", raw["trusted_peers"])
+            if "trusted_peers" in raw
+            else LOOPBACK_PEERS
+        ),
     )
+
+
+def _networks(key: str, value: object) -> tuple[Network, ...]:
+    """A list of addresses or networks (``10.0.0.0/8``, ``fd00::/8``, ``192.0.2.7``); an
+    empty list trusts no one."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of addresses or networks, got {value!r}")
+    networks: list[Network] = []
+    for i, item in enumerate(value):
+        text = _string(f"{key}[{i}]", item)
+        try:
+            networks.append(ipaddress.ip_network(text))
+        except ValueError as e:
+            raise ConfigError(f"{key}[{i}]: expected an address or network: {e}") from None
+    return tuple(networks)
 
 
 def _header(key: str, value: object) -> str | None:

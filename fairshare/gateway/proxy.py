@@ -48,7 +48,7 @@ from fairshare.gateway.config import GatewayConfig, Model, Route
 from fairshare.gateway.cost import charge
 from fairshare.gateway.errors import Refusal, error_response
 from fairshare.gateway.forward import Forwarder, Outcome, UpstreamFailed, standing
-from fairshare.gateway.identity import BadClass, identify
+from fairshare.gateway.identity import BadClass, Unauthorized, identify
 from fairshare.gateway.keys import Identity, KeysFile
 from fairshare.gateway.metrics import GatewayMetrics
 from fairshare.gateway.placement import Placement, place
@@ -177,11 +177,9 @@ class Proxy:
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         try:
-            identity = self._identity_or_refusal(request)
-        except BadClass as e:
-            return error_response(Refusal.BAD_FIELD, str(e))
-        if identity is None:
-            return error_response(Refusal.UNAUTHORIZED, "a known API key or team is required")
+            self._identity_or_refusal(request)
+        except Refused as e:
+            return error_response(e.refusal, str(e))
         created = 0
         data = [
             {"id": m.name, "object": "model", "created": created, "owned_by": "fairshare"}
@@ -202,8 +200,20 @@ class Proxy:
         finally:
             self.handlers.discard(task)
 
-    def _identity_or_refusal(self, request: web.Request) -> Identity | None:
-        return identify(request.headers, auth=self.config.auth, keys=self.keys)
+    def _identity_or_refusal(self, request: web.Request) -> Identity:
+        """Who the request is for (``fairshare.gateway.identity``).
+
+        Raises:
+            Refused: 401 without an identity, 400 for a class header naming no class.
+        """
+        try:
+            return identify(
+                request.headers, peer=request.remote, auth=self.config.auth, keys=self.keys
+            )
+        except Unauthorized as e:
+            raise Refused(Refusal.UNAUTHORIZED, str(e)) from e
+        except BadClass as e:
+            raise Refused(Refusal.BAD_FIELD, str(e)) from e
 
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         try:
@@ -220,12 +230,7 @@ class Proxy:
         Raises:
             Refused: 401, 400, 413 or 404, as the module doc says.
         """
-        try:
-            identity = self._identity_or_refusal(request)
-        except BadClass as e:
-            raise Refused(Refusal.BAD_FIELD, str(e)) from e
-        if identity is None:
-            raise Refused(Refusal.UNAUTHORIZED, "a known API key or team is required")
+        identity = self._identity_or_refusal(request)
         limit = self.config.limits.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise _too_large(limit)

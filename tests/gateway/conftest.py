@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import httpx2
 from grpc import aio
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -68,17 +69,24 @@ class Stack:
     gateway: Gateway
     _clients: list[AsyncOpenAI] = field(default_factory=list)
 
-    def client(self, team: str | None = "team-a", **headers: str) -> AsyncOpenAI:
-        """An SDK client of the gateway for ``team`` (its header; None: no header)."""
+    def client(
+        self, team: str | None = "team-a", *, key: str | None = None, **headers: str
+    ) -> AsyncOpenAI:
+        """An SDK client of the gateway for ``team`` (its header; None: no header) with the
+        API key ``key``. Without a key its requests carry no ``Authorization`` header, as
+        those of a proxy in front that sets the team header: the SDK insists on sending
+        one, so a request hook takes it off."""
         default = dict(headers)
         if team is not None:
             default[TEAM_HEADER] = team
+        hooks = {} if key is not None else {"request": [_without_credentials]}
         client = AsyncOpenAI(
             base_url=self.gateway.url + "/v1",
-            api_key="sk-unknown",
+            api_key=key or "unused",
             default_headers=default,
             max_retries=0,
             timeout=30.0,
+            http_client=DefaultAsyncHttpxClient(event_hooks=hooks),
         )
         self._clients.append(client)
         return client
@@ -119,6 +127,10 @@ class Stack:
     async def close(self) -> None:
         for client in self._clients:
             await client.close()
+
+
+async def _without_credentials(request: httpx2.Request) -> None:
+    del request.headers["authorization"]
 
 
 async def eventually(check: Callable[[], object], *, timeout_s: float = 15.0) -> None:

@@ -99,8 +99,7 @@ async def test_priority_injected_and_overwritten_and_headers(stack: Stack) -> No
 
 
 async def test_a_known_bearer_key_names_the_team_and_class(stack: Stack) -> None:
-    client = stack.client("team-a", **{"x-fairshare-class": "interactive"})
-    keyed = client.with_options(api_key="sk-batch-b")
+    keyed = stack.client("team-a", key="sk-batch-b", **{"x-fairshare-class": "interactive"})
     raw = await keyed.chat.completions.with_raw_response.create(
         model=MODEL, messages=MESSAGES, max_tokens=1
     )

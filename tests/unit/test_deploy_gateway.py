@@ -35,7 +35,7 @@ KEYS: dict[str, set[str]] = {
     "": {"listen", "metrics_listen", "allocator", "auth", "models", "cost"},
     "allocator": {"endpoints", "holder", "tls"},
     "allocator.tls": {"ca_file", "cert_file", "key_file"},
-    "auth": {"keys_file", "team_header", "class_header"},
+    "auth": {"keys_file", "team_header", "class_header", "fairness_id", "trusted_peers"},
     "models[]": {"name", "pool", "upstreams", "fallback"},
     "models[].fallback[]": {"pool", "upstreams"},
     "cost": {"unit", "prompt_weight", "completion_weight"},

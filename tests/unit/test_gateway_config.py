@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fairshare.gateway.config import ConfigError, load, parse
-from harness.process import ROOT
+from harness.gateway import run_gateway_command
 
 FULL = """
 listen: 0.0.0.0:8080
@@ -65,6 +63,18 @@ def test_defaults() -> None:
     assert config.allocator.holder  # the host name
     assert config.cost.unit == "tokens" and config.redecide.enabled
     assert parse({**yaml.safe_load(FULL), "metrics_listen": ""}).metrics_listen == ""
+
+
+def test_auth_trusts_headers_from_loopback_unless_told() -> None:
+    auth = parse(yaml.safe_load(FULL)).auth
+    assert not auth.fairness_id
+    assert [str(n) for n in auth.trusted_peers] == ["127.0.0.0/8", "::1/128"]
+    told = {"fairness_id": True, "trusted_peers": ["10.0.0.0/8", "192.0.2.7", "fd00::/8"]}
+    auth = parse({**yaml.safe_load(FULL), "auth": told}).auth
+    assert auth.fairness_id and auth.any_source and auth.keys_file is None
+    assert [str(n) for n in auth.trusted_peers] == ["10.0.0.0/8", "192.0.2.7/32", "fd00::/8"]
+    nobody = parse({**yaml.safe_load(FULL), "auth": {"trusted_peers": []}}).auth
+    assert nobody.trusted_peers == () and not nobody.any_source
 
 
 @pytest.mark.parametrize(
@@ -140,6 +150,10 @@ def test_defaults() -> None:
         ({"cost": {"unit": "dollars"}}, "cost.unit"),
         ({"cost": {"prompt_weight": -1}}, "cost.prompt_weight"),
         ({"auth": {"team_header": "bad header"}}, "auth.team_header"),
+        ({"auth": {"fairness_id": "yes"}}, "auth.fairness_id"),
+        ({"auth": {"trusted_peers": "10.0.0.0/8"}}, "auth.trusted_peers"),
+        ({"auth": {"trusted_peers": ["10.0.0.1/8"]}}, "auth.trusted_peers[0]"),
+        ({"auth": {"trusted_peers": ["127.0.0.1", "proxy"]}}, "auth.trusted_peers[1]"),
         ({"limits": {"max_body_bytes": 0}}, "limits.max_body_bytes"),
         ({"redecide": {"enabled": "yes"}}, "redecide.enabled"),
         ({"surprise": 1}, "surprise"),
@@ -192,14 +206,7 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 def test_the_command_exits_2_naming_the_key(tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text(FULL.replace("unit: tokens", "unit: euros"))
-    done = subprocess.run(
-        [sys.executable, "-m", "fairshare.cli", "gateway", "--config", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_gateway_command("--config", str(path))
     assert done.returncode == 2
     assert "cost.unit" in done.stderr
 
@@ -216,13 +223,6 @@ def test_the_command_exits_2_on_an_unknown_router(tmp_path: Path) -> None:
             }
         )
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "fairshare.cli", "gateway", "--config", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_gateway_command("--config", str(path))
     assert done.returncode == 2
     assert "models[0].routing" in done.stderr and "fewest-ahead" in done.stderr
