@@ -177,7 +177,7 @@ class Gateway:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.client._closed = True  # no flush: a dead process sends nothing
+        self.client._state.closed = True  # no flush: a dead process sends nothing
         # Releases not acknowledged, and ended degraded grants still to be re-reported
         # before their release: a dead process sends none of them.
         unsent = set(self.client._pending)
@@ -185,7 +185,7 @@ class Gateway:
         for record in self.ledger.grants:
             if record.holder == self.holder and record.grant_id in unsent:
                 record.release_lost = True
-        for task in [*self.client._tasks, self.client._watcher, self.client._flusher]:
+        for task in [*self.client._state.tasks, self.client._watcher, self.client._flusher]:
             if task is not None:
                 task.cancel()
         for channel in self.client._channels.values():

@@ -9,7 +9,8 @@ Modules: ``fairshare.client.allocator`` (the client), ``fairshare.client.calls``
 replicas), ``fairshare.client.adoption`` (re-reporting grants to new owners),
 ``fairshare.client.backlog`` (releases and acquires still owed), ``fairshare.client.grants`` (the
 grants held), ``fairshare.client.sessions`` (the client's holder session and its keepalives),
-``fairshare.client.sync`` (the blocking wrapper).
+``fairshare.client.state`` (what the parts of one client share), ``fairshare.client.sync`` (the
+blocking wrapper).
 """
 
 from fairshare import degraded_priority

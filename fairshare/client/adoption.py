@@ -69,10 +69,10 @@ class Adoption(Calls):
             return
         if self._route_to_owner:
             self._learn_routes()
-        older = any(g.pool == pool and g.epoch != epoch for g in self._live.values())
+        older = any(g.pool == pool and g.epoch != epoch for g in self._state.live.values())
         if known is None and not older:
             return
-        self._spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
+        self._state.spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
 
     def on_owner_answer(self, listener: Callable[[str, int], None]) -> None:
         """Calls ``listener(pool, epoch)`` each time an answer shows an owner of ``pool``
@@ -99,7 +99,7 @@ class Adoption(Calls):
         of holdership at this grant's epoch and this grant is one, sends it again."""
         if self._unproven.get(grant.pool) == grant.epoch and self._proves(grant):
             del self._unproven[grant.pool]
-            self._spawn(
+            self._state.spawn(
                 self._adopt(grant.pool, grant.epoch, complete=True),
                 f"adopt {grant.pool}@{grant.epoch} (proven)",
             )
@@ -118,7 +118,7 @@ class Adoption(Calls):
         return next(
             (
                 g
-                for g in self._live.values()
+                for g in self._state.live.values()
                 if g.pool == pool and g.epoch == epoch and self._proves(g)
             ),
             None,
@@ -130,7 +130,7 @@ class Adoption(Calls):
         epoch = self._epochs.get(pool, NO_EPOCH)
         waiting = self._unreported.get(pool) or self._ended.get(pool)
         if epoch and waiting and pool not in self._reporting:
-            self._spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
+            self._state.spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
 
     def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
         """Keeps a client-made grant that ended before any owner counted it, to be
@@ -177,7 +177,7 @@ class Adoption(Calls):
         while ended:
             if any(client_made(i) and pool_of(i) == pool for i in self._pending):
                 return  # an earlier group's releases are not all acknowledged yet
-            live = sum(1 for g in self._live.values() if g.pool == pool and g.degraded)
+            live = sum(1 for g in self._state.live.values() if g.pool == pool and g.degraded)
             room = min(self._capacities.get(pool, 1) - live, MAX_ADOPT_GRANTS)
             group = list(itertools.islice(ended.values(), max(room, 1)))
             request = adopt_request(
@@ -199,7 +199,7 @@ class Adoption(Calls):
         """What a complete re-report to the owner of ``pool`` at ``epoch`` carries: every
         live grant of the pool decided at another epoch, with a proof of holdership when
         one is live (else the pool is noted in ``_unproven``)."""
-        grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
+        grants = [g for g in self._state.live.values() if g.pool == pool and g.epoch != epoch]
         proven = any(self._proves(g) for g in grants)
         if not proven:
             # A live signed grant of ``epoch`` proves holdership; its owner decided it, so
@@ -224,8 +224,8 @@ class Adoption(Calls):
         if complete:
             grants = self._inventory(pool, epoch)
         else:
-            grants = [self._live[i] for i in unreported if i in self._live]
-            unreported.intersection_update(self._live)
+            grants = [self._state.live[i] for i in unreported if i in self._state.live]
+            unreported.intersection_update(self._state.live)
             if not grants and not self._ended.get(pool):
                 return
         # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
@@ -289,8 +289,6 @@ class Adoption(Calls):
 
     def _learn_routes(self) -> None:
         """Reads ListPools in the background (once at a time) to learn owners' addresses."""
-        if self._closed or (self._learning is not None and not self._learning.done()):
-            return
 
         async def learn() -> None:
             try:
@@ -298,17 +296,15 @@ class Adoption(Calls):
             except aio.AioRpcError as e:
                 logger.debug("learning the owners failed: %s", e.code())
 
-        self._learning = asyncio.get_running_loop().create_task(
-            learn(), name=f"fairshare-client-{self.holder}-routes"
-        )
+        self._learning = self._state.background(self._learning, learn, "routes")
 
     def _ensure_watcher(self) -> None:
-        self._watcher = self._background(self._watcher, self._watch_epochs, "epochs")
+        self._watcher = self._state.background(self._watcher, self._watch_epochs, "epochs")
 
     async def _watch_epochs(self) -> None:
         """Reads ListPools now and then while grants are live, or ended client-made ones
         wait to be re-reported (see ``epoch_check_s``)."""
-        while (self._live or any(self._ended.values())) and not self._closed:
+        while (self._state.live or any(self._ended.values())) and not self._state.closed:
             await asyncio.sleep(self._epoch_check_s)
             try:
                 await self.refresh_pools()

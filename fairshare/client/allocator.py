@@ -62,6 +62,7 @@ from fairshare.client.backlog import Backlog
 from fairshare.client.calls import RETRYABLE
 from fairshare.client.grants import ClientGrant, degraded_grant_id
 from fairshare.client.sessions import SessionKeeper
+from fairshare.client.state import ClientState
 from fairshare.errors import NoOwner
 from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, NodeId
 from fairshare.modes import DegradedMode
@@ -143,6 +144,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
             if bound < 1:
                 raise ValueError(f"{name} must be >= 1, got {bound}")
         self.holder = holder
+        self._state = ClientState(holder)
         self.deadline_s = deadline_s
         self._targets = list(targets)
         self._credentials = credentials
@@ -152,7 +154,6 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         self._preferred = random.randrange(len(self._targets))
         self._modes: dict[str, DegradedMode] = {}
         self._epochs: dict[str, int] = {}
-        self._live: dict[str, ClientGrant] = {}
         self._pending: dict[str, float] = {}
         self._release_retry_s = release_retry_s
         self._release_batch = release_batch
@@ -176,7 +177,6 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         self._ending: set[str] = set()  # pools whose ended grants are being re-reported
         # Per pool, the epoch whose complete re-report carried no proof of holdership.
         self._unproven: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._epoch_check_s = epoch_check_s
@@ -184,7 +184,6 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
         self._learning: asyncio.Task[None] | None = None
         self._owner_listeners: list[Callable[[str, int], None]] = []
-        self._closed = False
         self._calls_in_flight = calls_in_flight
         self._unbatched_until = -math.inf
         self._acquires, self._releases = self._batches()
@@ -201,9 +200,9 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
     async def close(self, *, flush_timeout_s: float = 2.0) -> None:
         """Sends buffered releases and settles acquires given up on (for at most
         ``flush_timeout_s``), then closes."""
-        if self._closed:
+        if self._state.closed:
             return
-        self._closed = True
+        self._state.closed = True
         try:
             async with asyncio.timeout(flush_timeout_s):
                 await self._report_all_ended()
@@ -217,7 +216,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
                 len(self._abandoned),
             )
         tasks = [
-            *self._tasks,
+            *self._state.tasks,
             *(
                 t
                 for t in (self._flusher, self._watcher, self._learning, self._keeper)
@@ -237,7 +236,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
     @property
     def live_grants(self) -> list[ClientGrant]:
         """The grants acquired and not yet released."""
-        return list(self._live.values())
+        return list(self._state.live.values())
 
     @property
     def pending_releases(self) -> int:
@@ -351,7 +350,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
             epoch=answer.epoch,
             _client=self,
         )
-        self._live[grant.grant_id] = grant
+        self._state.live[grant.grant_id] = grant
         if answer.epoch == DEGRADED_EPOCH or answer.epoch < known:
             # Degraded at a replica, or late: decided at an epoch older than one this
             # client already re-reported its grants to, so its complete inventory may
@@ -413,7 +412,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
             epoch=DEGRADED_EPOCH,
             _client=self,
         )
-        self._live[grant_id] = grant
+        self._state.live[grant_id] = grant
         # Counted nowhere yet: reported to the first owner of the pool that answers.
         self._unreported.setdefault(pool, set()).add(grant_id)
         self._ensure_watcher()

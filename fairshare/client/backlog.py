@@ -98,7 +98,7 @@ class Backlog(Calls):
         return await self._send_release(r.grant_id, 0.0)
 
     async def _release(self, grant: ClientGrant, consumed: float) -> None:
-        self._live.pop(grant.grant_id, None)
+        self._state.live.pop(grant.grant_id, None)
         unreported = self._unreported.get(grant.pool)
         if unreported is not None and grant.grant_id in unreported:
             unreported.discard(grant.grant_id)
@@ -188,11 +188,11 @@ class Backlog(Calls):
         await asyncio.gather(*(send(call) for call in sends[1:]))
 
     def _ensure_flusher(self) -> None:
-        self._flusher = self._background(self._flusher, self._flush_loop, "release-flush")
+        self._flusher = self._state.background(self._flusher, self._flush_loop, "release-flush")
 
     async def _flush_loop(self) -> None:
         try:
-            while (self._pending or self._abandoned) and not self._closed:
+            while (self._pending or self._abandoned) and not self._state.closed:
                 await asyncio.sleep(self._release_retry_s)
                 await self._flush()
         except asyncio.CancelledError:

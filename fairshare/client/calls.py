@@ -1,7 +1,8 @@
 """How the client reaches a replica, and the state every part of the client shares.
 
 ``Calls`` is the base of ``AllocatorClient``: it declares the client's state (set by
-``AllocatorClient.__init__``) and makes its calls. A call goes to the pool's owner first
+``AllocatorClient.__init__``; what every part shares, the live grants among it, is one
+``fairshare.client.state.ClientState``) and makes its calls. A call goes to the pool's owner first
 when its address is known (``route_to_owner``), then to the targets in turn from the one
 that answered last, retrying ``UNAVAILABLE`` and deadline expiries (``RETRYABLE``) within
 the caller's deadline; one attempt takes at most a third of it, so a replica that hangs
@@ -27,7 +28,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
@@ -51,6 +52,7 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from fairshare.client.grants import ClientGrant
+    from fairshare.client.state import ClientState
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class Calls:
     _preferred: int
     _modes: dict[str, DegradedMode]
     _epochs: dict[str, int]
-    _live: dict[str, ClientGrant]
+    _state: ClientState
     _pending: dict[str, float]
     _release_retry_s: float
     _release_batch: int
@@ -101,7 +103,6 @@ class Calls:
     _ending: set[str]
     _unproven: dict[str, int]
     _reporting: set[str]
-    _tasks: set[asyncio.Task[None]]
     _flusher: asyncio.Task[None] | None
     _watcher: asyncio.Task[None] | None
     _epoch_check_s: float
@@ -109,7 +110,6 @@ class Calls:
     _owners: dict[str, str]
     _learning: asyncio.Task[None] | None
     _owner_listeners: list[Callable[[str, int], None]]
-    _closed: bool
     _acquires: Batches[pb.AcquireRequest, pb.AcquireResponse]
     _releases: Batches[pb.ReleaseRequest, pb.ReleaseResponse]
     _unbatched_until: float
@@ -249,28 +249,6 @@ class Calls:
                 UNBATCHED_FOR_S,
             )
         self._unbatched_until = time.monotonic() + UNBATCHED_FOR_S
-
-    def _background(
-        self,
-        task: asyncio.Task[None] | None,
-        loop: Callable[[], Coroutine[object, object, None]],
-        name: str,
-    ) -> asyncio.Task[None] | None:
-        """``task`` while it runs, else a new task running ``loop()`` (none once the
-        client is closed): how each background loop of the client is started once."""
-        if self._closed or (task is not None and not task.done()):
-            return task
-        return asyncio.get_running_loop().create_task(
-            loop(), name=f"fairshare-client-{self.holder}-{name}"
-        )
-
-    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
-        if self._closed:
-            coro.close()
-            return
-        task = asyncio.get_running_loop().create_task(coro, name=f"fairshare-client {name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- what the other parts of the client provide --------------------------------------------
 

@@ -86,13 +86,13 @@ class SessionKeeper(Calls):
         return FIRST_PERIOD_S if ttl is None else ttl / 3
 
     def _ensure_keeper(self) -> None:
-        self._keeper = self._background(self._keeper, self._keep_alive_loop, "keepalive")
+        self._keeper = self._state.background(self._keeper, self._keep_alive_loop, "keepalive")
 
     async def _keep_alive_loop(self) -> None:
         """Rounds of KeepAlive while grants are live (the first at once while the TTL is
         not known: the Acquire that started the loop opened the session just now)."""
         wait = self._session_ttl_s is not None
-        while self._live and not self._closed:
+        while self._state.live and not self._state.closed:
             if wait:
                 await asyncio.sleep(self._keepalive_period())
             wait = True
@@ -108,7 +108,7 @@ class SessionKeeper(Calls):
         as a degraded one, is renewed by its re-report, not here)."""
         return {
             g.pool
-            for g in self._live.values()
+            for g in self._state.live.values()
             if g.grant_id not in self._unreported.get(g.pool, ())
         }
 
@@ -163,7 +163,7 @@ class SessionKeeper(Calls):
             if pool in self._lapsed:
                 continue
             self._lapsed.add(pool)
-            held = sum(1 for g in self._live.values() if g.pool == pool)
+            held = sum(1 for g in self._state.live.values() if g.pool == pool)
             logger.warning(
                 "pool %s: its owner does not know holder session %s (it lapsed): the %d "
                 "grants held there no longer count in flight; their releases are still "
