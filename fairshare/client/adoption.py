@@ -94,6 +94,10 @@ class Adoption(Calls):
             except Exception:
                 logger.exception("pool %s: an owner-answer listener failed", pool)
 
+    def _counted(self, grant: ClientGrant) -> bool:
+        """False for a live grant no owner counted yet (degraded, or late)."""
+        return grant.grant_id not in self._unreported.get(grant.pool, ())
+
     def _granted(self, grant: ClientGrant) -> None:
         """A new grant is live: if the last complete re-report of its pool lacked a proof
         of holdership at this grant's epoch and this grant is one, sends it again."""
@@ -272,7 +276,7 @@ class Adoption(Calls):
             return
         finally:
             self._reporting.discard(pool)
-        self._renewed_by_call(pool)
+        self._keeper.renewed_by_call(pool)
         unreported.difference_update(g.grant_id for g in grants)
         if r is None:
             return

@@ -66,14 +66,16 @@ from fairshare.client.state import ClientState
 from fairshare.errors import NoOwner
 from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, NodeId
 from fairshare.modes import DegradedMode
+from fairshare.sessions import new_session
 from fairshare.wire.convert import acquire_request, decision, degraded_mode
 from fairshare.wire.errors import to_allocator_error
+from fairshare.wire.metadata import session_entry
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
 
-class AllocatorClient(Adoption, Backlog, SessionKeeper):
+class AllocatorClient(Adoption, Backlog):
     """Asyncio client of the allocator for one gateway (``holder``), in a holder session
     of its own."""
 
@@ -187,7 +189,16 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         self._calls_in_flight = calls_in_flight
         self._unbatched_until = -math.inf
         self._acquires, self._releases = self._batches()
-        self._open_session()
+        # Its text is a secret, sent with every call: never logged (its id may be).
+        session = new_session()
+        self._call_metadata = (session_entry(session),)
+        self._keeper = SessionKeeper(
+            self._state,
+            self._call,
+            session=session,
+            deadline_s=deadline_s,
+            counted=self._counted,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -217,11 +228,8 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
             )
         tasks = [
             *self._state.tasks,
-            *(
-                t
-                for t in (self._flusher, self._watcher, self._learning, self._keeper)
-                if t is not None
-            ),
+            *(t for t in (self._flusher, self._watcher, self._learning) if t is not None),
+            *self._keeper.tasks(),
         ]
         for task in tasks:
             task.cancel()
@@ -259,6 +267,11 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         """Acquires given up on and dropped without their grant released: the queue was
         full, the request too old, or the server refused it (a counter)."""
         return self._dropped_abandoned
+
+    @property
+    def session_id(self) -> str:
+        """The id of this client's holder session (what may be logged; not its secret)."""
+        return self._keeper.session_id
 
     async def refresh_pools(self) -> list[pb.PoolInfo]:
         """Reads ListPools: learns each pool's degraded mode and owner epoch."""
@@ -333,7 +346,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         known = self._epochs.get(pool, NO_EPOCH)
         self._saw_epoch(pool, answer.epoch)
         if not answer.degraded:
-            self._renewed_by_call(pool)
+            self._keeper.renewed_by_call(pool)
         if not answer.granted:
             return None
         grant = ClientGrant(
@@ -360,7 +373,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         else:
             self._granted(grant)
         self._ensure_watcher()
-        self._ensure_keeper()
+        self._keeper.keep()
         return grant
 
     async def _decide(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
@@ -416,5 +429,5 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         # Counted nowhere yet: reported to the first owner of the pool that answers.
         self._unreported.setdefault(pool, set()).add(grant_id)
         self._ensure_watcher()
-        self._ensure_keeper()
+        self._keeper.keep()
         return grant

@@ -29,7 +29,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -52,6 +52,7 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from fairshare.client.grants import ClientGrant
+    from fairshare.client.sessions import SessionKeeper
     from fairshare.client.state import ClientState
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,14 @@ RETRYABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADL
 UNBATCHED_FOR_S: Final = 60.0
 """How long the client sends plain calls after a replica answered a batched one
 ``UNIMPLEMENTED`` (it runs a version without them) before it tries batches again."""
+
+
+class Call(Protocol):
+    """How the parts of a client call a replica: ``Calls.call``'s signature."""
+
+    async def __call__(
+        self, method: str, request: object, *, deadline_s: float, pool: str = ""
+    ) -> T: ...
 
 
 def retryable(error: BaseException) -> bool:
@@ -85,6 +94,7 @@ class Calls:
     _modes: dict[str, DegradedMode]
     _epochs: dict[str, int]
     _state: ClientState
+    _keeper: SessionKeeper
     _pending: dict[str, float]
     _release_retry_s: float
     _release_batch: int
@@ -114,13 +124,7 @@ class Calls:
     _releases: Batches[pb.ReleaseRequest, pb.ReleaseResponse]
     _unbatched_until: float
     _calls_in_flight: int
-    _session: str
     _call_metadata: Metadata
-    _keeper: asyncio.Task[None] | None
-    _session_ttl_s: float | None
-    _renewed: dict[str, float]
-    _lapsed: set[str]
-    _keepalive_failing: bool
 
     def _stub(self, target: str) -> pb_grpc.AllocatorStub:
         """The stub of ``target``'s channel, both made once (a stub builds a callable per
@@ -275,8 +279,4 @@ class Calls:
     def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
         """Keeps an ended client-made grant to re-report before its release
         (``fairshare.client.adoption``)."""
-        raise NotImplementedError
-
-    def _renewed_by_call(self, pool: str) -> None:
-        """Notes that an owner of ``pool`` renewed the session (``fairshare.client.sessions``)."""
         raise NotImplementedError
