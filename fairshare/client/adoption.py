@@ -42,7 +42,7 @@ import grpc
 from grpc import aio
 
 from fairshare.client.calls import RETRYABLE, Calls
-from fairshare.client.grants import ClientGrant, client_made, pool_of
+from fairshare.client.grants import ClientGrant, client_made
 from fairshare.errors import InvalidArgument
 from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, GrantRef
 from fairshare.limits import MAX_ADOPT_GRANTS
@@ -132,26 +132,34 @@ class Adoption(Calls):
         """Reports the pool's grants no owner counted, at the newest epoch seen, unless an
         Adopt of the pool is already in flight (it re-checks when it ends)."""
         epoch = self._epochs.get(pool, NO_EPOCH)
-        waiting = self._unreported.get(pool) or self._ended.get(pool)
+        waiting = self._unreported.get(pool) or self._ended_grants.get(pool)
         if epoch and waiting and pool not in self._reporting:
             self._state.spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
 
-    def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
-        """Keeps a client-made grant that ended before any owner counted it, to be
-        re-reported and then released (see the module doc); drops the oldest when
-        ``max_pending_releases`` are kept."""
-        ended = self._ended.setdefault(grant.pool, {})
-        if len(ended) >= self._max_pending:
+    def _ended(self, grant: ClientGrant, consumed: float) -> bool:
+        """Notes that ``grant`` ended. True when it is kept to be re-reported and then
+        released (see the module doc): a client-made grant no owner counted yet; then the
+        oldest is dropped when ``max_pending_releases`` are kept."""
+        unreported = self._unreported.get(grant.pool)
+        if unreported is None or grant.grant_id not in unreported:
+            return False
+        unreported.discard(grant.grant_id)
+        if not client_made(grant.grant_id):
+            return False  # signed by a replica: its release alone charges it at the owner
+        # An owner charges it only once it counted it: re-reported first.
+        ended = self._ended_grants.setdefault(grant.pool, {})
+        if len(ended) >= self._max_ended:
             del ended[next(iter(ended))]
-            self._dropped_releases += 1
+            self._dropped_ended += 1
         ended[grant.grant_id] = (grant, consumed)
         self._report(grant.pool)
         self._ensure_watcher()
+        return True
 
     async def _report_all_ended(self) -> None:
         """Re-reports, then releases, every ended client-made grant whose pool has a
         known owner (when closing)."""
-        for pool in [p for p, ended in self._ended.items() if ended]:
+        for pool in [p for p, ended in self._ended_grants.items() if ended]:
             epoch = self._epochs.get(pool, NO_EPOCH)
             if epoch and pool not in self._reporting:
                 await self._adopt(pool, epoch, complete=False)
@@ -163,7 +171,7 @@ class Adoption(Calls):
         Raises:
             aio.AioRpcError: an Adopt failed (the grants not yet re-reported are kept).
         """
-        ended = self._ended.get(pool)
+        ended = self._ended_grants.get(pool)
         if not ended or pool in self._ending:
             return  # one group at a time: a second loop would overrun the owner's bound
         self._ending.add(pool)
@@ -179,7 +187,7 @@ class Adoption(Calls):
         if pool not in self._capacities:
             await self.refresh_pools()
         while ended:
-            if any(client_made(i) and pool_of(i) == pool for i in self._pending):
+            if self._backlog.releasing_client_made(pool):
                 return  # an earlier group's releases are not all acknowledged yet
             live = sum(1 for g in self._state.live.values() if g.pool == pool and g.degraded)
             room = min(self._capacities.get(pool, 1) - live, MAX_ADOPT_GRANTS)
@@ -192,12 +200,9 @@ class Adoption(Calls):
                 grants=[grant for grant, _ in group],
             )
             await self._call("Adopt", request, deadline_s=2.0, pool=pool)
-            for grant, consumed in group:
+            for grant, _ in group:
                 ended.pop(grant.grant_id, None)
-                self._buffer(grant.grant_id, consumed)
-            sent = await asyncio.gather(*(self._send_release(g.grant_id, c) for g, c in group))
-            if not all(sent):
-                self._ensure_flusher()
+            await self._backlog.release_group([(g.grant_id, c) for g, c in group])
 
     def _inventory(self, pool: str, epoch: int) -> list[ClientGrant]:
         """What a complete re-report to the owner of ``pool`` at ``epoch`` carries: every
@@ -230,7 +235,7 @@ class Adoption(Calls):
         else:
             grants = [self._state.live[i] for i in unreported if i in self._state.live]
             unreported.intersection_update(self._state.live)
-            if not grants and not self._ended.get(pool):
+            if not grants and not self._ended_grants.get(pool):
                 return
         # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
         # only the last one complete. Grants a replica signed go last, so the complete
@@ -256,7 +261,7 @@ class Adoption(Calls):
             if not complete and e.code() not in (*RETRYABLE, grpc.StatusCode.FAILED_PRECONDITION):
                 # Refused for good (not a wrong epoch): retrying the same grants cannot help.
                 unreported.difference_update(g.grant_id for g in grants)
-                lost = len(self._ended.pop(pool, {}))
+                lost = len(self._ended_grants.pop(pool, {}))
                 logger.error(
                     "pool %s: the owner refused to count %d grants: %s",
                     pool,
@@ -308,7 +313,7 @@ class Adoption(Calls):
     async def _watch_epochs(self) -> None:
         """Reads ListPools now and then while grants are live, or ended client-made ones
         wait to be re-reported (see ``epoch_check_s``)."""
-        while (self._state.live or any(self._ended.values())) and not self._state.closed:
+        while (self._state.live or any(self._ended_grants.values())) and not self._state.closed:
             await asyncio.sleep(self._epoch_check_s)
             try:
                 await self.refresh_pools()

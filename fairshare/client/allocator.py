@@ -75,7 +75,7 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 logger = logging.getLogger(__name__)
 
 
-class AllocatorClient(Adoption, Backlog):
+class AllocatorClient(Adoption):
     """Asyncio client of the allocator for one gateway (``holder``), in a holder session
     of its own."""
 
@@ -156,30 +156,18 @@ class AllocatorClient(Adoption, Backlog):
         self._preferred = random.randrange(len(self._targets))
         self._modes: dict[str, DegradedMode] = {}
         self._epochs: dict[str, int] = {}
-        self._pending: dict[str, float] = {}
-        self._release_retry_s = release_retry_s
-        self._release_batch = release_batch
-        self._max_pending = max_pending_releases
-        self._dropped_releases = 0
-        self._pending_full = False  # warned once; re-armed when the buffer drains to half
-        # Acquires given up on, by request id, with when: resent by the background task.
-        self._abandoned: dict[str, tuple[pb.AcquireRequest, float]] = {}
-        self._max_abandoned = max_abandoned
-        self._dropped_abandoned = 0
-        self._abandoned_full = False
-        self._resend_batch = resend_batch
-        self._slots = asyncio.Semaphore(flush_concurrency)
         # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
         self._unreported: dict[str, set[str]] = {}
         self._reporting: set[str] = set()  # pools with an Adopt in flight
         # Per pool, client-made grants that ended before any owner counted them, with
         # what they consumed: re-reported, then released (see _report_ended).
-        self._ended: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
+        self._ended_grants: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
+        self._max_ended = max_pending_releases
+        self._dropped_ended = 0
         self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
         self._ending: set[str] = set()  # pools whose ended grants are being re-reported
         # Per pool, the epoch whose complete re-report carried no proof of holdership.
         self._unproven: dict[str, int] = {}
-        self._flusher: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._epoch_check_s = epoch_check_s
         self._route_to_owner = route_to_owner
@@ -189,6 +177,19 @@ class AllocatorClient(Adoption, Backlog):
         self._calls_in_flight = calls_in_flight
         self._unbatched_until = -math.inf
         self._acquires, self._releases = self._batches()
+        self._backlog = Backlog(
+            self._state,
+            self._call,
+            self._releases.submit,
+            saw_epoch=self._saw_epoch,
+            deadline_s=deadline_s,
+            release_retry_s=release_retry_s,
+            release_batch=release_batch,
+            max_pending=max_pending_releases,
+            flush_concurrency=flush_concurrency,
+            max_abandoned=max_abandoned,
+            resend_batch=resend_batch,
+        )
         # Its text is a secret, sent with every call: never logged (its id may be).
         session = new_session()
         self._call_metadata = (session_entry(session),)
@@ -217,18 +218,19 @@ class AllocatorClient(Adoption, Backlog):
         try:
             async with asyncio.timeout(flush_timeout_s):
                 await self._report_all_ended()
-                await self._flush(until_empty=True)
+                await self._backlog.flush(until_empty=True)
         except TimeoutError:
             logger.warning(
                 "closing with %d releases unacknowledged, %d ended degraded grants "
                 "unreported and %d acquires given up on unsettled",
-                len(self._pending),
-                sum(len(ended) for ended in self._ended.values()),
-                len(self._abandoned),
+                self._backlog.pending_releases,
+                sum(len(ended) for ended in self._ended_grants.values()),
+                self._backlog.abandoned_acquires,
             )
         tasks = [
             *self._state.tasks,
-            *(t for t in (self._flusher, self._watcher, self._learning) if t is not None),
+            *self._backlog.tasks(),
+            *(t for t in (self._watcher, self._learning) if t is not None),
             *self._keeper.tasks(),
         ]
         for task in tasks:
@@ -250,23 +252,24 @@ class AllocatorClient(Adoption, Backlog):
     def pending_releases(self) -> int:
         """Releases not yet acknowledged by a replica, those of ended degraded grants
         waiting to be re-reported first included."""
-        return len(self._pending) + sum(len(ended) for ended in self._ended.values())
+        ended = sum(len(ended) for ended in self._ended_grants.values())
+        return self._backlog.pending_releases + ended
 
     @property
     def dropped_releases(self) -> int:
         """Releases dropped unsent because the buffer was full (a counter)."""
-        return self._dropped_releases
+        return self._backlog.dropped_releases + self._dropped_ended
 
     @property
     def abandoned_acquires(self) -> int:
         """Acquires given up on whose grant is still to be found and released."""
-        return len(self._abandoned)
+        return self._backlog.abandoned_acquires
 
     @property
     def dropped_abandoned(self) -> int:
         """Acquires given up on and dropped without their grant released: the queue was
         full, the request too old, or the server refused it (a counter)."""
-        return self._dropped_abandoned
+        return self._backlog.dropped_abandoned
 
     @property
     def session_id(self) -> str:
@@ -335,12 +338,12 @@ class AllocatorClient(Adoption, Backlog):
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise to_allocator_error(e, address="", pool=pool) from e
-            self._abandon(request)
+            self._backlog.abandon(request)
             return self._degraded(pool, team, service_class, est_tokens, e)
         except asyncio.CancelledError:
             # The owner may have decided already: resent with the same request id, the
             # grant is found and released at no cost, instead of staying counted.
-            self._abandon(request)
+            self._backlog.abandon(request)
             raise
         answer = decision(r)
         known = self._epochs.get(pool, NO_EPOCH)
@@ -431,3 +434,11 @@ class AllocatorClient(Adoption, Backlog):
         self._ensure_watcher()
         self._keeper.keep()
         return grant
+
+    async def _release(self, grant: ClientGrant, consumed: float) -> None:
+        """Ends ``grant`` (``ClientGrant.release``): its release is sent, or kept until
+        it can be (``fairshare.client.backlog``), after its re-report when no owner
+        counted it (``fairshare.client.adoption``)."""
+        self._state.live.pop(grant.grant_id, None)
+        if not self._ended(grant, consumed):
+            await self._backlog.release(grant.grant_id, consumed)

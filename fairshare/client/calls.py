@@ -51,6 +51,7 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
+    from fairshare.client.backlog import Backlog
     from fairshare.client.grants import ClientGrant
     from fairshare.client.sessions import SessionKeeper
     from fairshare.client.state import ClientState
@@ -95,25 +96,15 @@ class Calls:
     _epochs: dict[str, int]
     _state: ClientState
     _keeper: SessionKeeper
-    _pending: dict[str, float]
-    _release_retry_s: float
-    _release_batch: int
-    _max_pending: int
-    _dropped_releases: int
-    _pending_full: bool
-    _abandoned: dict[str, tuple[pb.AcquireRequest, float]]
-    _max_abandoned: int
-    _dropped_abandoned: int
-    _abandoned_full: bool
-    _resend_batch: int
-    _slots: asyncio.Semaphore
+    _backlog: Backlog
+    _ended_grants: dict[str, dict[str, tuple[ClientGrant, float]]]
+    _max_ended: int
+    _dropped_ended: int
     _unreported: dict[str, set[str]]
-    _ended: dict[str, dict[str, tuple[ClientGrant, float]]]
     _capacities: dict[str, int]
     _ending: set[str]
     _unproven: dict[str, int]
     _reporting: set[str]
-    _flusher: asyncio.Task[None] | None
     _watcher: asyncio.Task[None] | None
     _epoch_check_s: float
     _route_to_owner: bool
@@ -262,21 +253,4 @@ class Calls:
 
     def _saw_epoch(self, pool: str, epoch: int) -> None:
         """Notes an owner's epoch seen in an answer (``fairshare.client.adoption``)."""
-        raise NotImplementedError
-
-    def _ensure_flusher(self) -> None:
-        """Starts the background retry of the backlog (``fairshare.client.backlog``)."""
-        raise NotImplementedError
-
-    def _buffer(self, grant_id: str, consumed: float) -> None:
-        """Keeps a release until a replica acknowledges it (``fairshare.client.backlog``)."""
-        raise NotImplementedError
-
-    async def _send_release(self, grant_id: str, consumed: float) -> bool:
-        """One release attempt; True once it is settled (``fairshare.client.backlog``)."""
-        raise NotImplementedError
-
-    def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
-        """Keeps an ended client-made grant to re-report before its release
-        (``fairshare.client.adoption``)."""
         raise NotImplementedError
