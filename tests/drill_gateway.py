@@ -181,13 +181,13 @@ class Gateway:
         # Releases not acknowledged, and ended degraded grants still to be re-reported
         # before their release: a dead process sends none of them.
         unsent = set(self.client._backlog._pending)
-        unsent.update(gid for ended in self.client._ended_grants.values() for gid in ended)
+        unsent.update(gid for ended in self.client._adoption._ended.values() for gid in ended)
         for record in self.ledger.grants:
             if record.holder == self.holder and record.grant_id in unsent:
                 record.release_lost = True
         for task in [
             *self.client._state.tasks,
-            self.client._watcher,
+            self.client._adoption._watcher,
             self.client._backlog._flusher,
         ]:
             if task is not None:

@@ -36,12 +36,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc import aio
 
-from fairshare.client.calls import RETRYABLE, Calls
+from fairshare.client.calls import RETRYABLE
 from fairshare.client.grants import ClientGrant, client_made
 from fairshare.errors import InvalidArgument
 from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, GrantRef
@@ -50,13 +51,84 @@ from fairshare.wire.convert import adopt_request
 from fairshare.wire.errors import to_allocator_error
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
+if TYPE_CHECKING:
+    from fairshare.client.backlog import Backlog
+    from fairshare.client.calls import Call
+    from fairshare.client.state import ClientState
+
 logger = logging.getLogger(__name__)
 
 
-class Adoption(Calls):
+class Adoption:
     """Re-reports the client's grants to new owners (see the module doc)."""
 
-    def _saw_epoch(self, pool: str, epoch: int) -> None:
+    def __init__(
+        self,
+        state: ClientState,
+        call: Call,
+        backlog: Backlog,
+        *,
+        refresh_pools: Callable[[], Awaitable[object]],
+        renewed: Callable[[str], None],
+        epoch_check_s: float,
+        learn_routes: bool,
+        max_ended: int,
+    ) -> None:
+        """Args:
+        state: the client's shared state; its live grants are what is re-reported.
+        call: calls a replica (each Adopt gets 2 s).
+        backlog: where the ended client-made grants' releases go once re-reported.
+        refresh_pools: reads ListPools, telling this part each pool's capacity
+            (``saw_capacity``) and epoch (``saw_epoch``).
+        renewed: told each pool whose owner answered an Adopt (which renewed the session).
+        epoch_check_s: the period of ListPools while grants are live.
+        learn_routes: read ListPools at each new epoch (to learn the owner's address).
+        max_ended: most ended client-made grants kept (``max_pending_releases``).
+        """
+        self._state = state
+        self._call = call
+        self._backlog = backlog
+        self._refresh_pools = refresh_pools
+        self._renewed = renewed
+        self._epoch_check_s = epoch_check_s
+        self._learn = learn_routes
+        self._epochs: dict[str, int] = {}  # pool -> the newest epoch an owner answered at
+        # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
+        self._unreported: dict[str, set[str]] = {}
+        self._reporting: set[str] = set()  # pools with an Adopt in flight
+        # Per pool, client-made grants that ended before any owner counted them, with
+        # what they consumed: re-reported, then released (see _report_ended).
+        self._ended: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
+        self._max_ended = max_ended
+        self.dropped_ended = 0
+        """Ended client-made grants dropped unreported because ``max_ended`` were kept."""
+        self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
+        self._ending: set[str] = set()  # pools whose ended grants are being re-reported
+        # Per pool, the epoch whose complete re-report carried no proof of holdership.
+        self._unproven: dict[str, int] = {}
+        self._owner_listeners: list[Callable[[str, int], None]] = []
+        self._watcher: asyncio.Task[None] | None = None
+        self._learning: asyncio.Task[None] | None = None
+
+    @property
+    def ended_grants(self) -> int:
+        """Ended client-made grants waiting to be re-reported, then released."""
+        return sum(len(ended) for ended in self._ended.values())
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """Its background loops, those that ever started (for the client's ``close``)."""
+        return [t for t in (self._watcher, self._learning) if t is not None]
+
+    def epoch(self, pool: str) -> int:
+        """The newest epoch an owner of ``pool`` answered at (``NO_EPOCH``: none yet)."""
+        return self._epochs.get(pool, NO_EPOCH)
+
+    def saw_capacity(self, pool: str, capacity: int) -> None:
+        """Notes a pool's capacity (from ListPools): how many of one holder's client-made
+        grants its owner counts at a time."""
+        self._capacities[pool] = capacity
+
+    def saw_epoch(self, pool: str, epoch: int) -> None:
         """Re-reports live grants when a pool shows an epoch they were not decided in, and
         grants no owner counted yet whenever an owner of the pool answers."""
         if epoch in (NO_EPOCH, DEGRADED_EPOCH):  # no owner decided or is known
@@ -67,7 +139,7 @@ class Adoption(Calls):
         if known is not None and epoch <= known:
             self._report(pool)
             return
-        if self._route_to_owner:
+        if self._learn:
             self._learn_routes()
         older = any(g.pool == pool and g.epoch != epoch for g in self._state.live.values())
         if known is None and not older:
@@ -75,16 +147,8 @@ class Adoption(Calls):
         self._state.spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
 
     def on_owner_answer(self, listener: Callable[[str, int], None]) -> None:
-        """Calls ``listener(pool, epoch)`` each time an answer shows an owner of ``pool``
-        at ``epoch``: an acquire, release or adopt it decided, or ListPools naming it.
-
-        The hook a gateway uses to learn that a pool has an owner again after an outage
-        (its degraded grants are then re-reported to that owner, see the module doc). It is
-        called synchronously, on the event loop, for every such answer, so it must be cheap
-        and must not block; an exception it raises is logged and ignored. Not guaranteed:
-        that it is called at all while the client makes no calls and holds no grant (the
-        background ListPools runs only while grants are live).
-        """
+        """Calls ``listener(pool, epoch)`` at each answer naming an owner
+        (``AllocatorClient.on_owner_answer``)."""
         self._owner_listeners.append(listener)
 
     def _tell_owner_answered(self, pool: str, epoch: int) -> None:
@@ -94,9 +158,27 @@ class Adoption(Calls):
             except Exception:
                 logger.exception("pool %s: an owner-answer listener failed", pool)
 
-    def _counted(self, grant: ClientGrant) -> bool:
+    def counted(self, grant: ClientGrant) -> bool:
         """False for a live grant no owner counted yet (degraded, or late)."""
         return grant.grant_id not in self._unreported.get(grant.pool, ())
+
+    def decided(self, grant: ClientGrant, known: int) -> None:
+        """A grant a replica decided is live; ``known`` is the pool's epoch before its
+        answer came. Degraded at a replica, or late (decided at an epoch older than one
+        this client already re-reported its grants to, so its complete inventory may have
+        closed this grant's phantom): no owner counts it now, so it is re-reported."""
+        if grant.epoch == DEGRADED_EPOCH or grant.epoch < known:
+            self._unreported.setdefault(grant.pool, set()).add(grant.grant_id)
+            self._report(grant.pool)
+        else:
+            self._granted(grant)
+        self._watch()
+
+    def made(self, grant: ClientGrant) -> None:
+        """A grant the client decided itself is live: counted nowhere yet, it is reported
+        to the first owner of its pool that answers."""
+        self._unreported.setdefault(grant.pool, set()).add(grant.grant_id)
+        self._watch()
 
     def _granted(self, grant: ClientGrant) -> None:
         """A new grant is live: if the last complete re-report of its pool lacked a proof
@@ -115,7 +197,7 @@ class Adoption(Calls):
             ref = GrantRef.decode(grant.grant_id)
         except InvalidArgument:
             return False
-        return bool(ref.mac) and ref.holder == self.holder
+        return bool(ref.mac) and ref.holder == self._state.holder
 
     def _proof(self, pool: str, epoch: int) -> ClientGrant | None:
         """A live grant of ``pool`` decided at ``epoch`` that proves holdership, if any."""
@@ -132,11 +214,11 @@ class Adoption(Calls):
         """Reports the pool's grants no owner counted, at the newest epoch seen, unless an
         Adopt of the pool is already in flight (it re-checks when it ends)."""
         epoch = self._epochs.get(pool, NO_EPOCH)
-        waiting = self._unreported.get(pool) or self._ended_grants.get(pool)
+        waiting = self._unreported.get(pool) or self._ended.get(pool)
         if epoch and waiting and pool not in self._reporting:
             self._state.spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
 
-    def _ended(self, grant: ClientGrant, consumed: float) -> bool:
+    def ended(self, grant: ClientGrant, consumed: float) -> bool:
         """Notes that ``grant`` ended. True when it is kept to be re-reported and then
         released (see the module doc): a client-made grant no owner counted yet; then the
         oldest is dropped when ``max_pending_releases`` are kept."""
@@ -147,19 +229,19 @@ class Adoption(Calls):
         if not client_made(grant.grant_id):
             return False  # signed by a replica: its release alone charges it at the owner
         # An owner charges it only once it counted it: re-reported first.
-        ended = self._ended_grants.setdefault(grant.pool, {})
+        ended = self._ended.setdefault(grant.pool, {})
         if len(ended) >= self._max_ended:
             del ended[next(iter(ended))]
-            self._dropped_ended += 1
+            self.dropped_ended += 1
         ended[grant.grant_id] = (grant, consumed)
         self._report(grant.pool)
-        self._ensure_watcher()
+        self._watch()
         return True
 
-    async def _report_all_ended(self) -> None:
+    async def report_all_ended(self) -> None:
         """Re-reports, then releases, every ended client-made grant whose pool has a
         known owner (when closing)."""
-        for pool in [p for p, ended in self._ended_grants.items() if ended]:
+        for pool in [p for p, ended in self._ended.items() if ended]:
             epoch = self._epochs.get(pool, NO_EPOCH)
             if epoch and pool not in self._reporting:
                 await self._adopt(pool, epoch, complete=False)
@@ -171,7 +253,7 @@ class Adoption(Calls):
         Raises:
             aio.AioRpcError: an Adopt failed (the grants not yet re-reported are kept).
         """
-        ended = self._ended_grants.get(pool)
+        ended = self._ended.get(pool)
         if not ended or pool in self._ending:
             return  # one group at a time: a second loop would overrun the owner's bound
         self._ending.add(pool)
@@ -185,7 +267,7 @@ class Adoption(Calls):
     ) -> None:
         """The loop of ``_report_ended``: one group re-reported, then released, at a time."""
         if pool not in self._capacities:
-            await self.refresh_pools()
+            await self._refresh_pools()
         while ended:
             if self._backlog.releasing_client_made(pool):
                 return  # an earlier group's releases are not all acknowledged yet
@@ -195,7 +277,7 @@ class Adoption(Calls):
             request = adopt_request(
                 pool=pool,
                 epoch=epoch,
-                holder=self.holder,
+                holder=self._state.holder,
                 complete=False,
                 grants=[grant for grant, _ in group],
             )
@@ -235,7 +317,7 @@ class Adoption(Calls):
         else:
             grants = [self._state.live[i] for i in unreported if i in self._state.live]
             unreported.intersection_update(self._state.live)
-            if not grants and not self._ended_grants.get(pool):
+            if not grants and not self._ended.get(pool):
                 return
         # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
         # only the last one complete. Grants a replica signed go last, so the complete
@@ -250,7 +332,7 @@ class Adoption(Calls):
                 request = adopt_request(
                     pool=pool,
                     epoch=epoch,
-                    holder=self.holder,
+                    holder=self._state.holder,
                     complete=complete and last,
                     grants=chunk,
                 )
@@ -261,7 +343,7 @@ class Adoption(Calls):
             if not complete and e.code() not in (*RETRYABLE, grpc.StatusCode.FAILED_PRECONDITION):
                 # Refused for good (not a wrong epoch): retrying the same grants cannot help.
                 unreported.difference_update(g.grant_id for g in grants)
-                lost = len(self._ended_grants.pop(pool, {}))
+                lost = len(self._ended.pop(pool, {}))
                 logger.error(
                     "pool %s: the owner refused to count %d grants: %s",
                     pool,
@@ -281,7 +363,7 @@ class Adoption(Calls):
             return
         finally:
             self._reporting.discard(pool)
-        self._keeper.renewed_by_call(pool)
+        self._renewed(pool)
         unreported.difference_update(g.grant_id for g in grants)
         if r is None:
             return
@@ -301,21 +383,21 @@ class Adoption(Calls):
 
         async def learn() -> None:
             try:
-                await self.refresh_pools()
+                await self._refresh_pools()
             except aio.AioRpcError as e:
                 logger.debug("learning the owners failed: %s", e.code())
 
         self._learning = self._state.background(self._learning, learn, "routes")
 
-    def _ensure_watcher(self) -> None:
+    def _watch(self) -> None:
         self._watcher = self._state.background(self._watcher, self._watch_epochs, "epochs")
 
     async def _watch_epochs(self) -> None:
         """Reads ListPools now and then while grants are live, or ended client-made ones
         wait to be re-reported (see ``epoch_check_s``)."""
-        while (self._state.live or any(self._ended_grants.values())) and not self._state.closed:
+        while (self._state.live or any(self._ended.values())) and not self._state.closed:
             await asyncio.sleep(self._epoch_check_s)
             try:
-                await self.refresh_pools()
+                await self._refresh_pools()
             except aio.AioRpcError as e:
                 logger.debug("epoch check failed: %s", e.code())

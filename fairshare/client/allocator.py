@@ -59,12 +59,12 @@ from grpc import aio
 from fairshare import Class, degraded_priority
 from fairshare.client.adoption import Adoption
 from fairshare.client.backlog import Backlog
-from fairshare.client.calls import RETRYABLE
+from fairshare.client.calls import RETRYABLE, Calls
 from fairshare.client.grants import ClientGrant, degraded_grant_id
 from fairshare.client.sessions import SessionKeeper
 from fairshare.client.state import ClientState
 from fairshare.errors import NoOwner
-from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, NodeId
+from fairshare.ids import DEGRADED_EPOCH, NodeId
 from fairshare.modes import DegradedMode
 from fairshare.sessions import new_session
 from fairshare.wire.convert import acquire_request, decision, degraded_mode
@@ -75,7 +75,7 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 logger = logging.getLogger(__name__)
 
 
-class AllocatorClient(Adoption):
+class AllocatorClient(Calls):
     """Asyncio client of the allocator for one gateway (``holder``), in a holder session
     of its own."""
 
@@ -155,25 +155,8 @@ class AllocatorClient(Adoption):
         # Gateways start on different replicas so that one hung replica stalls few.
         self._preferred = random.randrange(len(self._targets))
         self._modes: dict[str, DegradedMode] = {}
-        self._epochs: dict[str, int] = {}
-        # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
-        self._unreported: dict[str, set[str]] = {}
-        self._reporting: set[str] = set()  # pools with an Adopt in flight
-        # Per pool, client-made grants that ended before any owner counted them, with
-        # what they consumed: re-reported, then released (see _report_ended).
-        self._ended_grants: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
-        self._max_ended = max_pending_releases
-        self._dropped_ended = 0
-        self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
-        self._ending: set[str] = set()  # pools whose ended grants are being re-reported
-        # Per pool, the epoch whose complete re-report carried no proof of holdership.
-        self._unproven: dict[str, int] = {}
-        self._watcher: asyncio.Task[None] | None = None
-        self._epoch_check_s = epoch_check_s
         self._route_to_owner = route_to_owner
         self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
-        self._learning: asyncio.Task[None] | None = None
-        self._owner_listeners: list[Callable[[str, int], None]] = []
         self._calls_in_flight = calls_in_flight
         self._unbatched_until = -math.inf
         self._acquires, self._releases = self._batches()
@@ -190,6 +173,16 @@ class AllocatorClient(Adoption):
             max_abandoned=max_abandoned,
             resend_batch=resend_batch,
         )
+        self._adoption = Adoption(
+            self._state,
+            self._call,
+            self._backlog,
+            refresh_pools=self.refresh_pools,
+            renewed=self._renewed_by_call,
+            epoch_check_s=epoch_check_s,
+            learn_routes=route_to_owner,
+            max_ended=max_pending_releases,
+        )
         # Its text is a secret, sent with every call: never logged (its id may be).
         session = new_session()
         self._call_metadata = (session_entry(session),)
@@ -198,7 +191,7 @@ class AllocatorClient(Adoption):
             self._call,
             session=session,
             deadline_s=deadline_s,
-            counted=self._counted,
+            counted=self._adoption.counted,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -217,20 +210,20 @@ class AllocatorClient(Adoption):
         self._state.closed = True
         try:
             async with asyncio.timeout(flush_timeout_s):
-                await self._report_all_ended()
+                await self._adoption.report_all_ended()
                 await self._backlog.flush(until_empty=True)
         except TimeoutError:
             logger.warning(
                 "closing with %d releases unacknowledged, %d ended degraded grants "
                 "unreported and %d acquires given up on unsettled",
                 self._backlog.pending_releases,
-                sum(len(ended) for ended in self._ended_grants.values()),
+                self._adoption.ended_grants,
                 self._backlog.abandoned_acquires,
             )
         tasks = [
             *self._state.tasks,
             *self._backlog.tasks(),
-            *(t for t in (self._watcher, self._learning) if t is not None),
+            *self._adoption.tasks(),
             *self._keeper.tasks(),
         ]
         for task in tasks:
@@ -252,13 +245,12 @@ class AllocatorClient(Adoption):
     def pending_releases(self) -> int:
         """Releases not yet acknowledged by a replica, those of ended degraded grants
         waiting to be re-reported first included."""
-        ended = sum(len(ended) for ended in self._ended_grants.values())
-        return self._backlog.pending_releases + ended
+        return self._backlog.pending_releases + self._adoption.ended_grants
 
     @property
     def dropped_releases(self) -> int:
         """Releases dropped unsent because the buffer was full (a counter)."""
-        return self._backlog.dropped_releases + self._dropped_ended
+        return self._backlog.dropped_releases + self._adoption.dropped_ended
 
     @property
     def abandoned_acquires(self) -> int:
@@ -270,6 +262,20 @@ class AllocatorClient(Adoption):
         """Acquires given up on and dropped without their grant released: the queue was
         full, the request too old, or the server refused it (a counter)."""
         return self._backlog.dropped_abandoned
+
+    def on_owner_answer(self, listener: Callable[[str, int], None]) -> None:
+        """Calls ``listener(pool, epoch)`` each time an answer shows an owner of ``pool``
+        at ``epoch``: an acquire, release or adopt it decided, or ListPools naming it.
+
+        The hook a gateway uses to learn that a pool has an owner again after an outage
+        (its degraded grants are then re-reported to that owner, see
+        ``fairshare.client.adoption``). It is called synchronously, on the event loop, for
+        every such answer, so it must be cheap and must not block; an exception it raises
+        is logged and ignored. Not guaranteed: that it is called at all while the client
+        makes no calls and holds no grant (the background ListPools runs only while
+        grants are live).
+        """
+        self._adoption.on_owner_answer(listener)
 
     @property
     def session_id(self) -> str:
@@ -283,7 +289,7 @@ class AllocatorClient(Adoption):
         )
         for info in listing.pools:
             self._modes[info.pool] = degraded_mode(info.degraded_mode)
-            self._capacities[info.pool] = info.capacity
+            self._adoption.saw_capacity(info.pool, info.capacity)
             if info.owner_address:
                 self._owners[info.pool] = info.owner_address
             else:
@@ -346,7 +352,7 @@ class AllocatorClient(Adoption):
             self._backlog.abandon(request)
             raise
         answer = decision(r)
-        known = self._epochs.get(pool, NO_EPOCH)
+        known = self._adoption.epoch(pool)
         self._saw_epoch(pool, answer.epoch)
         if not answer.degraded:
             self._keeper.renewed_by_call(pool)
@@ -367,15 +373,7 @@ class AllocatorClient(Adoption):
             _client=self,
         )
         self._state.live[grant.grant_id] = grant
-        if answer.epoch == DEGRADED_EPOCH or answer.epoch < known:
-            # Degraded at a replica, or late: decided at an epoch older than one this
-            # client already re-reported its grants to, so its complete inventory may
-            # have closed this grant's phantom. Either way no owner counts it now.
-            self._unreported.setdefault(pool, set()).add(grant.grant_id)
-            self._report(pool)
-        else:
-            self._granted(grant)
-        self._ensure_watcher()
+        self._adoption.decided(grant, known)
         self._keeper.keep()
         return grant
 
@@ -429,16 +427,22 @@ class AllocatorClient(Adoption):
             _client=self,
         )
         self._state.live[grant_id] = grant
-        # Counted nowhere yet: reported to the first owner of the pool that answers.
-        self._unreported.setdefault(pool, set()).add(grant_id)
-        self._ensure_watcher()
+        self._adoption.made(grant)
         self._keeper.keep()
         return grant
+
+    def _saw_epoch(self, pool: str, epoch: int) -> None:
+        """An answer named an owner of ``pool`` at ``epoch`` (``Adoption.saw_epoch``)."""
+        self._adoption.saw_epoch(pool, epoch)
+
+    def _renewed_by_call(self, pool: str) -> None:
+        """An owner of ``pool`` answered an Adopt (``SessionKeeper.renewed_by_call``)."""
+        self._keeper.renewed_by_call(pool)
 
     async def _release(self, grant: ClientGrant, consumed: float) -> None:
         """Ends ``grant`` (``ClientGrant.release``): its release is sent, or kept until
         it can be (``fairshare.client.backlog``), after its re-report when no owner
         counted it (``fairshare.client.adoption``)."""
         self._state.live.pop(grant.grant_id, None)
-        if not self._ended(grant, consumed):
+        if not self._adoption.ended(grant, consumed):
             await self._backlog.release(grant.grant_id, consumed)

@@ -28,7 +28,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import grpc
@@ -51,9 +51,6 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from fairshare.client.backlog import Backlog
-    from fairshare.client.grants import ClientGrant
-    from fairshare.client.sessions import SessionKeeper
     from fairshare.client.state import ClientState
 
 logger = logging.getLogger(__name__)
@@ -93,24 +90,9 @@ class Calls:
     _stubs: dict[str, pb_grpc.AllocatorStub]
     _preferred: int
     _modes: dict[str, DegradedMode]
-    _epochs: dict[str, int]
     _state: ClientState
-    _keeper: SessionKeeper
-    _backlog: Backlog
-    _ended_grants: dict[str, dict[str, tuple[ClientGrant, float]]]
-    _max_ended: int
-    _dropped_ended: int
-    _unreported: dict[str, set[str]]
-    _capacities: dict[str, int]
-    _ending: set[str]
-    _unproven: dict[str, int]
-    _reporting: set[str]
-    _watcher: asyncio.Task[None] | None
-    _epoch_check_s: float
     _route_to_owner: bool
     _owners: dict[str, str]
-    _learning: asyncio.Task[None] | None
-    _owner_listeners: list[Callable[[str, int], None]]
     _acquires: Batches[pb.AcquireRequest, pb.AcquireResponse]
     _releases: Batches[pb.ReleaseRequest, pb.ReleaseResponse]
     _unbatched_until: float
@@ -244,13 +226,3 @@ class Calls:
                 UNBATCHED_FOR_S,
             )
         self._unbatched_until = time.monotonic() + UNBATCHED_FOR_S
-
-    # -- what the other parts of the client provide --------------------------------------------
-
-    async def refresh_pools(self) -> list[pb.PoolInfo]:
-        """Reads ListPools (``AllocatorClient.refresh_pools``)."""
-        raise NotImplementedError
-
-    def _saw_epoch(self, pool: str, epoch: int) -> None:
-        """Notes an owner's epoch seen in an answer (``fairshare.client.adoption``)."""
-        raise NotImplementedError
