@@ -192,7 +192,7 @@ class Gateway:
         ]:
             if task is not None:
                 task.cancel()
-        for channel in self.client._channels.values():
+        for channel in self.client._calls._channels.values():
             await channel.close()
 
 

@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -75,9 +73,16 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 logger = logging.getLogger(__name__)
 
 
-class AllocatorClient(Calls):
+class AllocatorClient:
     """Asyncio client of the allocator for one gateway (``holder``), in a holder session
-    of its own."""
+    of its own.
+
+    It holds its parts and wires them together, each handed what it uses: ``Calls`` (the
+    channels, retries and batches), ``Backlog`` (releases and acquires still owed),
+    ``Adoption`` (re-reports to new owners) and ``SessionKeeper`` (the session's
+    keepalives), over one ``ClientState`` (the live grants, the closed flag). It decides
+    the grants itself, and tells the parts of each grant it makes and each one that ends.
+    """
 
     def __init__(  # noqa: PLR0913 (its tuning options: keyword-only, with defaults)
         self,
@@ -148,22 +153,22 @@ class AllocatorClient(Calls):
         self.holder = holder
         self._state = ClientState(holder)
         self.deadline_s = deadline_s
-        self._targets = list(targets)
-        self._credentials = credentials
-        self._channels: dict[str, aio.Channel] = {}
-        self._stubs = {}
-        # Gateways start on different replicas so that one hung replica stalls few.
-        self._preferred = random.randrange(len(self._targets))
-        self._modes: dict[str, DegradedMode] = {}
-        self._route_to_owner = route_to_owner
-        self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
-        self._calls_in_flight = calls_in_flight
-        self._unbatched_until = -math.inf
-        self._acquires, self._releases = self._batches()
+        self._modes: dict[str, DegradedMode] = {}  # pool -> its degraded mode, from ListPools
+        # Its text is a secret, sent with every call: never logged (its id may be).
+        session = new_session()
+        self._calls = Calls(
+            targets,
+            holder=holder,
+            deadline_s=deadline_s,
+            credentials=credentials,
+            metadata=(session_entry(session),),
+            route_to_owner=route_to_owner,
+            calls_in_flight=calls_in_flight,
+        )
         self._backlog = Backlog(
             self._state,
-            self._call,
-            self._releases.submit,
+            self._calls.call,
+            self._calls.release,
             saw_epoch=self._saw_epoch,
             deadline_s=deadline_s,
             release_retry_s=release_retry_s,
@@ -175,7 +180,7 @@ class AllocatorClient(Calls):
         )
         self._adoption = Adoption(
             self._state,
-            self._call,
+            self._calls.call,
             self._backlog,
             refresh_pools=self.refresh_pools,
             renewed=self._renewed_by_call,
@@ -183,12 +188,9 @@ class AllocatorClient(Calls):
             learn_routes=route_to_owner,
             max_ended=max_pending_releases,
         )
-        # Its text is a secret, sent with every call: never logged (its id may be).
-        session = new_session()
-        self._call_metadata = (session_entry(session),)
         self._keeper = SessionKeeper(
             self._state,
-            self._call,
+            self._calls.call,
             session=session,
             deadline_s=deadline_s,
             counted=self._adoption.counted,
@@ -229,12 +231,7 @@ class AllocatorClient(Calls):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._acquires.close()
-        await self._releases.close()
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
-        self._stubs.clear()
+        await self._calls.close()
 
     @property
     def live_grants(self) -> list[ClientGrant]:
@@ -284,16 +281,13 @@ class AllocatorClient(Calls):
 
     async def refresh_pools(self) -> list[pb.PoolInfo]:
         """Reads ListPools: learns each pool's degraded mode and owner epoch."""
-        listing: pb.ListPoolsResponse = await self._call(
+        listing: pb.ListPoolsResponse = await self._calls.call(
             "ListPools", pb.ListPoolsRequest(), deadline_s=max(self.deadline_s, 1.0)
         )
         for info in listing.pools:
             self._modes[info.pool] = degraded_mode(info.degraded_mode)
             self._adoption.saw_capacity(info.pool, info.capacity)
-            if info.owner_address:
-                self._owners[info.pool] = info.owner_address
-            else:
-                self._owners.pop(info.pool, None)
+            self._calls.learn_owner(info.pool, info.owner_address)
             self._saw_epoch(info.pool, info.epoch)
         return list(listing.pools)
 
@@ -390,7 +384,7 @@ class AllocatorClient(Calls):
         start = time.monotonic()
         try:
             async with asyncio.timeout(self.deadline_s):
-                return await self._acquires.submit(request.pool, request)
+                return await self._calls.acquire(request)
         except aio.AioRpcError as e:
             left = self.deadline_s - (time.monotonic() - start)
             if e.code() not in RETRYABLE or left <= 0:
@@ -402,7 +396,7 @@ class AllocatorClient(Calls):
                 aio.Metadata(),
                 f"no answer within {self.deadline_s}s",
             ) from None
-        return await self._call("Acquire", request, deadline_s=left, pool=request.pool)
+        return await self._calls.call("Acquire", request, deadline_s=left, pool=request.pool)
 
     def _degraded(
         self, pool: str, team: str, service_class: Class, est_tokens: int, error: Exception
