@@ -24,11 +24,17 @@ first signed grant the new epoch gives it. So the phantoms of grants the client 
 received (a crash between the owner's write and its answer) end once the client works
 with the new owner, not ``max_request_s`` later.
 
+``Adoption`` is the part of an ``AllocatorClient`` that keeps all this (the epochs seen,
+the grants no owner counted, the ended client-made ones): the client tells it of each
+grant decided (``decided``), made (``made``) and ended (``ended``), and of each epoch and
+capacity an answer shows; it releases re-reported grants through the client's
+``fairshare.client.backlog``.
+
 Non-guarantees: an Adopt that fails is retried when the next answer names the epoch; one
 the owner refuses for good (not a wrong epoch) is not retried. Ended client-made grants
-are kept (with the buffered releases' bound, ``max_pending_releases``) until an owner
-answers, and lost with the process; a client that closes re-reports them first, within
-its flush time.
+are kept (at most ``max_pending_releases`` per pool, the buffered releases' bound; the
+oldest is dropped and counted in ``dropped_releases``) until an owner answers, and lost
+with the process; a client that closes re-reports them first, within its flush time.
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ class Adoption:
         renewed: told each pool whose owner answered an Adopt (which renewed the session).
         epoch_check_s: the period of ListPools while grants are live.
         learn_routes: read ListPools at each new epoch (to learn the owner's address).
-        max_ended: most ended client-made grants kept (``max_pending_releases``).
+        max_ended: most ended client-made grants kept per pool (``max_pending_releases``).
         """
         self._state = state
         self._call = call
@@ -101,7 +107,8 @@ class Adoption:
         self._ended: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
         self._max_ended = max_ended
         self.dropped_ended = 0
-        """Ended client-made grants dropped unreported because ``max_ended`` were kept."""
+        """Ended client-made grants dropped unreported, ``max_ended`` of their pool being
+        kept (a counter)."""
         self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
         self._ending: set[str] = set()  # pools whose ended grants are being re-reported
         # Per pool, the epoch whose complete re-report carried no proof of holdership.
@@ -220,8 +227,9 @@ class Adoption:
 
     def ended(self, grant: ClientGrant, consumed: float) -> bool:
         """Notes that ``grant`` ended. True when it is kept to be re-reported and then
-        released (see the module doc): a client-made grant no owner counted yet; then the
-        oldest is dropped when ``max_pending_releases`` are kept."""
+        released (see the module doc): a client-made grant no owner counted yet (the
+        oldest of its pool is dropped when ``max_ended`` are kept); else the caller
+        releases it."""
         unreported = self._unreported.get(grant.pool)
         if unreported is None or grant.grant_id not in unreported:
             return False

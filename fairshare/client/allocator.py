@@ -246,7 +246,8 @@ class AllocatorClient:
 
     @property
     def dropped_releases(self) -> int:
-        """Releases dropped unsent because the buffer was full (a counter)."""
+        """Releases dropped unsent because the buffer was full, those of ended degraded
+        grants dropped unreported included (a counter)."""
         return self._backlog.dropped_releases + self._adoption.dropped_ended
 
     @property

@@ -9,6 +9,12 @@ probed with one call, then the rest goes ``flush_concurrency`` at a time, so a p
 without an owner holds back only its own backlog, and at most ``resend_batch`` acquires
 are resent per round, so a recovering cluster is not met by a burst of them.
 
+``Backlog`` is the part of an ``AllocatorClient`` that keeps all this: the client hands it
+each release (``release``) and each acquire it gave up on (``abandon``);
+``fairshare.client.adoption`` hands it the releases of the client-made grants it
+re-reported (``release_group``), and sends the next group of a pool only once none of
+those is left (``releasing_client_made``).
+
 Non-guarantees: the backlog is lost with the process; a release the server refuses for
 good (a bad id, an unknown pool) is logged and dropped.
 """

@@ -6,7 +6,9 @@ and a secret only this client object knows) and sends it with every call (the me
 re-counts one of its grants keeps the session and renews it at every such call; a grant
 made in the session lives as long as the session does, however long its request runs,
 and a complete re-report closes only this session's phantoms, whoever else uses the
-same holder name.
+same holder name. ``SessionKeeper`` keeps it: it is handed the session, the function the
+client calls replicas with (``fairshare.client.calls``, whose calls carry the session) and
+a test of which live grants an owner counted.
 
 While grants are live, ``_keep_alive_loop`` renews the session with the owner of every
 pool where it holds a grant an owner counted: one ``KeepAlive`` per third of the TTL the
