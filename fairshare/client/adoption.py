@@ -10,10 +10,11 @@ not otherwise see, and, with ``route_to_owner``, learns the owners' addresses fr
 A grant the client decided itself (no replica answered) that ends before any owner
 counted it is not released at once: an owner charges such an id (it carries no replica's
 MAC, so anyone could make one) only once it counted it. It is re-reported with the other
-uncounted grants, then released; at most as many at a time as an owner counts for one
-holder (the pool's capacity, less the client-made grants it holds there), each group
-released before the next is sent (``_report_ended``), so that a long outage's worth of
-them is charged in full.
+uncounted grants, then released; at most the pool's capacity at a time (less the
+client-made grants it holds there), each group released before the next is sent
+(``_report_ended``): an owner counts one holder's such grants only within its bound on
+grants in flight, so a long outage's worth of them, sent in small groups, is charged in
+full.
 
 A complete re-report closes this holder's other phantoms only if it carries a signed
 grant issued to this holder (the owner's proof of holdership, docs/ha.md "Adopt"). When
@@ -131,8 +132,8 @@ class Adoption:
         return self._epochs.get(pool, NO_EPOCH)
 
     def saw_capacity(self, pool: str, capacity: int) -> None:
-        """Notes a pool's capacity (from ListPools): how many of one holder's client-made
-        grants its owner counts at a time."""
+        """Notes a pool's capacity (from ListPools): the most ended client-made grants of
+        the pool re-reported at once (less the client-made grants still live there)."""
         self._capacities[pool] = capacity
 
     def saw_epoch(self, pool: str, epoch: int) -> None:
