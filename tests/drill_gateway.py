@@ -177,18 +177,22 @@ class Gateway:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.client._closed = True  # no flush: a dead process sends nothing
+        self.client._state.closed = True  # no flush: a dead process sends nothing
         # Releases not acknowledged, and ended degraded grants still to be re-reported
         # before their release: a dead process sends none of them.
-        unsent = set(self.client._pending)
-        unsent.update(gid for ended in self.client._ended.values() for gid in ended)
+        unsent = set(self.client._backlog._pending)
+        unsent.update(gid for ended in self.client._adoption._ended.values() for gid in ended)
         for record in self.ledger.grants:
             if record.holder == self.holder and record.grant_id in unsent:
                 record.release_lost = True
-        for task in [*self.client._tasks, self.client._watcher, self.client._flusher]:
+        for task in [
+            *self.client._state.tasks,
+            self.client._adoption._watcher,
+            self.client._backlog._flusher,
+        ]:
             if task is not None:
                 task.cancel()
-        for channel in self.client._channels.values():
+        for channel in self.client._calls._channels.values():
             await channel.close()
 
 

@@ -5,11 +5,12 @@ and keep their promises when replicas fail: see ``fairshare.client.allocator`` f
 The package imports the core (``fairshare``), the wire protocol (``fairshare.wire``), grpc and
 tenacity only, never the server or the replication layer.
 
-Modules: ``fairshare.client.allocator`` (the client), ``fairshare.client.calls`` (retries over
-replicas), ``fairshare.client.adoption`` (re-reporting grants to new owners),
-``fairshare.client.backlog`` (releases and acquires still owed), ``fairshare.client.grants`` (the
-grants held), ``fairshare.client.sessions`` (the client's holder session and its keepalives),
-``fairshare.client.sync`` (the blocking wrapper).
+Modules: ``fairshare.client.allocator`` (the client, which holds the parts below and wires
+them together), ``fairshare.client.calls`` (channels, retries over replicas, batches),
+``fairshare.client.adoption`` (re-reporting grants to new owners), ``fairshare.client.backlog``
+(releases and acquires still owed), ``fairshare.client.sessions`` (the client's holder session
+and its keepalives), ``fairshare.client.state`` (what those parts share),
+``fairshare.client.grants`` (the grants held), ``fairshare.client.sync`` (the blocking wrapper).
 """
 
 from fairshare import degraded_priority

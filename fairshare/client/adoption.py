@@ -10,10 +10,11 @@ not otherwise see, and, with ``route_to_owner``, learns the owners' addresses fr
 A grant the client decided itself (no replica answered) that ends before any owner
 counted it is not released at once: an owner charges such an id (it carries no replica's
 MAC, so anyone could make one) only once it counted it. It is re-reported with the other
-uncounted grants, then released; at most as many at a time as an owner counts for one
-holder (the pool's capacity, less the client-made grants it holds there), each group
-released before the next is sent (``_report_ended``), so that a long outage's worth of
-them is charged in full.
+uncounted grants, then released; at most the pool's capacity at a time (less the
+client-made grants it holds there), each group released before the next is sent
+(``_report_ended``): an owner counts one holder's such grants only within its bound on
+grants in flight, so a long outage's worth of them, sent in small groups, is charged in
+full.
 
 A complete re-report closes this holder's other phantoms only if it carries a signed
 grant issued to this holder (the owner's proof of holdership, docs/ha.md "Adopt"). When
@@ -24,11 +25,17 @@ first signed grant the new epoch gives it. So the phantoms of grants the client 
 received (a crash between the owner's write and its answer) end once the client works
 with the new owner, not ``max_request_s`` later.
 
+``Adoption`` is the part of an ``AllocatorClient`` that keeps all this (the epochs seen,
+the grants no owner counted, the ended client-made ones): the client tells it of each
+grant decided (``decided``), made (``made``) and ended (``ended``), and of each epoch and
+capacity an answer shows; it releases re-reported grants through the client's
+``fairshare.client.backlog``.
+
 Non-guarantees: an Adopt that fails is retried when the next answer names the epoch; one
 the owner refuses for good (not a wrong epoch) is not retried. Ended client-made grants
-are kept (with the buffered releases' bound, ``max_pending_releases``) until an owner
-answers, and lost with the process; a client that closes re-reports them first, within
-its flush time.
+are kept (at most ``max_pending_releases`` per pool, the buffered releases' bound; the
+oldest is dropped and counted in ``dropped_releases``) until an owner answers, and lost
+with the process; a client that closes re-reports them first, within its flush time.
 """
 
 from __future__ import annotations
@@ -36,13 +43,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc import aio
 
-from fairshare.client.calls import RETRYABLE, Calls
-from fairshare.client.grants import ClientGrant, client_made, pool_of
+from fairshare.client.calls import RETRYABLE
+from fairshare.client.grants import ClientGrant, client_made
 from fairshare.errors import InvalidArgument
 from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, GrantRef
 from fairshare.limits import MAX_ADOPT_GRANTS
@@ -50,13 +58,85 @@ from fairshare.wire.convert import adopt_request
 from fairshare.wire.errors import to_allocator_error
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
+if TYPE_CHECKING:
+    from fairshare.client.backlog import Backlog
+    from fairshare.client.calls import Call
+    from fairshare.client.state import ClientState
+
 logger = logging.getLogger(__name__)
 
 
-class Adoption(Calls):
+class Adoption:
     """Re-reports the client's grants to new owners (see the module doc)."""
 
-    def _saw_epoch(self, pool: str, epoch: int) -> None:
+    def __init__(
+        self,
+        state: ClientState,
+        call: Call,
+        backlog: Backlog,
+        *,
+        refresh_pools: Callable[[], Awaitable[object]],
+        renewed: Callable[[str], None],
+        epoch_check_s: float,
+        learn_routes: bool,
+        max_ended: int,
+    ) -> None:
+        """Args:
+        state: the client's shared state; its live grants are what is re-reported.
+        call: calls a replica (each Adopt gets 2 s).
+        backlog: where the ended client-made grants' releases go once re-reported.
+        refresh_pools: reads ListPools, telling this part each pool's capacity
+            (``saw_capacity``) and epoch (``saw_epoch``).
+        renewed: told each pool whose owner answered an Adopt (which renewed the session).
+        epoch_check_s: the period of ListPools while grants are live.
+        learn_routes: read ListPools at each new epoch (to learn the owner's address).
+        max_ended: most ended client-made grants kept per pool (``max_pending_releases``).
+        """
+        self._state = state
+        self._call = call
+        self._backlog = backlog
+        self._refresh_pools = refresh_pools
+        self._renewed = renewed
+        self._epoch_check_s = epoch_check_s
+        self._learn = learn_routes
+        self._epochs: dict[str, int] = {}  # pool -> the newest epoch an owner answered at
+        # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
+        self._unreported: dict[str, set[str]] = {}
+        self._reporting: set[str] = set()  # pools with an Adopt in flight
+        # Per pool, client-made grants that ended before any owner counted them, with
+        # what they consumed: re-reported, then released (see _report_ended).
+        self._ended: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
+        self._max_ended = max_ended
+        self.dropped_ended = 0
+        """Ended client-made grants dropped unreported, ``max_ended`` of their pool being
+        kept (a counter)."""
+        self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
+        self._ending: set[str] = set()  # pools whose ended grants are being re-reported
+        # Per pool, the epoch whose complete re-report carried no proof of holdership.
+        self._unproven: dict[str, int] = {}
+        self._owner_listeners: list[Callable[[str, int], None]] = []
+        self._watcher: asyncio.Task[None] | None = None
+        self._learning: asyncio.Task[None] | None = None
+
+    @property
+    def ended_grants(self) -> int:
+        """Ended client-made grants waiting to be re-reported, then released."""
+        return sum(len(ended) for ended in self._ended.values())
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """Its background loops, those that ever started (for the client's ``close``)."""
+        return [t for t in (self._watcher, self._learning) if t is not None]
+
+    def epoch(self, pool: str) -> int:
+        """The newest epoch an owner of ``pool`` answered at (``NO_EPOCH``: none yet)."""
+        return self._epochs.get(pool, NO_EPOCH)
+
+    def saw_capacity(self, pool: str, capacity: int) -> None:
+        """Notes a pool's capacity (from ListPools): the most ended client-made grants of
+        the pool re-reported at once (less the client-made grants still live there)."""
+        self._capacities[pool] = capacity
+
+    def saw_epoch(self, pool: str, epoch: int) -> None:
         """Re-reports live grants when a pool shows an epoch they were not decided in, and
         grants no owner counted yet whenever an owner of the pool answers."""
         if epoch in (NO_EPOCH, DEGRADED_EPOCH):  # no owner decided or is known
@@ -67,24 +147,16 @@ class Adoption(Calls):
         if known is not None and epoch <= known:
             self._report(pool)
             return
-        if self._route_to_owner:
+        if self._learn:
             self._learn_routes()
-        older = any(g.pool == pool and g.epoch != epoch for g in self._live.values())
+        older = any(g.pool == pool and g.epoch != epoch for g in self._state.live.values())
         if known is None and not older:
             return
-        self._spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
+        self._state.spawn(self._adopt(pool, epoch, complete=True), f"adopt {pool}@{epoch}")
 
     def on_owner_answer(self, listener: Callable[[str, int], None]) -> None:
-        """Calls ``listener(pool, epoch)`` each time an answer shows an owner of ``pool``
-        at ``epoch``: an acquire, release or adopt it decided, or ListPools naming it.
-
-        The hook a gateway uses to learn that a pool has an owner again after an outage
-        (its degraded grants are then re-reported to that owner, see the module doc). It is
-        called synchronously, on the event loop, for every such answer, so it must be cheap
-        and must not block; an exception it raises is logged and ignored. Not guaranteed:
-        that it is called at all while the client makes no calls and holds no grant (the
-        background ListPools runs only while grants are live).
-        """
+        """Calls ``listener(pool, epoch)`` at each answer naming an owner
+        (``AllocatorClient.on_owner_answer``)."""
         self._owner_listeners.append(listener)
 
     def _tell_owner_answered(self, pool: str, epoch: int) -> None:
@@ -94,12 +166,34 @@ class Adoption(Calls):
             except Exception:
                 logger.exception("pool %s: an owner-answer listener failed", pool)
 
+    def counted(self, grant: ClientGrant) -> bool:
+        """False for a live grant no owner counted yet (degraded, or late)."""
+        return grant.grant_id not in self._unreported.get(grant.pool, ())
+
+    def decided(self, grant: ClientGrant, known: int) -> None:
+        """A grant a replica decided is live; ``known`` is the pool's epoch before its
+        answer came. Degraded at a replica, or late (decided at an epoch older than one
+        this client already re-reported its grants to, so its complete inventory may have
+        closed this grant's phantom): no owner counts it now, so it is re-reported."""
+        if grant.epoch == DEGRADED_EPOCH or grant.epoch < known:
+            self._unreported.setdefault(grant.pool, set()).add(grant.grant_id)
+            self._report(grant.pool)
+        else:
+            self._granted(grant)
+        self._watch()
+
+    def made(self, grant: ClientGrant) -> None:
+        """A grant the client decided itself is live: counted nowhere yet, it is reported
+        to the first owner of its pool that answers."""
+        self._unreported.setdefault(grant.pool, set()).add(grant.grant_id)
+        self._watch()
+
     def _granted(self, grant: ClientGrant) -> None:
         """A new grant is live: if the last complete re-report of its pool lacked a proof
         of holdership at this grant's epoch and this grant is one, sends it again."""
         if self._unproven.get(grant.pool) == grant.epoch and self._proves(grant):
             del self._unproven[grant.pool]
-            self._spawn(
+            self._state.spawn(
                 self._adopt(grant.pool, grant.epoch, complete=True),
                 f"adopt {grant.pool}@{grant.epoch} (proven)",
             )
@@ -111,14 +205,14 @@ class Adoption(Calls):
             ref = GrantRef.decode(grant.grant_id)
         except InvalidArgument:
             return False
-        return bool(ref.mac) and ref.holder == self.holder
+        return bool(ref.mac) and ref.holder == self._state.holder
 
     def _proof(self, pool: str, epoch: int) -> ClientGrant | None:
         """A live grant of ``pool`` decided at ``epoch`` that proves holdership, if any."""
         return next(
             (
                 g
-                for g in self._live.values()
+                for g in self._state.live.values()
                 if g.pool == pool and g.epoch == epoch and self._proves(g)
             ),
             None,
@@ -130,21 +224,30 @@ class Adoption(Calls):
         epoch = self._epochs.get(pool, NO_EPOCH)
         waiting = self._unreported.get(pool) or self._ended.get(pool)
         if epoch and waiting and pool not in self._reporting:
-            self._spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
+            self._state.spawn(self._adopt(pool, epoch, complete=False), f"report {pool}@{epoch}")
 
-    def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
-        """Keeps a client-made grant that ended before any owner counted it, to be
-        re-reported and then released (see the module doc); drops the oldest when
-        ``max_pending_releases`` are kept."""
+    def ended(self, grant: ClientGrant, consumed: float) -> bool:
+        """Notes that ``grant`` ended. True when it is kept to be re-reported and then
+        released (see the module doc): a client-made grant no owner counted yet (the
+        oldest of its pool is dropped when ``max_ended`` are kept); else the caller
+        releases it."""
+        unreported = self._unreported.get(grant.pool)
+        if unreported is None or grant.grant_id not in unreported:
+            return False
+        unreported.discard(grant.grant_id)
+        if not client_made(grant.grant_id):
+            return False  # signed by a replica: its release alone charges it at the owner
+        # An owner charges it only once it counted it: re-reported first.
         ended = self._ended.setdefault(grant.pool, {})
-        if len(ended) >= self._max_pending:
+        if len(ended) >= self._max_ended:
             del ended[next(iter(ended))]
-            self._dropped_releases += 1
+            self.dropped_ended += 1
         ended[grant.grant_id] = (grant, consumed)
         self._report(grant.pool)
-        self._ensure_watcher()
+        self._watch()
+        return True
 
-    async def _report_all_ended(self) -> None:
+    async def report_all_ended(self) -> None:
         """Re-reports, then releases, every ended client-made grant whose pool has a
         known owner (when closing)."""
         for pool in [p for p, ended in self._ended.items() if ended]:
@@ -173,33 +276,30 @@ class Adoption(Calls):
     ) -> None:
         """The loop of ``_report_ended``: one group re-reported, then released, at a time."""
         if pool not in self._capacities:
-            await self.refresh_pools()
+            await self._refresh_pools()
         while ended:
-            if any(client_made(i) and pool_of(i) == pool for i in self._pending):
+            if self._backlog.releasing_client_made(pool):
                 return  # an earlier group's releases are not all acknowledged yet
-            live = sum(1 for g in self._live.values() if g.pool == pool and g.degraded)
+            live = sum(1 for g in self._state.live.values() if g.pool == pool and g.degraded)
             room = min(self._capacities.get(pool, 1) - live, MAX_ADOPT_GRANTS)
             group = list(itertools.islice(ended.values(), max(room, 1)))
             request = adopt_request(
                 pool=pool,
                 epoch=epoch,
-                holder=self.holder,
+                holder=self._state.holder,
                 complete=False,
                 grants=[grant for grant, _ in group],
             )
             await self._call("Adopt", request, deadline_s=2.0, pool=pool)
-            for grant, consumed in group:
+            for grant, _ in group:
                 ended.pop(grant.grant_id, None)
-                self._buffer(grant.grant_id, consumed)
-            sent = await asyncio.gather(*(self._send_release(g.grant_id, c) for g, c in group))
-            if not all(sent):
-                self._ensure_flusher()
+            await self._backlog.release_group([(g.grant_id, c) for g, c in group])
 
     def _inventory(self, pool: str, epoch: int) -> list[ClientGrant]:
         """What a complete re-report to the owner of ``pool`` at ``epoch`` carries: every
         live grant of the pool decided at another epoch, with a proof of holdership when
         one is live (else the pool is noted in ``_unproven``)."""
-        grants = [g for g in self._live.values() if g.pool == pool and g.epoch != epoch]
+        grants = [g for g in self._state.live.values() if g.pool == pool and g.epoch != epoch]
         proven = any(self._proves(g) for g in grants)
         if not proven:
             # A live signed grant of ``epoch`` proves holdership; its owner decided it, so
@@ -224,8 +324,8 @@ class Adoption(Calls):
         if complete:
             grants = self._inventory(pool, epoch)
         else:
-            grants = [self._live[i] for i in unreported if i in self._live]
-            unreported.intersection_update(self._live)
+            grants = [self._state.live[i] for i in unreported if i in self._state.live]
+            unreported.intersection_update(self._state.live)
             if not grants and not self._ended.get(pool):
                 return
         # An Adopt carries at most MAX_ADOPT_GRANTS; a larger inventory goes in several,
@@ -241,7 +341,7 @@ class Adoption(Calls):
                 request = adopt_request(
                     pool=pool,
                     epoch=epoch,
-                    holder=self.holder,
+                    holder=self._state.holder,
                     complete=complete and last,
                     grants=chunk,
                 )
@@ -272,7 +372,7 @@ class Adoption(Calls):
             return
         finally:
             self._reporting.discard(pool)
-        self._renewed_by_call(pool)
+        self._renewed(pool)
         unreported.difference_update(g.grant_id for g in grants)
         if r is None:
             return
@@ -289,28 +389,24 @@ class Adoption(Calls):
 
     def _learn_routes(self) -> None:
         """Reads ListPools in the background (once at a time) to learn owners' addresses."""
-        if self._closed or (self._learning is not None and not self._learning.done()):
-            return
 
         async def learn() -> None:
             try:
-                await self.refresh_pools()
+                await self._refresh_pools()
             except aio.AioRpcError as e:
                 logger.debug("learning the owners failed: %s", e.code())
 
-        self._learning = asyncio.get_running_loop().create_task(
-            learn(), name=f"fairshare-client-{self.holder}-routes"
-        )
+        self._learning = self._state.background(self._learning, learn, "routes")
 
-    def _ensure_watcher(self) -> None:
-        self._watcher = self._background(self._watcher, self._watch_epochs, "epochs")
+    def _watch(self) -> None:
+        self._watcher = self._state.background(self._watcher, self._watch_epochs, "epochs")
 
     async def _watch_epochs(self) -> None:
         """Reads ListPools now and then while grants are live, or ended client-made ones
         wait to be re-reported (see ``epoch_check_s``)."""
-        while (self._live or any(self._ended.values())) and not self._closed:
+        while (self._state.live or any(self._ended.values())) and not self._state.closed:
             await asyncio.sleep(self._epoch_check_s)
             try:
-                await self.refresh_pools()
+                await self._refresh_pools()
             except aio.AioRpcError as e:
                 logger.debug("epoch check failed: %s", e.code())

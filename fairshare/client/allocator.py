@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -59,22 +57,32 @@ from grpc import aio
 from fairshare import Class, degraded_priority
 from fairshare.client.adoption import Adoption
 from fairshare.client.backlog import Backlog
-from fairshare.client.calls import RETRYABLE
+from fairshare.client.calls import RETRYABLE, Calls
 from fairshare.client.grants import ClientGrant, degraded_grant_id
 from fairshare.client.sessions import SessionKeeper
+from fairshare.client.state import ClientState
 from fairshare.errors import NoOwner
-from fairshare.ids import DEGRADED_EPOCH, NO_EPOCH, NodeId
+from fairshare.ids import DEGRADED_EPOCH, NodeId
 from fairshare.modes import DegradedMode
+from fairshare.sessions import new_session
 from fairshare.wire.convert import acquire_request, decision, degraded_mode
 from fairshare.wire.errors import to_allocator_error
+from fairshare.wire.metadata import session_entry
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
 
-class AllocatorClient(Adoption, Backlog, SessionKeeper):
+class AllocatorClient:
     """Asyncio client of the allocator for one gateway (``holder``), in a holder session
-    of its own."""
+    of its own.
+
+    It holds its parts and wires them together, each handed what it uses: ``Calls`` (the
+    channels, retries and batches), ``Backlog`` (releases and acquires still owed),
+    ``Adoption`` (re-reports to new owners) and ``SessionKeeper`` (the session's
+    keepalives), over one ``ClientState`` (the live grants, the closed flag). It decides
+    the grants itself, and tells the parts of each grant it makes and each one that ends.
+    """
 
     def __init__(  # noqa: PLR0913 (its tuning options: keyword-only, with defaults)
         self,
@@ -143,52 +151,50 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
             if bound < 1:
                 raise ValueError(f"{name} must be >= 1, got {bound}")
         self.holder = holder
+        self._state = ClientState(holder)
         self.deadline_s = deadline_s
-        self._targets = list(targets)
-        self._credentials = credentials
-        self._channels: dict[str, aio.Channel] = {}
-        self._stubs = {}
-        # Gateways start on different replicas so that one hung replica stalls few.
-        self._preferred = random.randrange(len(self._targets))
-        self._modes: dict[str, DegradedMode] = {}
-        self._epochs: dict[str, int] = {}
-        self._live: dict[str, ClientGrant] = {}
-        self._pending: dict[str, float] = {}
-        self._release_retry_s = release_retry_s
-        self._release_batch = release_batch
-        self._max_pending = max_pending_releases
-        self._dropped_releases = 0
-        self._pending_full = False  # warned once; re-armed when the buffer drains to half
-        # Acquires given up on, by request id, with when: resent by the background task.
-        self._abandoned: dict[str, tuple[pb.AcquireRequest, float]] = {}
-        self._max_abandoned = max_abandoned
-        self._dropped_abandoned = 0
-        self._abandoned_full = False
-        self._resend_batch = resend_batch
-        self._slots = asyncio.Semaphore(flush_concurrency)
-        # Per pool, live grants no owner has counted yet (degraded, or late: see _adopt).
-        self._unreported: dict[str, set[str]] = {}
-        self._reporting: set[str] = set()  # pools with an Adopt in flight
-        # Per pool, client-made grants that ended before any owner counted them, with
-        # what they consumed: re-reported, then released (see _report_ended).
-        self._ended: dict[str, dict[str, tuple[ClientGrant, float]]] = {}
-        self._capacities: dict[str, int] = {}  # pool -> capacity, from ListPools
-        self._ending: set[str] = set()  # pools whose ended grants are being re-reported
-        # Per pool, the epoch whose complete re-report carried no proof of holdership.
-        self._unproven: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._flusher: asyncio.Task[None] | None = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._epoch_check_s = epoch_check_s
-        self._route_to_owner = route_to_owner
-        self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
-        self._learning: asyncio.Task[None] | None = None
-        self._owner_listeners: list[Callable[[str, int], None]] = []
-        self._closed = False
-        self._calls_in_flight = calls_in_flight
-        self._unbatched_until = -math.inf
-        self._acquires, self._releases = self._batches()
-        self._open_session()
+        self._modes: dict[str, DegradedMode] = {}  # pool -> its degraded mode, from ListPools
+        # Its text is a secret, sent with every call: never logged (its id may be).
+        session = new_session()
+        self._calls = Calls(
+            targets,
+            holder=holder,
+            deadline_s=deadline_s,
+            credentials=credentials,
+            metadata=(session_entry(session),),
+            route_to_owner=route_to_owner,
+            calls_in_flight=calls_in_flight,
+        )
+        self._backlog = Backlog(
+            self._state,
+            self._calls.call,
+            self._calls.release,
+            saw_epoch=self._saw_epoch,
+            deadline_s=deadline_s,
+            release_retry_s=release_retry_s,
+            release_batch=release_batch,
+            max_pending=max_pending_releases,
+            flush_concurrency=flush_concurrency,
+            max_abandoned=max_abandoned,
+            resend_batch=resend_batch,
+        )
+        self._adoption = Adoption(
+            self._state,
+            self._calls.call,
+            self._backlog,
+            refresh_pools=self.refresh_pools,
+            renewed=self._renewed_by_call,
+            epoch_check_s=epoch_check_s,
+            learn_routes=route_to_owner,
+            max_ended=max_pending_releases,
+        )
+        self._keeper = SessionKeeper(
+            self._state,
+            self._calls.call,
+            session=session,
+            deadline_s=deadline_s,
+            counted=self._adoption.counted,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -201,78 +207,88 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
     async def close(self, *, flush_timeout_s: float = 2.0) -> None:
         """Sends buffered releases and settles acquires given up on (for at most
         ``flush_timeout_s``), then closes."""
-        if self._closed:
+        if self._state.closed:
             return
-        self._closed = True
+        self._state.closed = True
         try:
             async with asyncio.timeout(flush_timeout_s):
-                await self._report_all_ended()
-                await self._flush(until_empty=True)
+                await self._adoption.report_all_ended()
+                await self._backlog.flush(until_empty=True)
         except TimeoutError:
             logger.warning(
                 "closing with %d releases unacknowledged, %d ended degraded grants "
                 "unreported and %d acquires given up on unsettled",
-                len(self._pending),
-                sum(len(ended) for ended in self._ended.values()),
-                len(self._abandoned),
+                self._backlog.pending_releases,
+                self._adoption.ended_grants,
+                self._backlog.abandoned_acquires,
             )
         tasks = [
-            *self._tasks,
-            *(
-                t
-                for t in (self._flusher, self._watcher, self._learning, self._keeper)
-                if t is not None
-            ),
+            *self._state.tasks,
+            *self._backlog.tasks(),
+            *self._adoption.tasks(),
+            *self._keeper.tasks(),
         ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._acquires.close()
-        await self._releases.close()
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
-        self._stubs.clear()
+        await self._calls.close()
 
     @property
     def live_grants(self) -> list[ClientGrant]:
         """The grants acquired and not yet released."""
-        return list(self._live.values())
+        return list(self._state.live.values())
 
     @property
     def pending_releases(self) -> int:
         """Releases not yet acknowledged by a replica, those of ended degraded grants
         waiting to be re-reported first included."""
-        return len(self._pending) + sum(len(ended) for ended in self._ended.values())
+        return self._backlog.pending_releases + self._adoption.ended_grants
 
     @property
     def dropped_releases(self) -> int:
-        """Releases dropped unsent because the buffer was full (a counter)."""
-        return self._dropped_releases
+        """Releases dropped unsent because the buffer was full, those of ended degraded
+        grants dropped unreported included (a counter)."""
+        return self._backlog.dropped_releases + self._adoption.dropped_ended
 
     @property
     def abandoned_acquires(self) -> int:
         """Acquires given up on whose grant is still to be found and released."""
-        return len(self._abandoned)
+        return self._backlog.abandoned_acquires
 
     @property
     def dropped_abandoned(self) -> int:
         """Acquires given up on and dropped without their grant released: the queue was
         full, the request too old, or the server refused it (a counter)."""
-        return self._dropped_abandoned
+        return self._backlog.dropped_abandoned
+
+    def on_owner_answer(self, listener: Callable[[str, int], None]) -> None:
+        """Calls ``listener(pool, epoch)`` each time an answer shows an owner of ``pool``
+        at ``epoch``: an acquire, release or adopt it decided, or ListPools naming it.
+
+        The hook a gateway uses to learn that a pool has an owner again after an outage
+        (its degraded grants are then re-reported to that owner, see
+        ``fairshare.client.adoption``). It is called synchronously, on the event loop, for
+        every such answer, so it must be cheap and must not block; an exception it raises
+        is logged and ignored. Not guaranteed: that it is called at all while the client
+        makes no calls and holds no grant (the background ListPools runs only while
+        grants are live).
+        """
+        self._adoption.on_owner_answer(listener)
+
+    @property
+    def session_id(self) -> str:
+        """The id of this client's holder session (what may be logged; not its secret)."""
+        return self._keeper.session_id
 
     async def refresh_pools(self) -> list[pb.PoolInfo]:
         """Reads ListPools: learns each pool's degraded mode and owner epoch."""
-        listing: pb.ListPoolsResponse = await self._call(
+        listing: pb.ListPoolsResponse = await self._calls.call(
             "ListPools", pb.ListPoolsRequest(), deadline_s=max(self.deadline_s, 1.0)
         )
         for info in listing.pools:
             self._modes[info.pool] = degraded_mode(info.degraded_mode)
-            self._capacities[info.pool] = info.capacity
-            if info.owner_address:
-                self._owners[info.pool] = info.owner_address
-            else:
-                self._owners.pop(info.pool, None)
+            self._adoption.saw_capacity(info.pool, info.capacity)
+            self._calls.learn_owner(info.pool, info.owner_address)
             self._saw_epoch(info.pool, info.epoch)
         return list(listing.pools)
 
@@ -323,18 +339,18 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise to_allocator_error(e, address="", pool=pool) from e
-            self._abandon(request)
+            self._backlog.abandon(request)
             return self._degraded(pool, team, service_class, est_tokens, e)
         except asyncio.CancelledError:
             # The owner may have decided already: resent with the same request id, the
             # grant is found and released at no cost, instead of staying counted.
-            self._abandon(request)
+            self._backlog.abandon(request)
             raise
         answer = decision(r)
-        known = self._epochs.get(pool, NO_EPOCH)
+        known = self._adoption.epoch(pool)
         self._saw_epoch(pool, answer.epoch)
         if not answer.degraded:
-            self._renewed_by_call(pool)
+            self._keeper.renewed_by_call(pool)
         if not answer.granted:
             return None
         grant = ClientGrant(
@@ -351,17 +367,9 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
             epoch=answer.epoch,
             _client=self,
         )
-        self._live[grant.grant_id] = grant
-        if answer.epoch == DEGRADED_EPOCH or answer.epoch < known:
-            # Degraded at a replica, or late: decided at an epoch older than one this
-            # client already re-reported its grants to, so its complete inventory may
-            # have closed this grant's phantom. Either way no owner counts it now.
-            self._unreported.setdefault(pool, set()).add(grant.grant_id)
-            self._report(pool)
-        else:
-            self._granted(grant)
-        self._ensure_watcher()
-        self._ensure_keeper()
+        self._state.live[grant.grant_id] = grant
+        self._adoption.decided(grant, known)
+        self._keeper.keep()
         return grant
 
     async def _decide(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
@@ -377,7 +385,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
         start = time.monotonic()
         try:
             async with asyncio.timeout(self.deadline_s):
-                return await self._acquires.submit(request.pool, request)
+                return await self._calls.acquire(request)
         except aio.AioRpcError as e:
             left = self.deadline_s - (time.monotonic() - start)
             if e.code() not in RETRYABLE or left <= 0:
@@ -389,7 +397,7 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
                 aio.Metadata(),
                 f"no answer within {self.deadline_s}s",
             ) from None
-        return await self._call("Acquire", request, deadline_s=left, pool=request.pool)
+        return await self._calls.call("Acquire", request, deadline_s=left, pool=request.pool)
 
     def _degraded(
         self, pool: str, team: str, service_class: Class, est_tokens: int, error: Exception
@@ -413,9 +421,23 @@ class AllocatorClient(Adoption, Backlog, SessionKeeper):
             epoch=DEGRADED_EPOCH,
             _client=self,
         )
-        self._live[grant_id] = grant
-        # Counted nowhere yet: reported to the first owner of the pool that answers.
-        self._unreported.setdefault(pool, set()).add(grant_id)
-        self._ensure_watcher()
-        self._ensure_keeper()
+        self._state.live[grant_id] = grant
+        self._adoption.made(grant)
+        self._keeper.keep()
         return grant
+
+    def _saw_epoch(self, pool: str, epoch: int) -> None:
+        """An answer named an owner of ``pool`` at ``epoch`` (``Adoption.saw_epoch``)."""
+        self._adoption.saw_epoch(pool, epoch)
+
+    def _renewed_by_call(self, pool: str) -> None:
+        """An owner of ``pool`` answered an Adopt (``SessionKeeper.renewed_by_call``)."""
+        self._keeper.renewed_by_call(pool)
+
+    async def _release(self, grant: ClientGrant, consumed: float) -> None:
+        """Ends ``grant`` (``ClientGrant.release``): its release is sent, or kept until
+        it can be (``fairshare.client.backlog``), after its re-report when no owner
+        counted it (``fairshare.client.adoption``)."""
+        self._state.live.pop(grant.grant_id, None)
+        if not self._adoption.ended(grant, consumed):
+            await self._backlog.release(grant.grant_id, consumed)

@@ -1,21 +1,22 @@
-"""How the client reaches a replica, and the state every part of the client shares.
+"""How the client reaches a replica: its channels, its retries over replicas, its batches.
 
-``Calls`` is the base of ``AllocatorClient``: it declares the client's state (set by
-``AllocatorClient.__init__``) and makes its calls. A call goes to the pool's owner first
-when its address is known (``route_to_owner``), then to the targets in turn from the one
-that answered last, retrying ``UNAVAILABLE`` and deadline expiries (``RETRYABLE``) within
-the caller's deadline; one attempt takes at most a third of it, so a replica that hangs
-leaves time to try another.
+``Calls`` is the client's transport, one per ``AllocatorClient``; the client's other parts
+call replicas through its ``call`` (typed ``Call``). A call goes to the pool's owner first
+when its address is known (``route_to_owner``; the client tells it each address ListPools
+names, ``learn_owner``), then to the targets in turn from the one that answered last,
+retrying ``UNAVAILABLE`` and deadline expiries (``RETRYABLE``) within the caller's deadline;
+one attempt takes at most a third of it, so a replica that hangs leaves time to try another.
 
-Acquires and releases of one pool go through ``fairshare.client.batches``: while
-``calls_in_flight`` calls of a kind are out for the pool, the ones that arrive meanwhile
-leave together in one ``AcquireMany`` or ``ReleaseMany`` call, each item answered as it
-would be alone (a refused item comes back as the failed call it stands for,
+Acquires and releases of one pool go through ``fairshare.client.batches`` (``acquire``,
+``release``): while ``calls_in_flight`` calls of a kind are out for the pool, the ones that
+arrive meanwhile leave together in one ``AcquireMany`` or ``ReleaseMany`` call, each item
+answered as it would be alone (a refused item comes back as the failed call it stands for,
 ``fairshare.wire.errors.item_failure``). A lone call goes out at once as the plain call. A replica
 that lacks the batched methods (an older version, ``UNIMPLEMENTED``) gets plain calls side
 by side for ``UNBATCHED_FOR_S``.
 
-Every call carries the client's holder session (``fairshare.client.sessions``) in its metadata.
+Every call carries the metadata ``Calls`` is made with: the client's holder session
+(``fairshare.client.sessions``).
 
 Non-guarantees: a call that is not retryable fails at once, with the server's status; the
 caller maps it (``fairshare.wire.errors.to_allocator_error``).
@@ -26,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import random
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import Sequence
+from typing import Any, Final, Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -42,15 +45,11 @@ from tenacity import (
 
 from fairshare.client.batches import Batches
 from fairshare.limits import MAX_BATCH_ITEMS
-from fairshare.modes import DegradedMode
 from fairshare.wire.channels import open_channel
 from fairshare.wire.errors import item_failure
 from fairshare.wire.metadata import Metadata
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from fairshare.client.grants import ClientGrant
 
 logger = logging.getLogger(__name__)
 
@@ -65,62 +64,77 @@ UNBATCHED_FOR_S: Final = 60.0
 ``UNIMPLEMENTED`` (it runs a version without them) before it tries batches again."""
 
 
+class Call(Protocol):
+    """How the parts of a client call a replica: ``Calls.call``'s signature."""
+
+    async def __call__(
+        self, method: str, request: object, *, deadline_s: float, pool: str = ""
+    ) -> T: ...
+
+
 def retryable(error: BaseException) -> bool:
     """True for a failed call worth trying again elsewhere (see ``RETRYABLE``)."""
     return isinstance(error, aio.AioRpcError) and error.code() in RETRYABLE
 
 
 class Calls:
-    """The client's shared state and its calls to replicas (see the module doc)."""
+    """The client's calls to replicas (see the module doc)."""
 
-    holder: str
-    deadline_s: float
-    _targets: list[str]
-    _credentials: grpc.ChannelCredentials | None
-    _channels: dict[str, aio.Channel]
-    _stubs: dict[str, pb_grpc.AllocatorStub]
-    _preferred: int
-    _modes: dict[str, DegradedMode]
-    _epochs: dict[str, int]
-    _live: dict[str, ClientGrant]
-    _pending: dict[str, float]
-    _release_retry_s: float
-    _release_batch: int
-    _max_pending: int
-    _dropped_releases: int
-    _pending_full: bool
-    _abandoned: dict[str, tuple[pb.AcquireRequest, float]]
-    _max_abandoned: int
-    _dropped_abandoned: int
-    _abandoned_full: bool
-    _resend_batch: int
-    _slots: asyncio.Semaphore
-    _unreported: dict[str, set[str]]
-    _ended: dict[str, dict[str, tuple[ClientGrant, float]]]
-    _capacities: dict[str, int]
-    _ending: set[str]
-    _unproven: dict[str, int]
-    _reporting: set[str]
-    _tasks: set[asyncio.Task[None]]
-    _flusher: asyncio.Task[None] | None
-    _watcher: asyncio.Task[None] | None
-    _epoch_check_s: float
-    _route_to_owner: bool
-    _owners: dict[str, str]
-    _learning: asyncio.Task[None] | None
-    _owner_listeners: list[Callable[[str, int], None]]
-    _closed: bool
-    _acquires: Batches[pb.AcquireRequest, pb.AcquireResponse]
-    _releases: Batches[pb.ReleaseRequest, pb.ReleaseResponse]
-    _unbatched_until: float
-    _calls_in_flight: int
-    _session: str
-    _call_metadata: Metadata
-    _keeper: asyncio.Task[None] | None
-    _session_ttl_s: float | None
-    _renewed: dict[str, float]
-    _lapsed: set[str]
-    _keepalive_failing: bool
+    def __init__(
+        self,
+        targets: Sequence[str],
+        *,
+        holder: str,
+        deadline_s: float,
+        credentials: grpc.ChannelCredentials | None,
+        metadata: Metadata,
+        route_to_owner: bool,
+        calls_in_flight: int,
+    ) -> None:
+        """Channels connect lazily; see ``AllocatorClient`` for the arguments (``metadata``
+        goes with every call; batched calls get ``deadline_s``)."""
+        self._holder = holder
+        self._deadline_s = deadline_s
+        self._targets = list(targets)
+        self._credentials = credentials
+        self._metadata = metadata
+        self._channels: dict[str, aio.Channel] = {}
+        self._stubs: dict[str, pb_grpc.AllocatorStub] = {}
+        # Gateways start on different replicas so that one hung replica stalls few.
+        self._preferred = random.randrange(len(self._targets))
+        self._route_to_owner = route_to_owner
+        self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
+        self._unbatched_until = -math.inf
+        self._acquires = Batches(
+            self._acquire_many, in_flight=calls_in_flight, max_items=MAX_BATCH_ITEMS
+        )
+        self._releases = Batches(
+            self._release_many, in_flight=calls_in_flight, max_items=MAX_BATCH_ITEMS
+        )
+
+    async def close(self) -> None:
+        """Cancels the calls that wait in a batch and closes the channels."""
+        await self._acquires.close()
+        await self._releases.close()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+    def learn_owner(self, pool: str, address: str) -> None:
+        """Notes the address of ``pool``'s owner ('': not known)."""
+        if address:
+            self._owners[pool] = address
+        else:
+            self._owners.pop(pool, None)
+
+    async def acquire(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
+        """One Acquire, batched with others of its pool (no deadline of its own)."""
+        return await self._acquires.submit(request.pool, request)
+
+    async def release(self, pool: str, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
+        """One Release of ``pool``, batched with others of the pool."""
+        return await self._releases.submit(pool, request)
 
     def _stub(self, target: str) -> pb_grpc.AllocatorStub:
         """The stub of ``target``'s channel, both made once (a stub builds a callable per
@@ -136,7 +150,7 @@ class Calls:
             stub = self._stubs[target] = pb_grpc.AllocatorStub(channel)
         return stub
 
-    async def _call(self, method: str, request: object, *, deadline_s: float, pool: str = "") -> T:
+    async def call(self, method: str, request: object, *, deadline_s: float, pool: str = "") -> T:
         """Calls ``method`` on the pool's owner first (when known), then on the targets in
         turn, until one answers or the deadline passes.
 
@@ -167,7 +181,7 @@ class Calls:
                 if owner is not None and number == 0:
                     try:
                         return await getattr(self._stub(owner), method)(  # type: ignore[no-any-return]
-                            request, timeout=left, metadata=self._call_metadata
+                            request, timeout=left, metadata=self._metadata
                         )
                     except aio.AioRpcError as e:
                         if e.code() in RETRYABLE and self._owners.get(pool) == owner:
@@ -176,7 +190,7 @@ class Calls:
                 index = self._preferred + number - (1 if owner is not None else 0)
                 target = self._targets[index % len(self._targets)]
                 response: T = await getattr(self._stub(target), method)(
-                    request, timeout=left, metadata=self._call_metadata
+                    request, timeout=left, metadata=self._metadata
                 )
                 self._preferred = index % len(self._targets)
                 return response
@@ -184,23 +198,11 @@ class Calls:
 
     # -- batched calls -------------------------------------------------------------------------
 
-    def _batches(
-        self,
-    ) -> tuple[
-        Batches[pb.AcquireRequest, pb.AcquireResponse],
-        Batches[pb.ReleaseRequest, pb.ReleaseResponse],
-    ]:
-        """The client's batches of acquires and releases, keyed by pool."""
-        return (
-            Batches(self._acquire_many, in_flight=self._calls_in_flight, max_items=MAX_BATCH_ITEMS),
-            Batches(self._release_many, in_flight=self._calls_in_flight, max_items=MAX_BATCH_ITEMS),
-        )
-
     async def _acquire_many(
         self, pool: str, requests: list[pb.AcquireRequest]
     ) -> list[pb.AcquireResponse | BaseException]:
         """Sends one list of ``pool``'s Acquires: one alone as Acquire, else as AcquireMany."""
-        batch = pb.AcquireManyRequest(holder=self.holder, requests=requests)
+        batch = pb.AcquireManyRequest(holder=self._holder, requests=requests)
         answer = await self._batched("AcquireMany", batch, len(requests), pool)
         if answer is None:
             return await self._each("Acquire", requests, pool)
@@ -212,7 +214,7 @@ class Calls:
         self, pool: str, releases: list[pb.ReleaseRequest]
     ) -> list[pb.ReleaseResponse | BaseException]:
         """Sends one list of ``pool``'s Releases: one alone as Release, else as ReleaseMany."""
-        batch = pb.ReleaseManyRequest(holder=self.holder, releases=releases)
+        batch = pb.ReleaseManyRequest(holder=self._holder, releases=releases)
         answer = await self._batched("ReleaseMany", batch, len(releases), pool)
         if answer is None:
             return await self._each("Release", releases, pool)
@@ -225,7 +227,7 @@ class Calls:
         if items == 1 or time.monotonic() < self._unbatched_until:
             return None
         try:
-            return await self._call(method, batch, deadline_s=self.deadline_s, pool=pool)
+            return await self.call(method, batch, deadline_s=self._deadline_s, pool=pool)
         except aio.AioRpcError as e:
             if e.code() is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
@@ -236,7 +238,7 @@ class Calls:
         """``method`` called once per request, side by side; each result or error in its
         place."""
         calls = [
-            self._call(method, r, deadline_s=self.deadline_s, pool=pool)  # type: ignore[var-annotated]
+            self.call(method, r, deadline_s=self._deadline_s, pool=pool)  # type: ignore[var-annotated]
             for r in requests
         ]
         return list(await asyncio.gather(*calls, return_exceptions=True))
@@ -249,56 +251,3 @@ class Calls:
                 UNBATCHED_FOR_S,
             )
         self._unbatched_until = time.monotonic() + UNBATCHED_FOR_S
-
-    def _background(
-        self,
-        task: asyncio.Task[None] | None,
-        loop: Callable[[], Coroutine[object, object, None]],
-        name: str,
-    ) -> asyncio.Task[None] | None:
-        """``task`` while it runs, else a new task running ``loop()`` (none once the
-        client is closed): how each background loop of the client is started once."""
-        if self._closed or (task is not None and not task.done()):
-            return task
-        return asyncio.get_running_loop().create_task(
-            loop(), name=f"fairshare-client-{self.holder}-{name}"
-        )
-
-    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
-        if self._closed:
-            coro.close()
-            return
-        task = asyncio.get_running_loop().create_task(coro, name=f"fairshare-client {name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    # -- what the other parts of the client provide --------------------------------------------
-
-    async def refresh_pools(self) -> list[pb.PoolInfo]:
-        """Reads ListPools (``AllocatorClient.refresh_pools``)."""
-        raise NotImplementedError
-
-    def _saw_epoch(self, pool: str, epoch: int) -> None:
-        """Notes an owner's epoch seen in an answer (``fairshare.client.adoption``)."""
-        raise NotImplementedError
-
-    def _ensure_flusher(self) -> None:
-        """Starts the background retry of the backlog (``fairshare.client.backlog``)."""
-        raise NotImplementedError
-
-    def _buffer(self, grant_id: str, consumed: float) -> None:
-        """Keeps a release until a replica acknowledges it (``fairshare.client.backlog``)."""
-        raise NotImplementedError
-
-    async def _send_release(self, grant_id: str, consumed: float) -> bool:
-        """One release attempt; True once it is settled (``fairshare.client.backlog``)."""
-        raise NotImplementedError
-
-    def _end_unreported(self, grant: ClientGrant, consumed: float) -> None:
-        """Keeps an ended client-made grant to re-report before its release
-        (``fairshare.client.adoption``)."""
-        raise NotImplementedError
-
-    def _renewed_by_call(self, pool: str) -> None:
-        """Notes that an owner of ``pool`` renewed the session (``fairshare.client.sessions``)."""
-        raise NotImplementedError

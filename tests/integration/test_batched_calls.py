@@ -86,10 +86,10 @@ async def test_the_client_batches_a_burst_and_answers_each_as_alone(
         *grants, unknown = results
         assert isinstance(unknown, UnknownPool)
         assert all(not isinstance(g, BaseException) and not g.degraded for g in grants)
-        assert client._acquires.calls < client._acquires.items == len(results)
+        assert client._calls._acquires.calls < client._calls._acquires.items == len(results)
         assert sum(in_flight(fake).values()) == 15
         await asyncio.gather(*(g.release(1.0) for g in grants))  # type: ignore[union-attr]
-        assert client._releases.calls < client._releases.items
+        assert client._calls._releases.calls < client._calls._releases.items
         assert in_flight(fake) == {}
         assert client.pending_releases == 0
 
@@ -109,7 +109,7 @@ async def test_a_server_without_batched_calls_gets_plain_ones(
         async with AllocatorClient([server.address], holder="gw", calls_in_flight=1) as client:
             grants = await asyncio.gather(*(client.acquire("gpu-a", "inst-a") for _ in range(6)))
             assert all(not g.degraded for g in grants)
-            assert client._unbatched_until > time.monotonic()  # it did fall back
+            assert client._calls._unbatched_until > time.monotonic()  # it did fall back
             assert sum(in_flight(fake).values()) == 6
             await asyncio.gather(*(g.release() for g in grants))
             assert client.pending_releases == 0

@@ -294,4 +294,4 @@ async def test_each_client_has_its_session_sends_it_and_keeps_it_alive(
         await other.close()
     # The secrets were never logged.
     for client in (one, other):
-        assert client._session.partition(".")[2] not in caplog.text
+        assert client._keeper._session.partition(".")[2] not in caplog.text

@@ -190,7 +190,7 @@ async def test_a_gateway_with_no_signed_grant_closes_the_phantom_of_one_it_never
                     try_only=False,
                 ),
                 timeout=5,
-                metadata=client._call_metadata,
+                metadata=client._calls._metadata,
             )
         assert lost.granted and not lost.borrowing
         await server.shutdown(0)  # its final snapshot lists the lost grant in flight

@@ -176,7 +176,7 @@ async def test_the_client_library_goes_straight_to_the_owner_once_it_knows_it(
         first = await client.acquire("gpu-a", "inst-a")  # forwarded by the only target
         assert (first.owner, first.epoch) == (node, epoch)
         for _ in range(100):  # the owner's address is learnt in the background
-            if client._owners.get("gpu-a") == cluster.replica(node).address:
+            if client._calls._owners.get("gpu-a") == cluster.replica(node).address:
                 break
             await asyncio.sleep(0.02)
         # The only configured replica dies: calls still reach the owner, undegraded.

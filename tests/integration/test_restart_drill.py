@@ -265,13 +265,13 @@ async def worker(
         await grant.release(consumed)
         # The library buffers a release no replica acknowledged; the drill only counts
         # a release as acknowledged when this call got the answer.
-        if grant.grant_id not in client._pending:
+        if grant.grant_id not in client._backlog._pending:
             ledger.acknowledged(grant.grant_id)
 
 
 def flush_acks(clients: list[AllocatorClient], ledger: Ledger) -> None:
     """Marks the releases the clients' background retries got acknowledged."""
-    pending = {g for c in clients for g in c._pending}
+    pending = {g for c in clients for g in c._backlog._pending}
     for grant_id, entry in ledger.entries.items():
         if entry.released is not None and entry.acked is None and grant_id not in pending:
             entry.acked = time.time()
