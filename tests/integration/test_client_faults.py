@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from grpc import aio
 
 from fairshare import Class
 from fairshare.client import AllocatorClient
@@ -71,6 +72,18 @@ async def team(address: str, name: str, pool: str = "gpu-a") -> pb.TeamStat:
         )
     stat: pb.TeamStat = next(t for t in snap.teams if t.team == name)
     return stat
+
+
+async def _reconnected(client: AllocatorClient, timeout_s: float = 10.0) -> None:
+    """Waits until ``client`` reads ListPools again (a call that decides nothing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await client.refresh_pools()
+            return
+        except aio.AioRpcError:
+            assert time.monotonic() < deadline, "the client did not reach the server again"
+            await asyncio.sleep(0.05)
 
 
 def client_of(address: str, **options: object) -> AllocatorClient:
@@ -197,6 +210,10 @@ async def test_a_gateway_with_no_signed_grant_closes_the_phantom_of_one_it_never
         degraded = await client.acquire("gpu-a", "inst-a")
         assert degraded.degraded
         server = await start_server(config, serve_metrics=False)
+        # The client reaches the restarted server first, with calls that decide nothing:
+        # on a loaded machine its reconnection took longer than its 0.3 s deadline, and
+        # the next acquire came back degraded (one more degraded grant, not the fresh one).
+        await _reconnected(client)
         fresh = await client.acquire("gpu-a", "inst-a")
         assert fresh.epoch > seen.epoch and not fresh.degraded
         restored = (
