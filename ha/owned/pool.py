@@ -347,7 +347,7 @@ class OwnedPool:
             answered = self._answers.get(key)
             if answered is not None:
                 await self.durable()  # the first answer may still be in its commit
-                return Decision(*answered, False, self.node, self.epoch)
+                return answered.decision(self.node, self.epoch)
         within_share = self.pool.within_share_next(team)
         full = beyond(
             self.config,
@@ -370,16 +370,21 @@ class OwnedPool:
             )
         except ValueError as e:
             raise InvalidArgument(_field_of(e), str(e)) from e
-        answer: Answer
         if grant is None:
-            answer = (False, "", 0, False, True)
+            answer = Answer(granted=False, grant_id="", priority=0, borrowing=False, saturated=True)
         else:
             self._seq += 1
             ref = GrantRef(self.name, self.epoch, self._seq, team, holder, "", grant.borrowing, sid)
             held = self._held.issue(self._seq, grant, holder, team, self._now(), sid)
             self._changes.counted(held.key, held.row)
-            answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
-        decision = Decision(*answer, False, self.node, self.epoch)
+            answer = Answer(
+                granted=True,
+                grant_id=self._keys.sign(ref),
+                priority=grant.priority,
+                borrowing=grant.borrowing,
+                saturated=grant.saturated,
+            )
+        decision = answer.decision(self.node, self.epoch)
         if request_id:
             self._answers.remember(key, answer)
         if opened or (grant is not None and not grant.borrowing):
