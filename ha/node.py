@@ -66,7 +66,7 @@ from ha.cluster.ownership import Ownership
 from ha.cluster.view import ClusterView
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.owned.genuine import IdCounters
-from ha.routing import ROUTE_POLL_S, Router
+from ha.routing import ROUTE_POLL_S, CallRouter
 from ha.settings import PoolConfig, Timing
 from ha.store.contract import LeaseNotFound, Store, StoreUnavailable
 from ha.store.etcd import AccessRefused, EtcdAccess, connect
@@ -152,7 +152,7 @@ class Node:
             embedded=embedded,
             spawn=self._spawn,
         )
-        self._router = Router(
+        self._calls = CallRouter(
             node_id=node_id,
             address=advertise,
             configs=self._configs,
@@ -331,7 +331,7 @@ class Node:
         session: Session | None = None,
     ) -> Decision:
         """``ha.api.Allocator.acquire``."""
-        return await self._router.acquire(
+        return await self._calls.acquire(
             pool=pool,
             team=team,
             cls=cls,
@@ -346,7 +346,7 @@ class Node:
 
     async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
         """``ha.api.Allocator.release``."""
-        await self._router.release(grant_id, consumed, forwarded=forwarded)
+        await self._calls.release(grant_id, consumed, forwarded=forwarded)
 
     async def adopt(
         self,
@@ -360,7 +360,7 @@ class Node:
         session: Session | None = None,
     ) -> AdoptResult:
         """``ha.api.Allocator.adopt``."""
-        return await self._router.adopt(
+        return await self._calls.adopt(
             pool=pool,
             epoch=epoch,
             holder=holder,
@@ -374,19 +374,19 @@ class Node:
         self, pools: Sequence[str], session: Session, *, forwarded: bool = False
     ) -> KeepAliveResult:
         """``ha.api.Allocator.keep_alive``."""
-        return await self._router.keep_alive(pools, session, forwarded=forwarded)
+        return await self._calls.keep_alive(pools, session, forwarded=forwarded)
 
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
         """``ha.api.Allocator.snapshot``."""
-        return await self._router.snapshot(pool, forwarded=forwarded)
+        return await self._calls.snapshot(pool, forwarded=forwarded)
 
     async def list_pools(self) -> list[PoolInfo]:
         """``ha.api.Allocator.list_pools``."""
-        return await self._router.list_pools()
+        return await self._calls.list_pools()
 
     async def set_capacity(self, pool: str, capacity: int, *, forwarded: bool = False) -> int:
         """``ha.api.Allocator.set_capacity``."""
-        return await self._router.set_capacity(pool, capacity, forwarded=forwarded)
+        return await self._calls.set_capacity(pool, capacity, forwarded=forwarded)
 
     async def switchover(self, pool: str, node: str, *, forwarded: bool = False) -> None:
         """Moves ``pool`` to ``node`` and pins it there.
@@ -396,7 +396,7 @@ class Node:
         prefers ``node``) until ``node`` leaves the cluster or another switchover is
         made. Raises StoreUnavailable (nothing moved) when the pin cannot be written.
         """
-        await self._router.switchover(pool, node, forwarded=forwarded)
+        await self._calls.switchover(pool, node, forwarded=forwarded)
 
     def status(self) -> list[PoolStatus]:
         """``ha.api.Allocator.status``."""
@@ -417,7 +417,7 @@ class Node:
                     snapshot_age_s=owned.snapshot_age_s() if owned is not None else -1.0,
                     teams=table.teams if table is not None else (),
                     within=table.within if table is not None else {},
-                    degraded_decisions=self._router.degraded[name],
+                    degraded_decisions=self._calls.degraded[name],
                     store_full=self._writes.full(name),
                     store_refused_writes=self._writes.refused_writes(name),
                     charges_clamped=self._id_counters[name].charges_clamped,
@@ -464,7 +464,7 @@ class Node:
     def _owner_changed(self, pool: PoolName, route: Route | None) -> None:
         self.ownership.owner_changed(pool, route)
         if route is not None:
-            self._spawn(f"readopt-{pool}", self._router.stubs.readopt(pool, route))
+            self._spawn(f"readopt-{pool}", self._calls.stubs.readopt(pool, route))
 
     def _lease_lost(self) -> None:
         self.ownership.lease_lost()
@@ -473,7 +473,7 @@ class Node:
         while True:
             await self._clock.sleep(self.timing.snapshot_interval_s)
             self.ownership.tick()
-            self._router.stubs.forget()
+            self._calls.stubs.forget()
 
     def _spawn(self, name: str, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.create_task(coro, name=name)

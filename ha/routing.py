@@ -67,7 +67,7 @@ ROUTE_POLL_S = 0.01
 """How often a call waiting for a route looks again."""
 
 
-class Router:
+class CallRouter:
     """Answers the Allocator's calls for one replica (see module)."""
 
     def __init__(
