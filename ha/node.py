@@ -46,6 +46,7 @@ from fairshare import Class
 from ha.api import (
     ANY_EPOCH,
     NO_EPOCH,
+    AcquireCall,
     AdoptResult,
     Decision,
     Epoch,
@@ -330,8 +331,9 @@ class Node:
         forwarded: bool = False,
         session: Session | None = None,
     ) -> Decision:
-        """``ha.api.Allocator.acquire``."""
-        return await self._calls.acquire(
+        """``ha.api.Allocator.acquire``: its arguments, as one ``AcquireCall``, are the call
+        router's."""
+        call = AcquireCall(
             pool=pool,
             team=team,
             cls=cls,
@@ -343,6 +345,7 @@ class Node:
             forwarded=forwarded,
             session=session,
         )
+        return await self._calls.acquire(call)
 
     async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
         """``ha.api.Allocator.release``."""
