@@ -25,9 +25,9 @@ Guarantees:
 
 - A replicated node starts serving even when etcd does not answer at start: it answers
   every call as when etcd is lost later (each pool per its degraded mode) and joins the
-  cluster in the background, retrying with a backoff from ``JOIN_FIRST_S`` doubling to
-  ``JOIN_MAX_S`` (jittered), for as long as it runs. Only a refusal that waiting cannot
-  cure (``ha.store.etcd.AccessRefused``: TLS handshake, password, permission) stops the start.
+  cluster in the background, retrying with a backoff (``ha.cluster.lease.NodeLease.join``)
+  for as long as it runs. Only a refusal that waiting cannot cure
+  (``ha.store.etcd.AccessRefused``: TLS handshake, password, permission) stops the start.
 
 Non-guarantees: availability while the store is unreachable for longer than the fencing
 deadline (pools then run degraded); decisions made in degraded mode are not counted until
@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
-import random
 from collections.abc import Coroutine, Sequence
 
 from fairshare import Class
@@ -79,12 +78,6 @@ logger = logging.getLogger(__name__)
 
 _CANCELLED_WAIT_S = 1.0
 """How long ``close`` waits for its cancelled tasks to end."""
-JOIN_FIRST_S = 0.2
-"""After a failed attempt to join the cluster, the next waits this, doubling each time..."""
-JOIN_MAX_S = 5.0
-"""...up to this, jittered down to half (replicas restarted together do not retry in step)."""
-JOIN_LOG_EVERY_S = 10.0
-"""A streak of failed joins logs its first failure, then one line per this."""
 
 
 class Node:
@@ -230,31 +223,10 @@ class Node:
             self._tasks.append(asyncio.create_task(self._guard(name, coro), name=name))
 
     async def _join_later(self) -> None:
-        """Tries to join until it succeeds (or the node closes), backing off."""
-        attempt = 1
-        logged_at = self._clock.monotonic()
-        while not self.ownership.closing:
-            delay = min(JOIN_MAX_S, JOIN_FIRST_S * 2 ** min(attempt - 1, 10))
-            await self._clock.sleep(delay * random.uniform(0.5, 1.0))
-            attempt += 1
-            try:
-                await self._lease.acquire()
-            except StoreUnavailable as e:
-                now = self._clock.monotonic()
-                if now - logged_at >= JOIN_LOG_EVERY_S:
-                    logged_at = now
-                    logger.warning(
-                        "node %s still cannot reach the store (attempt %d): %s",
-                        self.node_id,
-                        attempt,
-                        e,
-                    )
-                continue
-            if self.ownership.closing:
-                return  # close() revokes the lease it finds
-            logger.info("node %s joined the cluster at attempt %d", self.node_id, attempt)
+        """Joins once the store answers, unless the node closes first (``close`` revokes
+        the lease it finds)."""
+        if await self._lease.join(lambda: self.ownership.closing):
             self._start_loops()
-            return
 
     async def stop_deciding(self) -> None:
         """Stops deciding for every pool (first step of a graceful shutdown)."""
