@@ -404,35 +404,8 @@ class Node:
 
     def members(self) -> list[MemberStatus]:
         """The replicas of the cluster view, this one first (listed even while it is no
-        member), then by node id. Cheap; reads the view as it is (it may lag the store by a
-        watch round trip)."""
-        now = self._clock.monotonic()
-        owned: dict[NodeId, list[PoolName]] = {}
-        for pool, route in self.view.routes.items():
-            owned.setdefault(route.node, []).append(pool)
-        result = []
-        members = dict(self.view.members)
-        mine = members.pop(self.node_id, None)
-        result.append(
-            MemberStatus(
-                node=self.node_id,
-                address=self.address,
-                member_for_s=now - mine[1] if mine is not None else -1.0,
-                pools=sorted(owned.get(self.node_id, ())),
-                lease_left_s=self._lease.seconds_left(),
-            )
-        )
-        for node in sorted(members):
-            address, since = members[node]
-            result.append(
-                MemberStatus(
-                    node=node,
-                    address=address,
-                    member_for_s=now - since,
-                    pools=sorted(owned.get(node, ())),
-                )
-            )
-        return result
+        member), then by node id (``ClusterView.member_status``)."""
+        return self.view.member_status(self.node_id, self.address, self._lease.seconds_left())
 
     # -- events and background ------------------------------------------------------------
 
