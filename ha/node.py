@@ -69,9 +69,9 @@ from ha.owned.genuine import IdCounters
 from ha.routing import ROUTE_POLL_S, CallRouter
 from ha.settings import PoolConfig, Timing
 from ha.store.contract import LeaseNotFound, Store, StoreUnavailable
-from ha.store.etcd import AccessRefused, EtcdAccess, connect
-from ha.store.file import FileStore
+from ha.store.etcd import AccessRefused, EtcdAccess
 from ha.store.keys import Keys, Route
+from ha.store.opening import open_store
 from ha.store.writes import WatchedStore
 
 logger = logging.getLogger(__name__)
@@ -469,38 +469,16 @@ async def open_node(  # noqa: PLR0913 (a replica's wiring, as Node's constructor
     """
     if clock is None:
         clock = system_clock()
-    store: Store
     if grant_keys is None and etcd_endpoints:
         raise KeyFileError("replicas on etcd need a grant key file shared by all (grants.key_file)")
-    if etcd_endpoints:
-        # Seeded by the node id: replicas start on different members, each on the same
-        # one every time it starts.
-        try:
-            store = await connect(
-                etcd_endpoints,
-                rpc_timeout_s=timing.rpc_timeout_s,
-                seed=node_id,
-                access=etcd_access,
-            )
-        except AccessRefused:
-            raise
-        except StoreUnavailable as e:
-            # Not there yet (a first install, an outage): the node starts anyway and
-            # joins once etcd answers (Node.start).
-            logger.warning("node %s: etcd does not answer at start: %s", node_id, e)
-            store = await connect(
-                etcd_endpoints,
-                rpc_timeout_s=timing.rpc_timeout_s,
-                seed=node_id,
-                access=etcd_access,
-                lazy=True,
-            )
-        embedded = False
-    else:
-        # The store first: it names what is wrong with the state dir (not a directory,
-        # full, corrupt) in one StoreUnavailable.
-        store = FileStore(state_dir, clock)
-        embedded = True
+    store = await open_store(
+        node_id=node_id,
+        state_dir=state_dir,
+        etcd_endpoints=etcd_endpoints,
+        rpc_timeout_s=timing.rpc_timeout_s,
+        etcd_access=etcd_access,
+        clock=clock,
+    )
     keys = grant_keys
     if keys is None:
         try:
@@ -520,7 +498,7 @@ async def open_node(  # noqa: PLR0913 (a replica's wiring, as Node's constructor
         peers=peers,
         prefix=prefix,
         clock=clock,
-        embedded=embedded,
+        embedded=not etcd_endpoints,
         owns_store=True,
         grant_keys=keys,
     )
