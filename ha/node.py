@@ -364,13 +364,7 @@ class Node:
         return await self._calls.set_capacity(pool, capacity, forwarded=forwarded)
 
     async def switchover(self, pool: str, node: str, *, forwarded: bool = False) -> None:
-        """Moves ``pool`` to ``node`` and pins it there.
-
-        The pin is the handover key, naming ``node`` and the revision of its member key;
-        every replica honours it (rebalancing does not move the pool away, a campaign
-        prefers ``node``) until ``node`` leaves the cluster or another switchover is
-        made. Raises StoreUnavailable (nothing moved) when the pin cannot be written.
-        """
+        """``ha.api.Allocator.switchover``: the pin it makes is ``CallRouter.switchover``'s."""
         await self._calls.switchover(pool, node, forwarded=forwarded)
 
     def status(self) -> list[PoolStatus]:
