@@ -5,8 +5,9 @@ The tables: the pool itself (``fairshare.Pool``, on the epoch's clock), the gran
 counts in flight (``ha.owned.held``), the previous owner's requests as phantoms
 (``ha.owned.phantoms``), the earlier grants nobody counted (``ha.owned.settled``), the
 holder sessions (``ha.owned.sessions``) and the highest sequence number issued. The owner
-decides with them (``ha.owned.pool``) and has its writer (``ha.owned.writer``) write them:
-the writer holds these ``PoolTables``, never the owner.
+decides with them (``ha.owned.pool``), has its re-reports (``ha.owned.rereports``) counted
+into them and its writer (``ha.owned.writer``) write them: those parts hold these
+``PoolTables``, never the owner.
 
 Every change of what a snapshot holds goes through ``touch`` (the state's version) and
 the journal's ``changes`` (what the next record writes), so a write knows what it covers.
