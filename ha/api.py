@@ -124,6 +124,23 @@ class MemberStatus:
 # -- the service ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class AcquireCall:
+    """One Acquire as a replica received it: the arguments of ``Allocator.acquire``, as
+    one record that the node hands to the replica's call router (``ha.routing``)."""
+
+    pool: str
+    team: str
+    cls: Class
+    est_tokens: int
+    holder: str = ""
+    request_id: str = ""
+    try_only: bool = False
+    epoch: Epoch = ANY_EPOCH
+    forwarded: bool = False
+    session: Session | None = None
+
+
 class Allocator(Protocol):
     """The allocator as the server sees it: embedded (one node) or replicated.
 
@@ -284,6 +301,7 @@ __all__ = [
     "DEGRADED_EPOCH",
     "MAC_BYTES",
     "NO_EPOCH",
+    "AcquireCall",
     "AdoptResult",
     "Allocator",
     "AllocatorError",

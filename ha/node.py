@@ -25,9 +25,9 @@ Guarantees:
 
 - A replicated node starts serving even when etcd does not answer at start: it answers
   every call as when etcd is lost later (each pool per its degraded mode) and joins the
-  cluster in the background, retrying with a backoff from ``JOIN_FIRST_S`` doubling to
-  ``JOIN_MAX_S`` (jittered), for as long as it runs. Only a refusal that waiting cannot
-  cure (``ha.store.etcd.AccessRefused``: TLS handshake, password, permission) stops the start.
+  cluster in the background, retrying with a backoff (``ha.cluster.lease.NodeLease.join``)
+  for as long as it runs. Only a refusal that waiting cannot cure
+  (``ha.store.etcd.AccessRefused``: TLS handshake, password, permission) stops the start.
 
 Non-guarantees: availability while the store is unreachable for longer than the fencing
 deadline (pools then run degraded); decisions made in degraded mode are not counted until
@@ -39,13 +39,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
-import random
 from collections.abc import Coroutine, Sequence
 
 from fairshare import Class
 from ha.api import (
     ANY_EPOCH,
     NO_EPOCH,
+    AcquireCall,
     AdoptResult,
     Decision,
     Epoch,
@@ -66,24 +66,18 @@ from ha.cluster.ownership import Ownership
 from ha.cluster.view import ClusterView
 from ha.grantkeys import GrantKeys, KeyFileError, ephemeral_keys
 from ha.owned.genuine import IdCounters
-from ha.routing import ROUTE_POLL_S, Router
+from ha.routing import ROUTE_POLL_S, CallRouter
 from ha.settings import PoolConfig, Timing
 from ha.store.contract import LeaseNotFound, Store, StoreUnavailable
-from ha.store.etcd import AccessRefused, EtcdAccess, connect
-from ha.store.file import FileStore
+from ha.store.etcd import AccessRefused, EtcdAccess
 from ha.store.keys import Keys, Route
+from ha.store.opening import open_store
 from ha.store.writes import WatchedStore
 
 logger = logging.getLogger(__name__)
 
 _CANCELLED_WAIT_S = 1.0
 """How long ``close`` waits for its cancelled tasks to end."""
-JOIN_FIRST_S = 0.2
-"""After a failed attempt to join the cluster, the next waits this, doubling each time..."""
-JOIN_MAX_S = 5.0
-"""...up to this, jittered down to half (replicas restarted together do not retry in step)."""
-JOIN_LOG_EVERY_S = 10.0
-"""A streak of failed joins logs its first failure, then one line per this."""
 
 
 class Node:
@@ -152,7 +146,7 @@ class Node:
             embedded=embedded,
             spawn=self._spawn,
         )
-        self._router = Router(
+        self._calls = CallRouter(
             node_id=node_id,
             address=advertise,
             configs=self._configs,
@@ -229,31 +223,10 @@ class Node:
             self._tasks.append(asyncio.create_task(self._guard(name, coro), name=name))
 
     async def _join_later(self) -> None:
-        """Tries to join until it succeeds (or the node closes), backing off."""
-        attempt = 1
-        logged_at = self._clock.monotonic()
-        while not self.ownership.closing:
-            delay = min(JOIN_MAX_S, JOIN_FIRST_S * 2 ** min(attempt - 1, 10))
-            await self._clock.sleep(delay * random.uniform(0.5, 1.0))
-            attempt += 1
-            try:
-                await self._lease.acquire()
-            except StoreUnavailable as e:
-                now = self._clock.monotonic()
-                if now - logged_at >= JOIN_LOG_EVERY_S:
-                    logged_at = now
-                    logger.warning(
-                        "node %s still cannot reach the store (attempt %d): %s",
-                        self.node_id,
-                        attempt,
-                        e,
-                    )
-                continue
-            if self.ownership.closing:
-                return  # close() revokes the lease it finds
-            logger.info("node %s joined the cluster at attempt %d", self.node_id, attempt)
+        """Joins once the store answers, unless the node closes first (``close`` revokes
+        the lease it finds)."""
+        if await self._lease.join(lambda: self.ownership.closing):
             self._start_loops()
-            return
 
     async def stop_deciding(self) -> None:
         """Stops deciding for every pool (first step of a graceful shutdown)."""
@@ -330,8 +303,9 @@ class Node:
         forwarded: bool = False,
         session: Session | None = None,
     ) -> Decision:
-        """``ha.api.Allocator.acquire``."""
-        return await self._router.acquire(
+        """``ha.api.Allocator.acquire``: its arguments, as one ``AcquireCall``, are the call
+        router's."""
+        call = AcquireCall(
             pool=pool,
             team=team,
             cls=cls,
@@ -343,10 +317,11 @@ class Node:
             forwarded=forwarded,
             session=session,
         )
+        return await self._calls.acquire(call)
 
     async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
         """``ha.api.Allocator.release``."""
-        await self._router.release(grant_id, consumed, forwarded=forwarded)
+        await self._calls.release(grant_id, consumed, forwarded=forwarded)
 
     async def adopt(
         self,
@@ -360,7 +335,7 @@ class Node:
         session: Session | None = None,
     ) -> AdoptResult:
         """``ha.api.Allocator.adopt``."""
-        return await self._router.adopt(
+        return await self._calls.adopt(
             pool=pool,
             epoch=epoch,
             holder=holder,
@@ -374,29 +349,23 @@ class Node:
         self, pools: Sequence[str], session: Session, *, forwarded: bool = False
     ) -> KeepAliveResult:
         """``ha.api.Allocator.keep_alive``."""
-        return await self._router.keep_alive(pools, session, forwarded=forwarded)
+        return await self._calls.keep_alive(pools, session, forwarded=forwarded)
 
     async def snapshot(self, pool: str, *, forwarded: bool = False) -> PoolView:
         """``ha.api.Allocator.snapshot``."""
-        return await self._router.snapshot(pool, forwarded=forwarded)
+        return await self._calls.snapshot(pool, forwarded=forwarded)
 
     async def list_pools(self) -> list[PoolInfo]:
         """``ha.api.Allocator.list_pools``."""
-        return await self._router.list_pools()
+        return await self._calls.list_pools()
 
     async def set_capacity(self, pool: str, capacity: int, *, forwarded: bool = False) -> int:
         """``ha.api.Allocator.set_capacity``."""
-        return await self._router.set_capacity(pool, capacity, forwarded=forwarded)
+        return await self._calls.set_capacity(pool, capacity, forwarded=forwarded)
 
     async def switchover(self, pool: str, node: str, *, forwarded: bool = False) -> None:
-        """Moves ``pool`` to ``node`` and pins it there.
-
-        The pin is the handover key, naming ``node`` and the revision of its member key;
-        every replica honours it (rebalancing does not move the pool away, a campaign
-        prefers ``node``) until ``node`` leaves the cluster or another switchover is
-        made. Raises StoreUnavailable (nothing moved) when the pin cannot be written.
-        """
-        await self._router.switchover(pool, node, forwarded=forwarded)
+        """``ha.api.Allocator.switchover``: the pin it makes is ``CallRouter.switchover``'s."""
+        await self._calls.switchover(pool, node, forwarded=forwarded)
 
     def status(self) -> list[PoolStatus]:
         """``ha.api.Allocator.status``."""
@@ -417,7 +386,7 @@ class Node:
                     snapshot_age_s=owned.snapshot_age_s() if owned is not None else -1.0,
                     teams=table.teams if table is not None else (),
                     within=table.within if table is not None else {},
-                    degraded_decisions=self._router.degraded[name],
+                    degraded_decisions=self._calls.degraded[name],
                     store_full=self._writes.full(name),
                     store_refused_writes=self._writes.refused_writes(name),
                     charges_clamped=self._id_counters[name].charges_clamped,
@@ -429,42 +398,15 @@ class Node:
 
     def members(self) -> list[MemberStatus]:
         """The replicas of the cluster view, this one first (listed even while it is no
-        member), then by node id. Cheap; reads the view as it is (it may lag the store by a
-        watch round trip)."""
-        now = self._clock.monotonic()
-        owned: dict[NodeId, list[PoolName]] = {}
-        for pool, route in self.view.routes.items():
-            owned.setdefault(route.node, []).append(pool)
-        result = []
-        members = dict(self.view.members)
-        mine = members.pop(self.node_id, None)
-        result.append(
-            MemberStatus(
-                node=self.node_id,
-                address=self.address,
-                member_for_s=now - mine[1] if mine is not None else -1.0,
-                pools=sorted(owned.get(self.node_id, ())),
-                lease_left_s=self._lease.seconds_left(),
-            )
-        )
-        for node in sorted(members):
-            address, since = members[node]
-            result.append(
-                MemberStatus(
-                    node=node,
-                    address=address,
-                    member_for_s=now - since,
-                    pools=sorted(owned.get(node, ())),
-                )
-            )
-        return result
+        member), then by node id (``ClusterView.member_status``)."""
+        return self.view.member_status(self.node_id, self.address, self._lease.seconds_left())
 
     # -- events and background ------------------------------------------------------------
 
     def _owner_changed(self, pool: PoolName, route: Route | None) -> None:
         self.ownership.owner_changed(pool, route)
         if route is not None:
-            self._spawn(f"readopt-{pool}", self._router.stubs.readopt(pool, route))
+            self._spawn(f"readopt-{pool}", self._calls.stubs.readopt(pool, route))
 
     def _lease_lost(self) -> None:
         self.ownership.lease_lost()
@@ -473,7 +415,7 @@ class Node:
         while True:
             await self._clock.sleep(self.timing.snapshot_interval_s)
             self.ownership.tick()
-            self._router.stubs.forget()
+            self._calls.stubs.forget()
 
     def _spawn(self, name: str, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -521,38 +463,16 @@ async def open_node(  # noqa: PLR0913 (a replica's wiring, as Node's constructor
     """
     if clock is None:
         clock = system_clock()
-    store: Store
     if grant_keys is None and etcd_endpoints:
         raise KeyFileError("replicas on etcd need a grant key file shared by all (grants.key_file)")
-    if etcd_endpoints:
-        # Seeded by the node id: replicas start on different members, each on the same
-        # one every time it starts.
-        try:
-            store = await connect(
-                etcd_endpoints,
-                rpc_timeout_s=timing.rpc_timeout_s,
-                seed=node_id,
-                access=etcd_access,
-            )
-        except AccessRefused:
-            raise
-        except StoreUnavailable as e:
-            # Not there yet (a first install, an outage): the node starts anyway and
-            # joins once etcd answers (Node.start).
-            logger.warning("node %s: etcd does not answer at start: %s", node_id, e)
-            store = await connect(
-                etcd_endpoints,
-                rpc_timeout_s=timing.rpc_timeout_s,
-                seed=node_id,
-                access=etcd_access,
-                lazy=True,
-            )
-        embedded = False
-    else:
-        # The store first: it names what is wrong with the state dir (not a directory,
-        # full, corrupt) in one StoreUnavailable.
-        store = FileStore(state_dir, clock)
-        embedded = True
+    store = await open_store(
+        node_id=node_id,
+        state_dir=state_dir,
+        etcd_endpoints=etcd_endpoints,
+        rpc_timeout_s=timing.rpc_timeout_s,
+        etcd_access=etcd_access,
+        clock=clock,
+    )
     keys = grant_keys
     if keys is None:
         try:
@@ -572,7 +492,7 @@ async def open_node(  # noqa: PLR0913 (a replica's wiring, as Node's constructor
         peers=peers,
         prefix=prefix,
         clock=clock,
-        embedded=embedded,
+        embedded=not etcd_endpoints,
         owns_store=True,
         grant_keys=keys,
     )

@@ -20,18 +20,18 @@ forgotten after ``max_request_s`` (its request cannot be running any more).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
-from fairshare import Class, degraded_priority
+from fairshare import degraded_priority
 from fairshare.digest import grant_id_digest
 from ha.api import (
     ANY_EPOCH,
     DEGRADED_EPOCH,
     NO_EPOCH,
+    AcquireCall,
     AdoptResult,
     Decision,
     Epoch,
@@ -67,7 +67,7 @@ ROUTE_POLL_S = 0.01
 """How often a call waiting for a route looks again."""
 
 
-class Router:
+class CallRouter:
     """Answers the Allocator's calls for one replica (see module)."""
 
     def __init__(
@@ -110,40 +110,18 @@ class Router:
         # that outlived the restart would answer a new request with an old grant.
         self._incarnation = secrets.token_hex(6)
 
-    async def acquire(
-        self,
-        *,
-        pool: str,
-        team: str,
-        cls: Class,
-        est_tokens: int,
-        holder: str = "",
-        request_id: str = "",
-        try_only: bool = False,
-        epoch: Epoch = ANY_EPOCH,
-        forwarded: bool = False,
-        session: Session | None = None,
-    ) -> Decision:
-        """``ha.api.Allocator.acquire``."""
-        config = self._config(pool)
-        name = PoolName(pool)
-        if not request_id and not forwarded:
+    async def acquire(self, call: AcquireCall) -> Decision:
+        """``ha.api.Allocator.acquire``, its arguments as one record."""
+        config = self._config(call.pool)
+        name = PoolName(call.pool)
+        if not call.request_id and not call.forwarded:
             # Forwarding may retry: a request id makes the owner answer a retry alike.
             self._request_seq += 1
             request_id = f"{self.node_id}:{self._incarnation}:{self._request_seq}"
-        decide = functools.partial(
-            OwnedPool.acquire,
-            team=team,
-            cls=cls,
-            est_tokens=est_tokens,
-            holder=holder,
-            request_id=request_id,
-            try_only=try_only,
-            session=session,
-        )
-        if forwarded:  # answer from our own state only
+            call = dataclasses.replace(call, request_id=request_id)
+        if call.forwarded:  # answer from our own state only
             try:
-                return await decide(self._owner_at(name, epoch))
+                return await _decide(self._owner_at(name, call.epoch), call)
             except NotDeciding:
                 raise self._wrong_epoch(name) from None
         deadline = self._clock.monotonic() + self.timing.degraded_after_s
@@ -151,7 +129,7 @@ class Router:
             local = self._ownership.deciding(name)
             if local is not None:
                 try:
-                    return await decide(local)
+                    return await _decide(local, call)
                 except NotDeciding:
                     pass
             route = self.view.route(name)
@@ -159,32 +137,25 @@ class Router:
                 try:
                     decision = await self._peers.acquire(
                         route.address,
-                        pool=pool,
-                        team=team,
-                        cls=cls,
-                        est_tokens=est_tokens,
-                        holder=holder,
-                        request_id=request_id,
-                        try_only=try_only,
+                        pool=call.pool,
+                        team=call.team,
+                        cls=call.cls,
+                        est_tokens=call.est_tokens,
+                        holder=call.holder,
+                        request_id=call.request_id,
+                        try_only=call.try_only,
                         epoch=route.epoch,
                         timeout=max(self.timing.rpc_timeout_s, deadline - self._clock.monotonic()),
-                        session=session,
+                        session=call.session,
                     )
                 except (WrongEpoch, PeerUnavailable) as e:
-                    logger.debug("forward of %s to %s failed: %s", pool, route.node, e)
+                    logger.debug("forward of %s to %s failed: %s", call.pool, route.node, e)
                 else:
                     if decision.granted:
-                        self.stubs.keep(name, team, est_tokens, decision)
+                        self.stubs.keep(name, call.team, call.est_tokens, decision)
                     return decision
             if self._clock.monotonic() >= deadline:
-                return self._degrade(
-                    config,
-                    team=team,
-                    cls=cls,
-                    est_tokens=est_tokens,
-                    holder=holder,
-                    try_only=try_only,
-                )
+                return self._degrade(config, call)
             await self._clock.sleep(ROUTE_POLL_S)
 
     async def release(self, grant_id: str, consumed: float, *, forwarded: bool = False) -> None:
@@ -436,27 +407,18 @@ class Router:
                 raise NoOwner(pool)
             await self._clock.sleep(ROUTE_POLL_S * 5)
 
-    def _degrade(
-        self,
-        config: PoolConfig,
-        *,
-        team: str,
-        cls: Class,
-        est_tokens: int,
-        holder: str,
-        try_only: bool,
-    ) -> Decision:
+    def _degrade(self, config: PoolConfig, call: AcquireCall) -> Decision:
         name = PoolName(config.name)
         if config.degraded_mode is DegradedMode.FAIL_CLOSED:
             raise NoOwner(config.name)
         self.degraded[name] += 1
-        if try_only:
+        if call.try_only:
             # Without an owner nobody knows whether the pool has room.
             return Decision(False, "", 0, False, True, True, NodeId(""), DEGRADED_EPOCH)
-        priority = degraded_priority(cls)
+        priority = degraded_priority(call.cls)
         decision = Decision(
             True,
-            degraded_grant_id(config.name, team, holder, self._grant_keys),
+            degraded_grant_id(config.name, call.team, call.holder, self._grant_keys),
             priority,
             True,
             False,
@@ -464,6 +426,19 @@ class Router:
             NodeId(""),
             DEGRADED_EPOCH,
         )
-        self.stubs.keep(name, team, est_tokens, decision)
-        logger.warning("pool %s: no owner reachable; granted %s degraded", config.name, team)
+        self.stubs.keep(name, call.team, call.est_tokens, decision)
+        logger.warning("pool %s: no owner reachable; granted %s degraded", config.name, call.team)
         return decision
+
+
+async def _decide(owned: OwnedPool, call: AcquireCall) -> Decision:
+    """Decides ``call`` from ``owned``; raises NotDeciding as ``OwnedPool.acquire`` does."""
+    return await owned.acquire(
+        team=call.team,
+        cls=call.cls,
+        est_tokens=call.est_tokens,
+        holder=call.holder,
+        request_id=call.request_id,
+        try_only=call.try_only,
+        session=call.session,
+    )

@@ -261,13 +261,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             _check_pool(request.pool)
             _check_team("team", request.team)
             _check_name("request_id", request.request_id, empty=True)
-            klass = service_class(request.service_class)
+            cls = service_class(request.service_class)
             _check_tokens("est_tokens", request.est_tokens)
             required = required_epoch(request)
             decision = await self._allocator.acquire(
                 pool=request.pool,
                 team=request.team,
-                cls=klass,
+                cls=cls,
                 est_tokens=request.est_tokens,
                 holder=request.holder,
                 request_id=request.request_id,

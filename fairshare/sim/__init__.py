@@ -18,7 +18,7 @@
 - ``report``: the markdown report.
 - ``remote``: ``GrpcAllocator``, priorities from a running allocator over gRPC
   (``--allocator``), instead of the in-process pool.
-- ``cli``: ``fairshare simulate`` / ``python -m fairshare.sim``.
+- ``command``: ``fairshare simulate`` / ``python -m fairshare.sim``.
 - ``standin``: a stand-in vLLM server (``python -m fairshare.sim.standin``, aiohttp): the OpenAI
   subset, a running limit in priority or fcfs order, a record of every request.
 

@@ -10,6 +10,9 @@ Guarantees:
 - A failed renewal is retried until that deadline; one failure is not a loss.
 - When the store says the lease is gone, every key on it is gone: the node gets a new
   lease and re-registers as a member, and ``on_lost`` tells the owner of the loss.
+- ``join`` (a node that could not join at start) tries again until it joins or is told
+  to stop, waiting ``JOIN_FIRST_S`` after the first failure, doubling up to ``JOIN_MAX_S``,
+  jittered down to half.
 
 Non-guarantee: clocks are not compared across machines; only this node's boot-time
 clock and the store's TTL are trusted. The renewal interval is measured on the monotonic
@@ -20,6 +23,7 @@ then fenced until it comes, which is the safe side.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 
 from ha.clock import Clock
@@ -28,6 +32,13 @@ from ha.store.contract import LeaseId, LeaseNotFound, Store, StoreUnavailable, b
 from ha.store.keys import Keys, encode_member
 
 logger = logging.getLogger(__name__)
+
+JOIN_FIRST_S = 0.2
+"""After a failed attempt to join the cluster, the next waits this, doubling each time..."""
+JOIN_MAX_S = 5.0
+"""...up to this, jittered down to half (replicas restarted together do not retry in step)."""
+JOIN_LOG_EVERY_S = 10.0
+"""A streak of failed joins logs its first failure, then one line per this."""
 
 
 class NodeLease:
@@ -83,6 +94,35 @@ class NodeLease:
         self.lease = lease
         self.valid_until = t_sent + self._timing.lease_ttl_s - self._timing.fence_margin_s
         logger.info("node %s joined with lease %x", self._node, lease)
+
+    async def join(self, stopping: Callable[[], bool]) -> bool:
+        """Calls ``acquire`` until it succeeds or ``stopping()``, backing off (see module);
+        returns whether this node joined and is not stopping (when it is, the lease it
+        may have got is left to whoever stops it)."""
+        attempt = 1
+        logged_at = self._clock.monotonic()
+        while not stopping():
+            delay = min(JOIN_MAX_S, JOIN_FIRST_S * 2 ** min(attempt - 1, 10))
+            await self._clock.sleep(delay * random.uniform(0.5, 1.0))
+            attempt += 1
+            try:
+                await self.acquire()
+            except StoreUnavailable as e:
+                now = self._clock.monotonic()
+                if now - logged_at >= JOIN_LOG_EVERY_S:
+                    logged_at = now
+                    logger.warning(
+                        "node %s still cannot reach the store (attempt %d): %s",
+                        self._node,
+                        attempt,
+                        e,
+                    )
+                continue
+            if stopping():
+                return False
+            logger.info("node %s joined the cluster at attempt %d", self._node, attempt)
+            return True
+        return False
 
     def _note_late(self, fenced_for_s: float) -> None:
         """Logs a renewal acknowledged after the fencing deadline: the node decided nothing

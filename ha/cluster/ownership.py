@@ -62,7 +62,7 @@ Spawn = Callable[[str, Coroutine[object, object, None]], None]
 class Ownership:
     """The pools one node owns, and the loop that takes and gives them up (see module)."""
 
-    def __init__(  # noqa: PLR0913 (what a node shares with its owners and its router)
+    def __init__(  # noqa: PLR0913 (what a node shares with its owners and its call router)
         self,
         *,
         node_id: NodeId,

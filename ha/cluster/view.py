@@ -20,7 +20,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable
 
-from ha.api import NodeId, PoolName
+from ha.api import MemberStatus, NodeId, PoolName
 from ha.clock import Clock
 from ha.store.contract import EventKind, KeyValue, Store, StoreUnavailable, WatchEvent
 from ha.store.keys import (
@@ -120,6 +120,37 @@ class ClusterView:
         """Members this view has seen live without a break for at least ``settle_s``."""
         now = self._clock.monotonic()
         return [node for node, (_, since) in self.members.items() if now - since >= settle_s]
+
+    def member_status(self, node: NodeId, address: str, lease_left_s: float) -> list[MemberStatus]:
+        """The replicas of the view, ``node`` (this one, at ``address``, ``lease_left_s``
+        from self-fencing) first, listed even while it is no member, then by node id.
+        Cheap; reads the view as it is (it may lag the store by a watch round trip)."""
+        now = self._clock.monotonic()
+        owned: dict[NodeId, list[PoolName]] = {}
+        for pool, route in self.routes.items():
+            owned.setdefault(route.node, []).append(pool)
+        members = dict(self.members)
+        mine = members.pop(node, None)
+        result = [
+            MemberStatus(
+                node=node,
+                address=address,
+                member_for_s=now - mine[1] if mine is not None else -1.0,
+                pools=sorted(owned.get(node, ())),
+                lease_left_s=lease_left_s,
+            )
+        ]
+        for other in sorted(members):
+            other_address, since = members[other]
+            result.append(
+                MemberStatus(
+                    node=other,
+                    address=other_address,
+                    member_for_s=now - since,
+                    pools=sorted(owned.get(other, ())),
+                )
+            )
+        return result
 
     # -- watch plumbing -----------------------------------------------------------------
 

@@ -1,3 +1,4 @@
-"""One pool as its owner decides it during one epoch (``pool.OwnedPool``) and the tables it
-keeps: grants held, phantoms, settled ids, sessions, answers, bounds; and how its state is
-written (``commit``, ``journal``, ``poolstate``) and read back (``snapshot``)."""
+"""One pool as its owner decides it during one epoch (``pool.OwnedPool``), the tables it keeps
+(``tables``: grants held, phantoms, settled ids, sessions; ``answers``, ``bounds``), how it
+takes a holder's re-report (``rereports``), and how its state is written (``writer``,
+``commit``, ``journal``, ``poolstate``) and read back (``snapshot``)."""

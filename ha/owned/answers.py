@@ -11,13 +11,40 @@ nothing is persisted (a new owner answers a retry anew).
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 from fairshare.limits import MAX_ANSWER_BYTES, MAX_ANSWERS
+from ha.api import Decision, Epoch, NodeId
 
-Answer = tuple[bool, str, int, bool, bool]
-"""granted, grant id, priority, borrowing, saturated. Plain tuples of atoms, not Decisions:
-the garbage collector stops tracking them, so a full table does not make every full
-collection scan (and pause for) its entries."""
+
+class Answer(NamedTuple):
+    """The first answer to an Acquire, which a retry of it gets again."""
+
+    granted: bool
+    grant_id: str
+    priority: int
+    borrowing: bool
+    saturated: bool
+
+    def decision(self, owner: NodeId, epoch: Epoch) -> Decision:
+        """The answer as the owner at ``epoch`` gives it (never degraded)."""
+        return Decision(
+            granted=self.granted,
+            grant_id=self.grant_id,
+            priority=self.priority,
+            borrowing=self.borrowing,
+            saturated=self.saturated,
+            degraded=False,
+            owner=owner,
+            epoch=epoch,
+        )
+
+
+_Row = tuple[bool, str, int, bool, bool]
+"""An ``Answer`` as the table keeps it: a plain tuple of atoms, not the ``Answer`` (nor a
+Decision): the garbage collector stops tracking plain tuples of atoms (not instances of
+their subclasses), so a full table does not make every full collection scan (and pause
+for) its entries."""
 
 _ANSWER_OVERHEAD = 400
 """What one remembered answer costs beyond its strings: the key and value tuples, the
@@ -28,7 +55,7 @@ class Answers:
     """Answers by (holder, request id), bounded in count and in bytes."""
 
     def __init__(self) -> None:
-        self._answers: OrderedDict[tuple[str, str], Answer] = OrderedDict()
+        self._answers: OrderedDict[tuple[str, str], _Row] = OrderedDict()
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -41,7 +68,8 @@ class Answers:
 
     def get(self, key: tuple[str, str]) -> Answer | None:
         """The answer remembered for ``key``; None if there is none (or no more)."""
-        return self._answers.get(key)
+        row = self._answers.get(key)
+        return None if row is None else Answer._make(row)
 
     def remember(self, key: tuple[str, str], answer: Answer) -> None:
         """Remembers ``answer`` for ``key`` (replacing an earlier one), then drops the
@@ -49,13 +77,19 @@ class Answers:
         answers = self._answers
         previous = answers.pop(key, None)
         if previous is not None:
-            self._bytes -= _size(key, previous)
-        answers[key] = answer
+            self._bytes -= _size(key, Answer._make(previous))
+        answers[key] = (
+            answer.granted,
+            answer.grant_id,
+            answer.priority,
+            answer.borrowing,
+            answer.saturated,
+        )
         self._bytes += _size(key, answer)
         while len(answers) > MAX_ANSWERS or self._bytes > MAX_ANSWER_BYTES:
             old_key, old = answers.popitem(last=False)
-            self._bytes -= _size(old_key, old)
+            self._bytes -= _size(old_key, Answer._make(old))
 
 
 def _size(key: tuple[str, str], answer: Answer) -> int:
-    return len(key[0]) + len(key[1]) + len(answer[1]) + _ANSWER_OVERHEAD
+    return len(key[0]) + len(key[1]) + len(answer.grant_id) + _ANSWER_OVERHEAD

@@ -44,7 +44,8 @@ class GroupCommitter:
         lazy_s: float = 0.0,
     ) -> None:
         """Args:
-        write: writes the current state durably; raises on failure.
+        write: writes the current state durably (an owned pool's
+            ``ha.owned.writer.PoolWriter.write``); raises on failure.
         window_s: least time between the starts of two writes; requests gather
             meanwhile.
         clock: for the gathering window.

@@ -1,8 +1,11 @@
 """One pool as decided by its owner during one epoch.
 
-Its parts keep one table each: ``ha.owned.held`` (grants in flight), ``ha.owned.phantoms`` (the
-previous owner's), ``ha.owned.settled`` (earlier grants nobody counted), ``ha.owned.answers``
-(answers to retries), ``ha.owned.genuine`` (id checks, the charge bound), ``ha.owned.teams``
+``OwnedPool`` decides; its parts, each holding the tables of ``ha.owned.tables`` (grants in
+flight, the previous owner's as phantoms, earlier grants nobody counted, sessions, and what
+changed since the last write) and none calling back into it: ``ha.owned.rereports`` takes a
+holder's re-report (Adopt), ``ha.owned.writer`` writes the state, and the group committer
+(``ha.owned.commit``) runs those writes. Beside them ``ha.owned.answers`` (answers to
+retries), ``ha.owned.genuine`` (id checks, the charge bound) and ``ha.owned.teams``
 (admission of teams).
 
 Guarantees:
@@ -44,53 +47,38 @@ crash; the successor is then more cautious (more phantoms), never less.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
-from itertools import chain
 
-from fairshare import Class, Pool, TeamStat
-from fairshare.limits import MAX_SESSIONS
+from fairshare import Class, TeamStat
 from fairshare.sessions import Session
 from ha.api import (
-    DEGRADED_EPOCH,
     AdoptResult,
     Decision,
     Epoch,
     GrantRef,
     HeldGrant,
     InvalidArgument,
-    LimitExceeded,
     NodeId,
-    PermissionDenied,
     PoolName,
     PoolView,
     WrongEpoch,
 )
-from ha.clock import Clock, EpochTime
+from ha.clock import Clock
 from ha.grantkeys import GrantKeys, ephemeral_keys
 from ha.owned.answers import Answer, Answers
 from ha.owned.bounds import beyond
 from ha.owned.commit import CommitFailed, GroupCommitter
 from ha.owned.genuine import IdCounters, IdGuard
-from ha.owned.held import HeldGrants, holding_of
-from ha.owned.journal import Changes, Journal, StateWriter, encode_checkpoint, encode_record
-from ha.owned.phantoms import Phantoms
-from ha.owned.sessions import Sessions
-from ha.owned.settled import Settled
+from ha.owned.held import holding_of
+from ha.owned.journal import StateWriter
+from ha.owned.rereports import ReReports
 from ha.owned.snapshot import GrantKey, PoolSnapshot
-from ha.owned.teams import admit, restorable
+from ha.owned.tables import PoolTables, invalid_argument
+from ha.owned.writer import PoolWriter
 from ha.settings import PoolConfig
 
 logger = logging.getLogger(__name__)
-
-# A team table of more teams than this is built at most once per _VIEW_CACHE_S.
-_FRESH_TEAMS = 64
-_VIEW_CACHE_S = 1.0
-# Expired phantoms and accounting entries are dropped at a write at most this often: a
-# scan of every table at every write (hundreds a second) would cost more than the writes.
-_FORGET_EVERY_S = 1.0
 
 
 class NotDeciding(Exception):
@@ -139,28 +127,18 @@ class OwnedPool:
         self.epoch = epoch
         self.node = node
         self._clock = clock
-        # Every age within this epoch runs on the monotonic clock: a wall step must not
-        # expire live grants (and let as many more in) nor decay usage. Wall time enters
-        # only where owners meet: the snapshot a successor restores.
-        self._now = EpochTime(clock)
         self._fenced = fenced
-        self.pool = Pool(
-            config.name,
-            config.capacity,
-            config.shares,
-            half_life_s=config.half_life_s,
-            clock=self._now,
-        )
         self._deciding = True
-        self._seq = 0
-        self._held = HeldGrants(epoch, config.max_request_s)  # counted in flight
-        # Earlier grants the previous owner counted, each standing for one phantom.
-        self._phantoms = Phantoms(self.pool)
-        self._earlier = Settled(config.name)  # earlier grants nobody counted (ha.owned.settled)
-        self._sessions = Sessions(session_ttl_s, MAX_SESSIONS)
+        # The tables are shared by the parts below; none of them calls back into this one.
+        self._tables = tables = PoolTables(
+            config=config,
+            epoch=epoch,
+            clock=clock,
+            session_ttl_s=session_ttl_s,
+            release_memory_s=release_memory_s,
+        )
+        self.pool = tables.pool
         self._answers = Answers()  # (holder, request id) -> the first answer
-        self._teams_cache: tuple[float, Sequence[TeamStat], Mapping[str, int]] | None = None
-        self._release_memory_s = release_memory_s
         self._keys = keys if keys is not None else ephemeral_keys()
         self.counters = counters if counters is not None else IdCounters()
         self._ids = IdGuard(
@@ -172,17 +150,11 @@ class OwnedPool:
             clock=clock,
             max_charge_per_s=config.max_charge_per_s,
         )
-        self._log = log
-        self._journal = Journal()
-        self._last_write_mono = -1.0
-        # What the snapshot holds changes only through the calls below (see ``changed``);
-        # each bumps the version, and a write records the version it encodes.
-        self._version = 0
-        self._written = -1  # the version the latest write started encodes; -1: none yet
-        self._behind_since: float | None = None  # monotonic: first change not yet durable
-        self._forgot_at = -math.inf
+        self._reports = ReReports(tables, self._ids, node)
+        # The committer runs the writer's writes: owner -> committer -> writer, one way.
+        self._writer = PoolWriter(tables, log, clock)
         self._committer = GroupCommitter(
-            self._persist,
+            self._writer.write,
             window_s=commit_window_s,
             lazy_s=release_commit_s,
             clock=clock,
@@ -197,45 +169,7 @@ class OwnedPool:
         Returns:
             (teams whose usage was restored, phantoms added).
         """
-        now = self._now()
-        if snapshot is None:
-            # Nothing was ever written, or it is gone: no earlier grant was counted.
-            self._earlier.start_unknown(self.epoch, now)
-            return 0, 0
-        capacity = snapshot.capacity
-        if snapshot.configured not in (None, self.config.capacity):
-            # The configuration changed since that owner: its capacity is the new intent,
-            # and a SetCapacity made under the old one ends here.
-            capacity = self.config.capacity
-            logger.info(
-                "pool %s at epoch %d: configured capacity %d (was %d): it replaces %d",
-                self.name,
-                self.epoch,
-                capacity,
-                snapshot.configured,
-                snapshot.capacity,
-            )
-        if capacity != self.pool.capacity:
-            self.pool.set_capacity(capacity)
-        decay = math.exp(-self.pool.decay_rate * max(0.0, now - snapshot.wall))
-        for team, usage in restorable(self.config, snapshot.usage).items():
-            self.pool.set_usage(team, usage * decay)
-        # Ages in the snapshot run from its wall time and go on from now, on this epoch's
-        # clock: a wall clock that differs between the two owners (a step, a skewed node)
-        # neither ends a phantom early nor forgets a settled release. The time between
-        # the write and this restore is not aged (the safe side). Each phantom lasts as
-        # long as its request could still be running, and never beyond max_request_s
-        # from now: chained failovers do not stretch it.
-        shift = now - snapshot.wall
-        latest = now + self.config.max_request_s
-        # Every session gets one TTL from now to be renewed (its holder keeps it alive).
-        self._sessions.restore(((sid, d, h) for sid, (d, h) in snapshot.sessions.items()), now)
-        self._phantoms.restore(
-            snapshot.live, now=now, shift=shift, latest=latest, sessions=self._sessions
-        )
-        self._earlier.restore(snapshot, self.epoch, now, shift)
-        self._forget(now)
-        return len(snapshot.usage), len(self._phantoms)
+        return self._tables.restore(snapshot)
 
     def restore_unreadable(self) -> int:
         """Takes over after a snapshot that could not be read: fails safe.
@@ -244,10 +178,7 @@ class OwnedPool:
         whole reservation as phantoms for ``max_request_s``, and no grant of an earlier
         epoch is taken as settled. Returns the phantoms added.
         """
-        now = self._now()
-        added = self._phantoms.fill(self.pool.reserved(), now + self.config.max_request_s)
-        self._earlier.start_unknown(self.epoch, now)
-        return added
+        return self._tables.restore_unreadable()
 
     def can_decide(self) -> bool:
         """True while this owner may decide: not stopped, no write failed, fenced."""
@@ -275,7 +206,7 @@ class OwnedPool:
         a successor's restore as they are here. Only decisions, releases, adoptions,
         expiries of held grants and capacity changes make the state differ.
         """
-        return self._version != self._written
+        return self._writer.changed
 
     async def flush(self) -> None:
         """Writes the state now and waits for it. A failure is not raised: it marks the
@@ -303,11 +234,7 @@ class OwnedPool:
         successful write covers every change, else the seconds since the first change it
         does not cover; -1 before the first write of this epoch. An idle pool writes
         nothing and stays at 0."""
-        if self._last_write_mono < 0:
-            return -1.0
-        if self._behind_since is None:
-            return 0.0
-        return max(0.0, self._clock.monotonic() - self._behind_since)
+        return self._writer.snapshot_age_s()
 
     # -- decisions ------------------------------------------------------------------
 
@@ -339,7 +266,7 @@ class OwnedPool:
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
-        opened = session is not None and self._open(session, holder)
+        opened = session is not None and self._tables.open_session(session, holder)
         sid = session.id if session is not None else ""
         # Two sessions of one holder name may reuse request ids: each has its own.
         key = (f"{holder}\x00{sid}" if sid else holder, request_id)
@@ -347,12 +274,12 @@ class OwnedPool:
             answered = self._answers.get(key)
             if answered is not None:
                 await self.durable()  # the first answer may still be in its commit
-                return Decision(*answered, False, self.node, self.epoch)
+                return answered.decision(self.node, self.epoch)
         within_share = self.pool.within_share_next(team)
         full = beyond(
             self.config,
             self.pool.capacity,
-            self._held,
+            self._tables.held,
             holding_of(holder, sid),
             within_share=within_share,
         )
@@ -360,8 +287,8 @@ class OwnedPool:
             if opened:
                 await self.durable()  # what the next grant of the session relies on
             raise full
-        self._admit(team)
-        self._touch()  # a team may be admitted even when nothing is granted
+        self._tables.admit(team)
+        self._tables.touch()  # a team may be admitted even when nothing is granted
         try:
             grant = (
                 self.pool.try_acquire(team, cls, est_tokens)
@@ -369,17 +296,23 @@ class OwnedPool:
                 else self.pool.acquire(team, cls, est_tokens)
             )
         except ValueError as e:
-            raise InvalidArgument(_field_of(e), str(e)) from e
-        answer: Answer
+            raise invalid_argument(e) from e
         if grant is None:
-            answer = (False, "", 0, False, True)
+            answer = Answer(granted=False, grant_id="", priority=0, borrowing=False, saturated=True)
         else:
-            self._seq += 1
-            ref = GrantRef(self.name, self.epoch, self._seq, team, holder, "", grant.borrowing, sid)
-            held = self._held.issue(self._seq, grant, holder, team, self._now(), sid)
-            self._changes.counted(held.key, held.row)
-            answer = (True, self._keys.sign(ref), grant.priority, grant.borrowing, grant.saturated)
-        decision = Decision(*answer, False, self.node, self.epoch)
+            self._tables.issued += 1
+            seq = self._tables.issued
+            ref = GrantRef(self.name, self.epoch, seq, team, holder, "", grant.borrowing, sid)
+            held = self._tables.held.issue(seq, grant, holder, team, self._tables.now(), sid)
+            self._tables.changes.counted(held.key, held.row)
+            answer = Answer(
+                granted=True,
+                grant_id=self._keys.sign(ref),
+                priority=grant.priority,
+                borrowing=grant.borrowing,
+                saturated=grant.saturated,
+            )
+        decision = answer.decision(self.node, self.epoch)
         if request_id:
             self._answers.remember(key, answer)
         if opened or (grant is not None and not grant.borrowing):
@@ -396,20 +329,11 @@ class OwnedPool:
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
-        return self._sessions.renew(session, self._now())
+        return self._tables.sessions.renew(session, self._tables.now())
 
     @property
     def session_ttl_s(self) -> float:
-        return self._sessions.ttl_s
-
-    def _open(self, session: Session, holder: str) -> bool:
-        """Checks and renews ``session`` for ``holder``; records it when this call opens
-        it (returns True: the caller makes it durable before answering)."""
-        if not self._sessions.check(session, holder, self._now()):
-            return False
-        self._changes.sessions[session.id] = (session.digest, holder)
-        self._touch()
-        return True
+        return self._tables.sessions.ttl_s
 
     def release(self, ref: GrantRef, consumed: float) -> None:
         """Ends a grant of this epoch or an earlier one; idempotent across owners.
@@ -423,39 +347,39 @@ class OwnedPool:
             raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
         key = GrantKey(ref.epoch, ref.seq, ref.holder)
         own = ref.epoch == self.epoch
-        held = self._held.take_own(key) if own else self._held.take_adopted(key)
-        self._touch()
-        changes = self._changes
+        held = self._tables.held.take_own(key) if own else self._tables.held.take_adopted(key)
+        self._tables.touch()
+        changes = self._tables.changes
         if held is not None:
             # A grant of a holder session may run past max_request_s: what it may have
             # consumed follows the time it was held.
-            held_s = self._now() - held.wall
+            held_s = self._tables.now() - held.wall
             held.grant.release(self._ids.bounded(ref, consumed, held_s=held_s))
             changes.dropped(held.key)
             changes.team(held.team)
             if not own:
-                self._settle(key)
+                self._tables.settle(key)
             return
-        phantom = self._phantoms.take(key)
+        phantom = self._tables.phantoms.take(key)
         if phantom is not None:
             # The previous owner counted it: charge it and close its phantom.
             team = phantom.team
             self.pool.charge(team, self._ids.bounded(ref, consumed))
-            self._phantoms.drop(phantom)
+            self._tables.phantoms.drop(phantom)
             changes.dropped(key)
             changes.team(team)
-            self._settle(key)
-        elif self._earlier.is_settled(key):
+            self._tables.settle(key)
+        elif self._tables.earlier.is_settled(key):
             pass  # settled before: its consumption is already in the usage
-        elif self._earlier.chargeable(key, signed=bool(ref.mac)):
+        elif self._tables.earlier.chargeable(key, signed=bool(ref.mac)):
             # No owner counts it (made after a crashed owner's last write, degraded, or
             # ended unreleased: its session lapsed, or it outlived max_request_s):
             # charge what it consumed, once.
             team = ref.team or "unknown"
-            self._admit(team)
+            self._tables.admit(team)
             self.pool.charge(team, self._ids.bounded(ref, consumed))
             changes.team(team)
-            self._settle(key)
+            self._tables.settle(key)
         elif not ref.mac:
             # A client-made degraded id no owner counted proves nothing: anyone can make
             # one. Its holder re-reports it (Adopt) before releasing it.
@@ -471,20 +395,8 @@ class OwnedPool:
         complete: bool,
         session: Session | None = None,
     ) -> AdoptResult:
-        """Counts a holder's live grants of earlier epochs again.
-
-        Each is counted in the team, with the standing (``adopted_standing``) and in the
-        session its id names, never those the holder claims; a grant of a session that is
-        not open here (it lapsed) is not counted again. A grant the previous owner counted
-        closes its own phantom; a grant nobody counted (see ``release``) is simply counted;
-        a grant already settled is ignored.
-
-        A complete inventory speaks for the caller's own grants only. Presented with a
-        ``session``, it closes every phantom of that session it did not claim; without
-        one, every phantom of ``holder`` made without a session, if it carries a signed
-        grant of ``holder`` (an unsigned one proves nothing). Nobody closes another
-        session's phantoms: two processes that share a holder name do not disturb each
-        other.
+        """Counts a holder's live grants of earlier epochs again, and closes the phantoms a
+        complete inventory did not claim (which ones: ``ha.owned.rereports``).
 
         Raises:
             NotDeciding: the node may not decide for this pool now (an adopt is a
@@ -493,140 +405,10 @@ class OwnedPool:
                 another holder, or ``session`` is open with another secret or holder;
                 nothing is counted then.
             InvalidArgument: a grant is of another pool.
-
-        Borrowing grants (every unsigned one is) beyond the bounds on grants in flight
-        (``ha.owned.bounds``, the pool's and the grant's holder's) are not counted, and
-        logged: each keeps its
-        phantom, if it has one, until it ends, and a complete inventory that left any out
-        closes no other phantom (they stay until they expire: the cautious side).
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
-        refs = [GrantRef.decode(held.grant_id) for held in grants]
-        proven = self._check_adopted(holder, refs)
-        if session is not None:
-            self._open(session, holder)
-        self._touch()
-        adopted = 0
-        dropped = 0
-        left_out = 0  # grants beyond the in-flight bounds
-        full: LimitExceeded | None = None
-        for held, ref in zip(grants, refs, strict=True):
-            key = GrantKey(ref.epoch, ref.seq, ref.holder)
-            if not self._counts_again(key, ref):
-                continue
-            recorded = self._phantoms.get(key)
-            borrowing = adopted_standing(ref, None if recorded is None else recorded.borrowing)
-            met = beyond(
-                self.config,
-                self.pool.capacity,
-                self._held,
-                holding_of(ref.holder, ref.session),
-                within_share=not borrowing,
-            )
-            if met is not None:
-                left_out, full = left_out + 1, met  # its phantom, if any, counts on
-                continue
-            # The id's team, never the one the holder claims: a grant signed for one team
-            # re-reported as another would be counted and charged there.
-            team = ref.team or held.team
-            self._admit(team)
-            try:
-                grant = self.pool.adopt(team, held.priority, borrowing, held.est_tokens)
-            except ValueError as e:
-                raise InvalidArgument(f"grants.{_field_of(e)}", str(e)) from e
-            phantom = self._phantoms.take(key)
-            # It keeps the deadline its phantom had: re-counting does not extend a request.
-            issued = self._now() if phantom is None else phantom.until - self.config.max_request_s
-            kept = self._held.adopt(key, grant, issued, unsigned=not ref.mac, session=ref.session)
-            self._changes.counted(key, kept.row)
-            adopted += 1
-            if phantom is not None and self._phantoms.drop(phantom):
-                dropped += 1
-        if full is not None:
-            logger.warning(
-                "pool %s at epoch %d: %d grants re-reported by holder %r are not counted "
-                "again (%s); their phantoms count on until they end%s",
-                self.name,
-                self.epoch,
-                left_out,
-                holder,
-                full,
-                ", and so do the caller's unclaimed ones" if complete else "",
-            )
-        elif complete:
-            # (With grants left out, the unclaimed phantoms cannot be told from theirs.)
-            dropped += self._close_unclaimed(holder, session, proven)
-        return AdoptResult(adopted, dropped, self.node, self.epoch)
-
-    def _counts_again(self, key: GrantKey, ref: GrantRef) -> bool:
-        """Whether a re-reported grant of an earlier epoch is counted again: not when it is
-        counted already or was released, nor when its session lapsed; only when the
-        previous owner counted it (a phantom) or no owner ever did (see ``release``)."""
-        if ref.epoch >= self.epoch or self._held.adopted(key) or self._earlier.is_settled(key):
-            return False
-        if ref.session and not self._sessions.live(ref.session):
-            return False
-        return key in self._phantoms or self._earlier.chargeable(key)
-
-    def _check_adopted(self, holder: str, refs: Sequence[GrantRef]) -> bool:
-        """Checks every re-reported grant before any is counted; returns whether one of
-        them is a signed grant of ``holder`` (what lets a complete inventory close its
-        phantoms).
-
-        Raises:
-            InvalidArgument: a grant is of another pool.
-            PermissionDenied: a grant id is not genuine, or is unsigned and names another
-                holder.
-        """
-        proven = False
-        for i, ref in enumerate(refs):
-            field = f"grants[{i}].grant_id"
-            if ref.pool != self.name:
-                raise InvalidArgument(field, f"grant of pool {ref.pool!r}, not {self.name!r}")
-            self._ids.check(ref, field)
-            if not ref.mac and ref.holder != holder:
-                self._ids.refused()
-                raise PermissionDenied(
-                    field, f"an unsigned grant of holder {ref.holder!r} adopted by {holder!r}"
-                )
-            proven = proven or (bool(ref.mac) and ref.holder == holder)
-        return proven
-
-    def _close_unclaimed(self, holder: str, session: Session | None, proven: bool) -> int:
-        """After a complete inventory: closes the phantoms it did not claim, those of
-        ``session``, or without one those of ``holder`` made without a session if
-        ``proven`` (it carried a signed grant of ``holder``; else they are left to expire);
-        returns how many phantoms the pool dropped."""
-        if session is not None:
-            return self._uncount(*self._phantoms.close_session(session.id))
-        if not proven:
-            if self._phantoms.holds(holder):
-                logger.warning(
-                    "pool %s at epoch %d: a complete re-report for holder %r carries no "
-                    "signed grant of it; its phantoms stay until they expire",
-                    self.name,
-                    self.epoch,
-                    holder,
-                )
-            return 0
-        # The holder does not hold these any more: their releases may still be on the way,
-        # so they stay chargeable, but they no longer count in flight.
-        return self._uncount(*self._phantoms.close(holder))
-
-    def _uncount(self, keys: list[GrantKey], ended: int = 0) -> int:
-        """Records grants (or phantoms) that no longer count in flight but whose release
-        may still come and must be charged once; returns ``ended``."""
-        if not keys:
-            return ended
-        now = self._now()
-        self._earlier.uncount(keys, now)
-        for key in keys:
-            self._changes.dropped(key)
-            if key in self._earlier.uncounted:  # not dropped at once by the table's cap
-                self._changes.uncounted[key] = now
-        self._touch()
-        return ended
+        return self._reports.adopt(holder=holder, grants=grants, complete=complete, session=session)
 
     def expire(self) -> int:
         """Ends the grants whose holder is presumed dead; returns how many.
@@ -637,14 +419,14 @@ class OwnedPool:
         dead gateway would keep its team's slots for ever. Nothing is charged now; a late
         release is, once, for what it consumed.
         """
-        now = self._now()
-        self._forget(now)  # phantoms end here too: the pool's never expire by themselves
-        lapsed = self._sessions.lapsed(now)
+        now = self._tables.now()
+        self._tables.forget(now)  # phantoms end here too: the pool's never expire by themselves
+        lapsed = self._tables.sessions.lapsed(now)
         for sid in lapsed:
-            self._uncount(self._held.lapse(sid))
-            self._uncount(*self._phantoms.close_session(sid))
-            self._changes.sessions[sid] = None
-            self._touch()
+            self._tables.uncount(self._tables.held.lapse(sid))
+            self._tables.uncount(*self._tables.phantoms.close_session(sid))
+            self._tables.changes.sessions[sid] = None
+            self._tables.touch()
         if lapsed:
             logger.warning(
                 "pool %s at epoch %d: %d holder sessions lapsed (not renewed for %gs); "
@@ -652,13 +434,13 @@ class OwnedPool:
                 self.name,
                 self.epoch,
                 len(lapsed),
-                self._sessions.ttl_s,
+                self._tables.sessions.ttl_s,
             )
             self._committer.nudge()
         horizon = now - self.config.max_request_s
-        expired = len(keys := self._held.expire(horizon))
+        expired = len(keys := self._tables.held.expire(horizon))
         if expired:
-            self._uncount(keys)
+            self._tables.uncount(keys)
             logger.warning(
                 "pool %s at epoch %d: %d grants outlived max_request_s (%gs) unreleased; "
                 "their holders are presumed dead",
@@ -671,102 +453,29 @@ class OwnedPool:
         return expired
 
     def set_capacity(self, capacity: int) -> int:
-        self._touch()
+        self._tables.touch()
         try:
             return self.pool.set_capacity(capacity)
         except ValueError as e:
             raise InvalidArgument("capacity", str(e)) from e
 
     def view(self) -> PoolView:
-        teams, within = self._tables()
+        teams, within = self._tables.team_tables()
         return PoolView(self.name, self.pool.capacity, self.node, self.epoch, teams, within=within)
 
     def teams(self) -> Sequence[TeamStat]:
-        """The pool's team table (Snapshot, metrics), as ``_tables`` keeps it."""
-        return self._tables()[0]
+        """The pool's team table (Snapshot, metrics), as ``PoolTables.team_tables`` keeps it."""
+        return self._tables.team_tables()[0]
 
     def within(self) -> Mapping[str, int]:
-        """Every team's within-share count (``Pool.within``), as ``_tables`` keeps it."""
-        return self._tables()[1]
-
-    def _tables(self) -> tuple[Sequence[TeamStat], Mapping[str, int]]:
-        """The team table and the within-share counts. Fresh with at most
-        ``_FRESH_TEAMS`` teams; with more, up to ``_VIEW_CACHE_S`` old, so that the O(T)
-        tables are built at most once per that time however often they are asked for."""
-        if self.pool.team_count <= _FRESH_TEAMS:
-            return self.pool.snapshot(), self.pool.within()
-        now = self._clock.monotonic()
-        cached = self._teams_cache
-        if cached is None or not 0 <= now - cached[0] < _VIEW_CACHE_S:
-            cached = self._teams_cache = (now, self.pool.snapshot(), self.pool.within())
-        return cached[1], cached[2]
+        """Every team's within-share count (``Pool.within``), as ``team_tables`` keeps it."""
+        return self._tables.team_tables()[1]
 
     # -- persistence ----------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
-        """The state to persist now."""
-        state = self._state()
-        return dataclasses.replace(state, live=self._held.live() + self._phantoms.live())
-
-    def _state(self) -> PoolSnapshot:
-        """The state to persist now, but for the requests in flight."""
-        now = self._now()
-        if now >= self._forgot_at + _FORGET_EVERY_S:
-            self._forget(now)
-        usage, _ = self.pool.usage()
-        return PoolSnapshot(
-            pool=self.name,
-            epoch=self.epoch,
-            wall=now,
-            capacity=self.pool.capacity,
-            usage=usage,
-            issued=self._seq,
-            unknown_after=dict(self._earlier.unknown_after),
-            unknown_between=list(self._earlier.unknown_between),
-            uncounted=dict(self._earlier.uncounted),
-            settled=dict(self._earlier.settled),
-            configured=self.config.capacity,
-            sessions={sid: (d, h) for sid, d, h in self._sessions.rows()},
-        )
-
-    async def _persist(self) -> None:
-        # A record of what changed since the previous write when the journal allows it
-        # (``ha.owned.journal``): its cost follows the changes, not the requests in flight. A
-        # checkpoint otherwise, from the rows each request keeps encoded.
-        now = self._now()
-        if now >= self._forgot_at + _FORGET_EVERY_S:
-            self._forget(now)
-        changes = self._journal.take()
-        self._written = version = self._version  # nothing changes it before the encoding
-        record = None if self._journal.due else self._record(changes, now)
-        started = self._clock.monotonic()
-        if record is not None:
-            self._journal.recorded(len(record))
-            await self._log.append(record)
-        else:
-            checkpoint = encode_checkpoint(
-                self._state(), chain(self._held.rows(), self._phantoms.rows())
-            )
-            self._journal.checkpointed(checkpoint.size)
-            await self._log.checkpoint(checkpoint)
-        self._last_write_mono = self._clock.monotonic()
-        if version == self._version:
-            self._behind_since = None
-        elif self._behind_since is not None:
-            # Changes made during the write are not in it: they lag since it started at
-            # the latest.
-            self._behind_since = max(self._behind_since, started)
-
-    def _record(self, changes: Changes, now: float) -> bytes | None:
-        """The record of ``changes`` as of ``now``; None when too large for one."""
-        return encode_record(
-            epoch=self.epoch,
-            wall=now,
-            capacity=self.pool.capacity,
-            issued=self._seq,
-            usage={team: self.pool.usage_of(team) for team in changes.teams},
-            changes=changes,
-        )
+        """The state to persist now (``ha.owned.writer``)."""
+        return self._writer.snapshot()
 
     async def durable(self, *, lazy: bool = False) -> None:
         """Returns once a fenced write covers the state as of the call.
@@ -783,58 +492,3 @@ class OwnedPool:
             await self._committer.sync(lazy=lazy)
         except CommitFailed as e:
             raise NotDeciding(f"{self.name}: durable write failed: {e}") from e
-
-    # -- internals --------------------------------------------------------------------
-
-    def _touch(self) -> None:
-        """Records a change of the state a snapshot holds (see ``changed``)."""
-        self._version += 1
-        if self._behind_since is None:
-            self._behind_since = self._clock.monotonic()
-
-    @property
-    def _changes(self) -> Changes:
-        return self._journal.changes
-
-    def _admit(self, team: str) -> None:
-        if team and not self.pool.knows(team):
-            admit(self.pool, self.config, team)
-            self._changes.team(team)
-
-    def _settle(self, key: GrantKey) -> None:
-        now = self._now()
-        if self._earlier.settle(key, now):
-            self._changes.settled[key] = now
-
-    def _forget(self, now: float) -> None:
-        """Drops what no request can outlive: phantoms, windows and settled entries older
-        than ``max_request_s``."""
-        self._forgot_at = now
-        self._phantoms.forget(now, self._sessions)
-        self._earlier.forget(now - max(self.config.max_request_s, self._release_memory_s))
-
-
-def adopted_standing(ref: GrantRef, recorded: bool | None) -> bool:
-    """Whether a re-reported grant counts as a borrower (True) or within share.
-
-    Never the holder's word, which could give its team more within-share grants than its
-    reservation: the standing its signed id carries; for a degraded grant (epoch 0),
-    borrowing, as every degraded grant is; else the standing the previous owner recorded
-    (``recorded``, its phantom's); else, unknown (an id issued before ids carried it, not
-    in the restored state), within share: the safe side, it can only make new requests of
-    its team borrow.
-    """
-    if ref.borrowing is not None:
-        return ref.borrowing
-    if ref.epoch == DEGRADED_EPOCH:
-        return True
-    return bool(recorded)
-
-
-def _field_of(error: ValueError) -> str:
-    text = str(error)
-    names = {"class": "service_class"}
-    for field in ("team", "est_tokens", "class", "priority", "capacity"):
-        if text.startswith(field):
-            return names.get(field, field)
-    return "request"

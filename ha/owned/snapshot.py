@@ -1,5 +1,10 @@
 """What an owner persists for its successor, and how a successor reads it.
 
+An owner writes it as records of changes and checkpoints (``ha.owned.journal``), which a
+successor replays into a ``PoolSnapshot``; ``PoolSnapshot.encode`` and ``decode`` are its
+whole form, the one the earlier layout stored (``ha.owned.poolstate``), which a restore
+still reads.
+
 A snapshot says, as of its wall time: the pool's capacity, every team's decayed usage, and
 *which* requests are in flight, by grant identity (epoch, sequence, holder) with their team.
 Identities, rather than counts, let a successor settle every later release exactly once:
@@ -114,11 +119,10 @@ class PoolSnapshot:
         return counts
 
     def encode(self, *, live_rows: Iterable[str] | None = None) -> bytes:
-        """The snapshot as stored.
+        """The snapshot whole, as the earlier layout stored it (what ``decode`` reads).
 
         Args:
-            live_rows: ``live_row`` of each request in flight, in place of ``live`` (an
-                owner keeps them encoded so that a write does not encode each again).
+            live_rows: ``live_row`` of each request in flight, in place of ``live``.
         """
         rows = (live_row(g) for g in self.live) if live_rows is None else live_rows
         head = json.dumps(
@@ -174,8 +178,9 @@ class PoolSnapshot:
 
 
 def live_row(grant: LiveGrant) -> str:
-    """One entry of the ``live`` list as ``PoolSnapshot.encode`` writes it: ``[epoch, seq,
-    holder, team, until]``, then the standing (1 borrowing, 0 within share) when known."""
+    """One entry of a ``live`` list (a checkpoint's, a record's, ``PoolSnapshot.encode``'s):
+    ``[epoch, seq, holder, team, until]``, then the standing (1 borrowing, 0 within share)
+    when known, then the session when there is one (after a null standing if unknown)."""
     k = grant.key
     until = float(grant.until)
     standing = "" if grant.borrowing is None else (",1" if grant.borrowing else ",0")

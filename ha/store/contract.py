@@ -165,6 +165,9 @@ class Store(Protocol):
     Keys are ``str`` paths such as ``/fairshare/owners/gpu-a``; values are bytes.
     Every method may raise StoreUnavailable; it says so only where it may also raise
     something else.
+
+    A store subclasses it for ``put_fenced``, written here once for all (the fenced commit
+    of one ``Put``); a wrapper (``ha.store.writes.WatchedStore``) forwards it as any call.
     """
 
     async def grant_lease(self, ttl_s: float) -> LeaseId:
@@ -226,10 +229,11 @@ class Store(Protocol):
         fence_revision: int,
         timeout_s: float | None = None,
     ) -> bool:
-        """Writes ``key`` only if ``fence_key`` exists with create_revision ``fence_revision``.
+        """Writes ``key`` only if ``fence_key`` exists with create_revision ``fence_revision``:
+        ``commit_fenced`` of one ``Put``.
 
-        This is how an owner persists: its owner key's create_revision is its epoch, so a
-        deposed owner can never overwrite its successor's state.
+        An owner writes under its owner key (whose create_revision is its epoch), so a
+        deposed owner can never overwrite what its successor wrote.
 
         Args:
             timeout_s: how long the call may take in all (the caller's budget, e.g. the
@@ -245,7 +249,12 @@ class Store(Protocol):
             StoreUnavailable: no answer within ``timeout_s``; the write may or may not
                 have been applied.
         """
-        ...
+        return await self.commit_fenced(
+            [Put(key, value)],
+            fence_key=fence_key,
+            fence_revision=fence_revision,
+            timeout_s=timeout_s,
+        )
 
     async def commit_fenced(
         self,
@@ -258,9 +267,8 @@ class Store(Protocol):
         """Applies ``writes`` in order, all or none, only if ``fence_key`` exists with
         create_revision ``fence_revision``: one transaction, one revision.
 
-        ``put_fenced`` is the commit of one ``Put``. What a commit may hold is bounded by
-        the store (etcd: 128 operations, 1.5 MiB by default); ``ha.owned.poolstate`` keeps every
-        commit far below both.
+        What a commit may hold is bounded by the store (etcd: 128 operations, 1.5 MiB by
+        default); ``ha.owned.poolstate`` keeps every commit far below both.
 
         Returns:
             False when the fence did not hold (nothing was written by this attempt).

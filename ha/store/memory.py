@@ -25,7 +25,7 @@ from ha.store.contract import (
     KeyValue,
     LeaseId,
     LeaseNotFound,
-    Put,
+    Store,
     StoreUnavailable,
     WatchEvent,
     Write,
@@ -43,7 +43,7 @@ _HISTORY_BYTES = 4 * 1024 * 1024
 _EXPIRY_TICK_S = 0.05
 
 
-class MemoryStore:
+class MemoryStore(Store):
     """The store contract in memory, on an injected clock."""
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -108,22 +108,6 @@ class MemoryStore:
                 return None
             self._check_lease(lease)
             return await self._write(key, value, lease)
-
-    async def put_fenced(
-        self,
-        key: str,
-        value: bytes,
-        *,
-        fence_key: str,
-        fence_revision: int,
-        timeout_s: float | None = None,
-    ) -> bool:
-        return await self.commit_fenced(
-            [Put(key, value)],
-            fence_key=fence_key,
-            fence_revision=fence_revision,
-            timeout_s=timeout_s,
-        )
 
     async def commit_fenced(
         self,

@@ -16,7 +16,8 @@ from ha.clock import FakeClock
 from ha.grantkeys import ephemeral_keys
 from ha.owned.genuine import degraded_grant_id
 from ha.owned.journal import MemoryLog
-from ha.owned.pool import OwnedPool, adopted_standing
+from ha.owned.pool import OwnedPool
+from ha.owned.rereports import adopted_standing
 from ha.owned.snapshot import PoolSnapshot
 from ha.settings import PoolConfig
 

@@ -22,7 +22,7 @@ from ha.store.contract import (
     KeyValue,
     LeaseId,
     LeaseNotFound,
-    Put,
+    Store,
     StoreUnavailable,
     WatchEvent,
     Write,
@@ -81,7 +81,7 @@ async def connect(
     return store
 
 
-class EtcdStore:
+class EtcdStore(Store):
     """``ha.store.contract.Store`` over etcd. Create it with ``connect``."""
 
     def __init__(
@@ -158,22 +158,6 @@ class EtcdStore:
         if not succeeded:
             return None
         return KeyValue(key, bytes(value), revision, revision, lease)
-
-    async def put_fenced(
-        self,
-        key: str,
-        value: bytes,
-        *,
-        fence_key: str,
-        fence_revision: int,
-        timeout_s: float | None = None,
-    ) -> bool:
-        return await self.commit_fenced(
-            [Put(key, value)],
-            fence_key=fence_key,
-            fence_revision=fence_revision,
-            timeout_s=timeout_s,
-        )
 
     async def commit_fenced(
         self,
