@@ -1,25 +1,24 @@
 """The pools a replica owns: campaigns, rebalancing, losses.
 
 Guarantees:
-- This node decides for a pool only while it holds the pool's owner key (watched) and
-  its lease is within the self-fencing deadline; every durable write is fenced on the
-  epoch (the owner key's create_revision).
+- This node decides for a pool only while it holds the pool's owner key (watched) and its
+  lease is within the self-fencing deadline; every durable write is fenced on the epoch
+  (the owner key's create_revision).
 - A new owner restores the usage of the previous one (decayed to now) and counts its
-  in-flight requests as phantoms until they are re-reported or ``max_request_s`` passes.
+  in-flight requests as phantoms until they are released or re-reported, or end (after
+  ``max_request_s``, or when their holder session lapses).
 - Placement: a pool belongs to the node an operator's switchover pinned it to while that
-  pin holds, otherwise to its preferred replica; an owner hands a pool to that replica
-  only once it has been a member without a break for ``rebalance_settle_s``. A graceful
-  handover (``ha.cluster.handover``) is one transition, counted by the new owner, and is not
-  logged as a loss.
-- An ownerless pool that its target does not take is campaigned for by every other
-  replica at the latest ``lease_ttl_s + campaign_delay_s`` after it became ownerless,
-  however many other pools are being taken meanwhile.
+  pin holds, otherwise to its preferred replica; an owner hands a pool to that replica only
+  once it has been a member without a break for ``rebalance_settle_s``. A graceful handover
+  (``ha.cluster.handover``) is one transition, counted by the new owner, not a loss.
+- An ownerless pool that its target does not take is campaigned for by every other replica
+  at the latest ``lease_ttl_s + campaign_delay_s`` after it became ownerless, however many
+  other pools are being taken meanwhile.
 - Failed campaigns for a pool back off and are logged sparingly (``ha.cluster.backoff``).
-- A node has at most ``IN_FLIGHT`` campaigns (a campaign ends once its first snapshot is
-  written) and at most ``IN_FLIGHT`` rebalancing handovers under way at a time: a node
-  starting with a thousand ownerless pools takes them a few at a time, each within its
-  RPC timeout, rather than sending them all at once and losing most to timeouts (and its
-  lease, whose renewals queue behind them).
+- A node has at most ``IN_FLIGHT`` campaigns (each ends once its first snapshot is written)
+  and ``IN_FLIGHT`` rebalancing handovers under way at a time: with a thousand ownerless
+  pools it takes a few at a time, each within its RPC timeout, rather than all at once,
+  losing most to timeouts (and its lease, whose renewals queue behind them).
 
 Non-guarantees: ownership while the store is unreachable for longer than the fencing
 deadline.
