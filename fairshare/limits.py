@@ -1,7 +1,8 @@
 """The limits that keep one replica's memory and work bounded whatever clients send.
 
-Every value here is checked at the door (``server.servicer``) before anything is stored,
-or by the owner of a pool for what depends on its state (``ha.owned.pool``). docs/ha.md
+Every value here is what a client's message may hold, checked at the door
+(``server.servicer``) before anything is stored; what an owner keeps in memory is bounded
+where it is kept (``ha.owned.answers``, ``ha.owned.sessions``). docs/ha.md
 ("Limits") lists each with what a client sees at it.
 """
 
@@ -21,9 +22,3 @@ MAX_BATCH_ITEMS: Final = 256
 MAX_EST_TOKENS: Final = 2**32
 """Largest ``est_tokens`` of one request. Billions of requests at this size still sum
 below 2**63, so a team's in-flight tokens always fit the wire's int64."""
-MAX_ANSWER_BYTES: Final = 32 * 2**20
-"""Bytes of remembered answers (request-id dedupe) one pool keeps; the oldest go first."""
-MAX_ANSWERS: Final = 100_000
-"""Most remembered answers one pool keeps, whatever their size."""
-MAX_SESSIONS: Final = 16_384
-"""Most holder sessions one pool's owner keeps open at once (``ha.owned.sessions``)."""

@@ -11,10 +11,14 @@ nothing is persisted (a new owner answers a retry anew).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-from fairshare.limits import MAX_ANSWER_BYTES, MAX_ANSWERS
 from ha.api import Decision, Epoch, NodeId
+
+MAX_ANSWER_BYTES: Final = 32 * 2**20
+"""Bytes of remembered answers (request-id dedupe) one pool keeps; the oldest go first."""
+MAX_ANSWERS: Final = 100_000
+"""Most remembered answers one pool keeps, whatever their size."""
 
 
 class Answer(NamedTuple):

@@ -21,9 +21,13 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from fairshare.errors import LimitExceeded, PermissionDenied
 from fairshare.sessions import SESSION_METADATA, Session
+
+MAX_SESSIONS: Final = 16_384
+"""Most holder sessions one pool's owner keeps open at once."""
 
 
 @dataclass(slots=True)

@@ -22,14 +22,13 @@ import math
 from collections.abc import Mapping, Sequence
 
 from fairshare import Pool, TeamStat
-from fairshare.limits import MAX_SESSIONS
 from fairshare.sessions import Session
 from ha.api import Epoch, InvalidArgument, PoolName
 from ha.clock import Clock, EpochTime
 from ha.owned.held import HeldGrants
 from ha.owned.journal import Changes, Journal
 from ha.owned.phantoms import Phantoms
-from ha.owned.sessions import Sessions
+from ha.owned.sessions import MAX_SESSIONS, Sessions
 from ha.owned.settled import Settled
 from ha.owned.snapshot import GrantKey, PoolSnapshot
 from ha.owned.teams import admit, restorable
