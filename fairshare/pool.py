@@ -140,9 +140,9 @@ class Pool:
         Raises:
             ValueError: empty team, class outside ``Class``, or ``est_tokens`` < 0.
         """
-        klass = self._check(team, cls, est_tokens)
+        cls = self._check(team, cls, est_tokens)
         with self._lock:
-            return self._decide(team, klass, est_tokens)
+            return self._decide(team, cls, est_tokens)
 
     def try_acquire(
         self, team: str, cls: Class = Class.INTERACTIVE, est_tokens: int = 0
@@ -152,12 +152,12 @@ class Pool:
         Decided and recorded atomically, so a fallback that moves a request to this pool
         never pushes it past C. Returns None when the pool is full.
         """
-        klass = self._check(team, cls, est_tokens)
+        cls = self._check(team, cls, est_tokens)
         with self._lock:
             self._expire(self._clock())
             if self._in_flight + self._phantoms >= self._capacity:
                 return None
-            return self._decide(team, klass, est_tokens)
+            return self._decide(team, cls, est_tokens)
 
     def adopt(self, team: str, priority: int, borrowing: bool, est_tokens: int = 0) -> Grant:
         """Counts a request decided earlier as in flight with the standing it already has.
@@ -344,22 +344,22 @@ class Pool:
         if isinstance(cls, bool) or not isinstance(cls, int):
             raise ValueError(f"class must be a Class, got {cls!r}")
         try:
-            klass = Class(cls)
+            checked = Class(cls)
         except ValueError:
             raise ValueError(f"class must be a Class, got {cls!r}") from None
         if isinstance(est_tokens, bool) or not isinstance(est_tokens, int) or est_tokens < 0:
             raise ValueError(f"est_tokens must be an int >= 0, got {est_tokens!r}")
-        return klass
+        return checked
 
-    def _decide(self, team: str, klass: Class, est_tokens: int) -> Grant:
+    def _decide(self, team: str, cls: Class, est_tokens: int) -> Grant:
         self._expire(self._clock())
         state = self._roster.team(team)
         saturated = self._in_flight + self._phantoms >= self._capacity
         borrowing = state.within >= state.reserved
         if borrowing:
-            priority = borrowing_priority(self._roster.rank(state), klass)
+            priority = borrowing_priority(self._roster.rank(state), cls)
         else:
-            priority = within_share_priority(klass)
+            priority = within_share_priority(cls)
         self._count(state, borrowing, est_tokens)
         return Grant(
             team=team,
