@@ -12,6 +12,10 @@ at the next token, never while the request waits or a non-streaming answer is ge
 Guarantees: every request received is recorded before anything else happens to it; a
 record's times are on this process's monotonic clock; every slot taken is given back on
 every path. Not guaranteed: the records survive a restart (they are in memory).
+
+Headers: a record keeps the request's headers (names in lower case). Every answer echoes
+the request's ``x-request-id``, as vLLM does with ``--enable-request-id-headers``, and
+carries the headers the body's ``standin_headers`` asks for.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ import itertools
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
 from fairshare.sim.standin.scheduler import Policy, Scheduler
 from fairshare.sim.standin.shapes import Ask, BadRequest, Shapes, error_body, parse, sse
+
+ANSWER_HEADERS: Final = "standin.headers"
+"""Where a request keeps the headers its answer is to carry (aiohttp's request mapping)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Standin:
 
     def app(self) -> web.Application:
         app = web.Application()
+        app.on_response_prepare.append(self._answer_headers)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
@@ -61,6 +69,12 @@ class Standin:
         app.router.add_get("/standin/requests", self.list_records)
         app.router.add_delete("/standin/requests", self.forget_records)
         return app
+
+    async def _answer_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        if "x-request-id" in request.headers:
+            response.headers["x-request-id"] = request.headers["x-request-id"]
+        for name, value in request.get(ANSWER_HEADERS, ()):
+            response.headers.add(name, value)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -146,6 +160,7 @@ class Standin:
             )
         except BadRequest as refused:
             return self._error(record, refused.status, str(refused))
+        request[ANSWER_HEADERS] = ask.headers
         record |= {
             "model": ask.model,
             "priority": ask.priority,

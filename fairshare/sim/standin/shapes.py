@@ -50,6 +50,9 @@ class Ask:
     status: int | None
     hang: bool
     fail_after: int | None
+    headers: tuple[tuple[str, str], ...] = ()
+    """Headers the answer carries (``standin_headers``: {name: value}), to see what a
+    proxy in front passes back."""
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -121,7 +124,17 @@ def parse(body: Any, *, chat: bool, models: tuple[str, ...], max_tokens_default:
         status=_int_field(body, "standin_status"),
         hang=body.get("standin_hang") is True,
         fail_after=_int_field(body, "standin_fail_after"),
+        headers=_headers_field(body),
     )
+
+
+def _headers_field(body: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    value = body.get("standin_headers")
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise BadRequest(400, "standin_headers must be an object of strings")
+    return tuple((str(k), v) for k, v in value.items())
 
 
 def token_text(index: int, count: int) -> str:
