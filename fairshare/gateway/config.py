@@ -6,7 +6,8 @@ wrong; ``fairshare gateway`` prints it and exits 2. Unknown keys are errors too,
 is not silently ignored.
 
 The keys of the issue (``listen``, ``metrics_listen``, ``allocator``, ``auth``, ``models``,
-``cost``) are exactly as documented; ``limits`` and ``redecide`` are the gateway's own.
+``cost``) are exactly as documented; ``limits``, ``redecide`` and ``headers`` are the
+gateway's own.
 """
 
 from __future__ import annotations
@@ -118,6 +119,18 @@ class RedecideSettings:
 
 
 @dataclass(frozen=True)
+class HeaderSettings:
+    """Headers the gateway never passes on (``fairshare.gateway.headers``).
+
+    Attributes:
+        deny: names (lower case) passed neither to the upstream nor back to the client,
+            beyond the hop-by-hop headers and the client's credentials.
+    """
+
+    deny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     """The whole configuration, checked."""
 
@@ -129,6 +142,7 @@ class GatewayConfig:
     cost: CostSettings = field(default_factory=CostSettings)
     limits: Limits = field(default_factory=Limits)
     redecide: RedecideSettings = field(default_factory=RedecideSettings)
+    headers: HeaderSettings = field(default_factory=HeaderSettings)
 
     def model(self, name: str) -> Model | None:
         """The model named ``name``, or None."""
@@ -341,6 +355,16 @@ def _redecide(value: object) -> RedecideSettings:
     )
 
 
+def _headers(value: object) -> HeaderSettings:
+    raw = _mapping("headers", value, ("deny",))
+    deny = raw.get("deny") or []
+    if not isinstance(deny, list):
+        raise ConfigError(f"headers.deny: expected a list of header names, got {deny!r}")
+    keys = (f"headers.deny[{i}]" for i in range(len(deny)))
+    names = (_header(key, _string(key, name)) for key, name in zip(keys, deny, strict=True))
+    return HeaderSettings(deny=tuple(name for name in names if name is not None))
+
+
 TOP_KEYS: Final = (
     "listen",
     "metrics_listen",
@@ -350,6 +374,7 @@ TOP_KEYS: Final = (
     "cost",
     "limits",
     "redecide",
+    "headers",
 )
 
 
@@ -373,6 +398,7 @@ def parse(data: object) -> GatewayConfig:
         cost=_cost(raw.get("cost")),
         limits=_limits(raw.get("limits")),
         redecide=_redecide(raw.get("redecide")),
+        headers=_headers(raw.get("headers")),
     )
 
 

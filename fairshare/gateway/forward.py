@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -93,10 +93,17 @@ class Forwarder:
         self._timeout = timeout
 
     async def first(
-        self, placement: Placement, path: str, data: bytes, parsed: Request, outcome: Outcome
+        self,
+        placement: Placement,
+        path: str,
+        data: bytes,
+        headers: Mapping[str, str],
+        parsed: Request,
+        outcome: Outcome,
     ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
         """Everything up to the first byte the client may see: the whole answer when not
-        streaming (or on an error status), else the first chunk of the stream.
+        streaming (or on an error status), else the first chunk of the stream. ``headers``
+        go with the request (``fairshare.gateway.headers.HeaderPolicy.to_upstream``).
 
         Returns:
             The upstream's URL and response, which the caller ends with ``close``, and
@@ -106,7 +113,7 @@ class Forwarder:
             UpstreamFailed: as ``_open``, or the answer failed or timed out before its
                 first bytes (the upstream request is then closed).
         """
-        url, upstream = await self._open(placement, path, data, outcome)
+        url, upstream = await self._open(placement, path, data, headers, outcome)
         try:
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
                 head = await upstream.content.readany()
@@ -144,7 +151,7 @@ class Forwarder:
         parsed: Request,
         upstream: aiohttp.ClientResponse,
         head: bytes,
-        headers: dict[str, str],
+        headers: MutableMapping[str, str],
         outcome: Outcome,
     ) -> web.StreamResponse:
         """Passes a stream on event by event, from its first chunk ``head``."""
@@ -186,7 +193,12 @@ class Forwarder:
         return answer
 
     async def _open(
-        self, placement: Placement, path: str, data: bytes, outcome: Outcome
+        self,
+        placement: Placement,
+        path: str,
+        data: bytes,
+        headers: Mapping[str, str],
+        outcome: Outcome,
     ) -> tuple[str, aiohttp.ClientResponse]:
         """Sends the request to the upstream the route's router chooses for the grant's
         priority, among those that accept a connection.
@@ -219,7 +231,7 @@ class Forwarder:
                 response = await self.session.post(
                     url + path,
                     data=data,
-                    headers={"Content-Type": "application/json"},
+                    headers=headers,
                     timeout=self._timeout,
                 )
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:

@@ -10,15 +10,17 @@ not) and ``GET /v1/models``. For one request:
    limit of the allocator (``LimitExceeded``: this gateway's grants in flight at the
    pool's ``max_in_flight_per_holder``, the pool's at ``max_in_flight``, ...) is 429 with
    ``Retry-After`` and ``x-fairshare-limit`` naming it;
-3. the body with the grant's ``priority`` goes to the upstream the route's router chooses
-   for that priority (``fairshare.gateway.upstreams``; ``fewest-ahead`` unless configured
-   otherwise), through ``fairshare.gateway.forward``, which does the HTTP side of each
-   attempt; a connection that cannot be opened goes to another one;
-4. the answer goes back with ``x-fairshare-priority``, ``-standing``, ``-borrowing``,
-   ``-degraded`` and ``-pool``: a non-streaming answer whole, with the upstream's status
-   and body; a stream event by event (``fairshare.gateway.body.StreamFilter``), its status line sent
-   only when the first bytes arrive, so a stream that fails before it starts is answered
-   with a status;
+3. the body with the grant's ``priority``, and the client's headers that pass
+   (``fairshare.gateway.headers``, with the request's ``x-request-id``), go to the upstream
+   the route's router chooses for that priority (``fairshare.gateway.upstreams``;
+   ``fewest-ahead`` unless configured otherwise), through ``fairshare.gateway.forward``,
+   which does the HTTP side of each attempt; a connection that cannot be opened goes to
+   another one;
+4. the answer goes back with the upstream's headers that pass and ``x-fairshare-priority``,
+   ``-standing``, ``-borrowing``, ``-degraded`` and ``-pool``: a non-streaming answer whole,
+   with the upstream's status and body; a stream event by event
+   (``fairshare.gateway.body.StreamFilter``), its status line sent only when the first
+   bytes arrive, so a stream that fails before it starts is answered with a status;
 5. the grant is released once, with the charge (``fairshare.gateway.cost``), whatever way the
    request ended: answered, upstream error or timeout, the client gone (the handler is
    cancelled: the upstream connection is closed at once, so vLLM aborts the sequence),
@@ -48,9 +50,11 @@ from fairshare.gateway.config import GatewayConfig, Model, Route
 from fairshare.gateway.cost import charge
 from fairshare.gateway.errors import Refusal, error_response
 from fairshare.gateway.forward import Forwarder, Outcome, UpstreamFailed, standing
+from fairshare.gateway.headers import HeaderPolicy
 from fairshare.gateway.identity import BadClass, identify
 from fairshare.gateway.keys import Identity, KeysFile
 from fairshare.gateway.metrics import GatewayMetrics
+from fairshare.gateway.middleware import id_of, install
 from fairshare.gateway.placement import Placement, place
 from fairshare.gateway.redecide import Redecider, Watched
 from fairshare.gateway.releases import Releases
@@ -73,8 +77,6 @@ LIMIT_HEADER: Final = "x-fairshare-limit"
 ``max_in_flight``, ``max_teams`` ...), as its ``fairshare-limit`` metadata does."""
 READ_CHUNK: Final = 64 * 1024
 """Bytes of a request body read at a time (the body is bounded by ``max_body_bytes``)."""
-PASSED_HEADERS: Final = ("content-type",)
-"""Upstream answer headers passed on to the client (with the gateway's own)."""
 
 
 class Redecide(Exception):
@@ -147,6 +149,9 @@ class Proxy:
                     self.upstreams[route] = Upstreams(
                         route.pool, route.upstreams, routing=route.routing, metrics=metrics
                     )
+        self.header_policy = HeaderPolicy(
+            deny=config.headers.deny, consumed=(config.auth.team_header, config.auth.class_header)
+        )
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
         self.releases = Releases()
@@ -164,7 +169,9 @@ class Proxy:
     # -- routes ------------------------------------------------------------------------------
 
     def add_routes(self, app: web.Application) -> None:
-        """Installs the endpoints on ``app``."""
+        """Installs the endpoints on ``app``, and what every request goes through
+        (``fairshare.gateway.middleware``)."""
+        install(app)
         app.router.add_post(PATHS["chat"], self.chat)
         app.router.add_post(PATHS["completions"], self.completions)
         app.router.add_get("/v1/models", self.models)
@@ -337,11 +344,12 @@ class Proxy:
         data = bodies.upstream_body(parsed, grant.priority)
         headers = grant_headers(grant)
         path = PATHS[parsed.endpoint]
+        sent = self.header_policy.to_upstream(request.headers, id_of(request))
         opened: tuple[str, aiohttp.ClientResponse] | None = None
         answered_error = False  # the upstream answered with an error status
         try:
             try:
-                first = self.forwarder.first(placement, path, data, parsed, outcome)
+                first = self.forwarder.first(placement, path, data, sent, parsed, outcome)
                 opened, head = await _unless_signalled(
                     first, watched, lambda url, r: self.forwarder.close(placement, url, r)
                 )
@@ -353,17 +361,14 @@ class Proxy:
             answered_error = upstream.status != 200  # noqa: PLR2004 (HTTP OK)
             if watched is not None:
                 self.redecider.unwatch(watched)
+            answer = self.header_policy.to_client(upstream.headers)
+            answer.update(headers)  # the gateway's own
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
                 outcome.first_chunk = time.monotonic()
-                return await self.forwarder.stream(
-                    request, parsed, upstream, head, headers, outcome
-                )
+                return await self.forwarder.stream(request, parsed, upstream, head, answer, outcome)
             if not parsed.stream:
                 outcome.usage = bodies.usage_of_body(head) if upstream.status == 200 else None  # noqa: PLR2004
-            for name in PASSED_HEADERS:
-                if name in upstream.headers:
-                    headers[name] = upstream.headers[name]
-            return web.Response(status=upstream.status, body=head, headers=headers)
+            return web.Response(status=upstream.status, body=head, headers=answer)
         except asyncio.CancelledError:
             if not self.draining:  # else cancelled by the stop, after the grace
                 self.metrics.disconnects.inc()
