@@ -69,6 +69,11 @@ class Outcome:
     started: float = field(default_factory=time.monotonic)
     first_chunk: float | None = None
     """When a streamed answer's first chunk came (monotonic); None when not streamed."""
+    upstream: str = ""
+    """The upstream last sent to ("" before any)."""
+    cut: str = ""
+    """Why the attempt ended short (``fairshare.gateway.accesslog.ENDINGS``: a stream cut
+    here, a failure or a 5xx answer in ``fairshare.gateway.proxy``); "" when it did not."""
 
 
 def standing(grant: ClientGrant) -> str:
@@ -171,19 +176,23 @@ class Forwarder:
             if rest:
                 await answer.write(rest)
         except TimeoutError:
+            outcome.cut = "timeout"
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "timeout").inc()
             await _write_quietly(
                 answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, "the upstream stalled")
             )
         except aiohttp.ClientPayloadError as e:
+            outcome.cut = "upstream_error"
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
             await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         except ConnectionResetError:
             # The client went away: end here. Before ``aiohttp.ClientError``, which the
             # writer's ``ClientConnectionResetError`` also is.
+            outcome.cut = "client_gone"
             self.metrics.disconnects.inc()
             return answer
         except aiohttp.ClientError as e:  # the upstream connection failed otherwise
+            outcome.cut = "upstream_error"
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
             await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         finally:
@@ -225,6 +234,7 @@ class Forwarder:
                     f"no upstream of pool {route.pool} accepted a connection",
                 )
             upstreams.sent(url, grant.priority, standing(grant))
+            outcome.upstream = url
             outcome.started = time.monotonic()
             outcome.sent = True
             try:

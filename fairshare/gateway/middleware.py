@@ -1,47 +1,94 @@
-"""What every request of the API port goes through around its handler: its request id.
+"""What every request of the API port goes through around its handler: its request id and
+its access log line.
 
-``install`` adds to the API application a middleware that gives each request its id
-(``fairshare.gateway.headers.request_id``: the client's ``x-request-id``, or a new one)
-before its handler runs, and a hook that puts that id on the answer's ``x-request-id``
-when its status line goes out, whatever answers: the proxy, a refusal, a stream, or
-aiohttp itself.
+``install`` adds to the API application a middleware and an answer hook:
+
+- before the handler runs, the request gets its ``fairshare.gateway.accesslog.Entry``,
+  with its id (``fairshare.gateway.headers.request_id``: the client's ``x-request-id``, or
+  a new one); the handler fills the entry in (``entry_of``);
+- when the answer's status line goes out, whatever answers (the proxy, a refusal, a
+  stream, aiohttp itself), the hook puts the id on its ``x-request-id`` and notes the
+  status and the time of the first byte;
+- when the handler ends, however it ends, the entry is written to the access log
+  (``fairshare.gateway.accesslog.AccessLog``), but for the probes (``UNLOGGED``). A
+  handler cancelled ended with its client gone, or with the gateway stopping when
+  ``draining`` says so; one that raised something else failed (``error``).
+
+An answer the handler returns unsent goes out as soon as it returns: its first byte is
+counted then.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
 
+from fairshare.gateway.accesslog import AccessLog, Entry
 from fairshare.gateway.headers import REQUEST_ID, request_id
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-ID_KEY: Final = web.RequestKey("request_id", str)
-"""Where a request keeps its id (aiohttp's request mapping)."""
+ENTRY: Final = web.RequestKey("access_entry", Entry)
+"""Where a request keeps its entry (aiohttp's request mapping)."""
+UNLOGGED: Final = frozenset({"/healthz", "/readyz"})
+"""Paths the access log leaves out (the probes)."""
+SERVER_ERROR: Final = 500
 
 
-def id_of(request: web.Request) -> str:
-    """The request's id (given one on first use, for a request the middleware did not
-    see)."""
-    found = request.get(ID_KEY)
+def entry_of(request: web.Request) -> Entry:
+    """The request's entry (a new one, for a request the middleware did not see)."""
+    found = request.get(ENTRY)
     if found is None:
-        found = request[ID_KEY] = request_id(request.headers)
+        found = request[ENTRY] = _open(request)
     return found
 
 
-@web.middleware
-async def _with_id(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request[ID_KEY] = request_id(request.headers)
-    return await handler(request)
+def id_of(request: web.Request) -> str:
+    """The request's id."""
+    return entry_of(request).request_id
 
 
-async def _id_on_answer(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers[REQUEST_ID] = id_of(request)
+def _open(request: web.Request) -> Entry:
+    return Entry(request_id(request.headers), request.method, request.path, time.monotonic())
 
 
-def install(app: web.Application) -> None:
+async def _on_answer(request: web.Request, response: web.StreamResponse) -> None:
+    entry = entry_of(request)
+    response.headers[REQUEST_ID] = entry.request_id
+    entry.status = response.status
+    entry.first_byte = time.monotonic()
+
+
+def install(app: web.Application, *, access: AccessLog, draining: Callable[[], bool]) -> None:
     """Adds the middleware and the answer hook to ``app`` (before it starts)."""
-    app.middlewares.append(_with_id)
-    app.on_response_prepare.append(_id_on_answer)
+
+    @web.middleware
+    async def around(request: web.Request, handler: Handler) -> web.StreamResponse:
+        entry = request[ENTRY] = _open(request)
+        if request.path in UNLOGGED:
+            return await handler(request)
+        try:
+            response = await handler(request)
+            if not response.prepared:  # it goes out now, whole
+                entry.status, entry.first_byte = response.status, time.monotonic()
+            return response
+        except asyncio.CancelledError:
+            entry.ended = "shutdown" if draining() else "client_gone"
+            raise
+        except web.HTTPException as e:  # aiohttp answers it now
+            entry.status, entry.first_byte = e.status, time.monotonic()
+            if e.status >= web.HTTPBadRequest.status_code:
+                entry.ended = "refused"
+            raise
+        except Exception:
+            entry.status, entry.first_byte, entry.ended = SERVER_ERROR, time.monotonic(), "error"
+            raise
+        finally:
+            access.write(entry)
+
+    app.middlewares.append(around)
+    app.on_response_prepare.append(_on_answer)

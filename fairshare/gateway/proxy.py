@@ -45,6 +45,7 @@ from aiohttp import web
 from fairshare.client import AllocatorClient, ClientGrant, NoOwner
 from fairshare.errors import AllocatorError, InvalidArgument, LimitExceeded, PermissionDenied
 from fairshare.gateway import body as bodies
+from fairshare.gateway.accesslog import AccessLog, Entry
 from fairshare.gateway.body import BadJson, BadRequest, Endpoint, Request, Usage
 from fairshare.gateway.config import GatewayConfig, Model, Route
 from fairshare.gateway.cost import charge
@@ -54,7 +55,7 @@ from fairshare.gateway.headers import HeaderPolicy
 from fairshare.gateway.identity import BadClass, identify
 from fairshare.gateway.keys import Identity, KeysFile
 from fairshare.gateway.metrics import GatewayMetrics
-from fairshare.gateway.middleware import id_of, install
+from fairshare.gateway.middleware import entry_of, install
 from fairshare.gateway.placement import Placement, place
 from fairshare.gateway.redecide import Redecider, Watched
 from fairshare.gateway.releases import Releases
@@ -152,6 +153,7 @@ class Proxy:
         self.header_policy = HeaderPolicy(
             deny=config.headers.deny, consumed=(config.auth.team_header, config.auth.class_header)
         )
+        self.access_log = AccessLog(config.access_log)
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
         self.releases = Releases()
@@ -171,7 +173,7 @@ class Proxy:
     def add_routes(self, app: web.Application) -> None:
         """Installs the endpoints on ``app``, and what every request goes through
         (``fairshare.gateway.middleware``)."""
-        install(app)
+        install(app, access=self.access_log, draining=lambda: self.draining)
         app.router.add_post(PATHS["chat"], self.chat)
         app.router.add_post(PATHS["completions"], self.completions)
         app.router.add_get("/v1/models", self.models)
@@ -184,11 +186,9 @@ class Proxy:
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         try:
-            identity = self._identity_or_refusal(request)
-        except BadClass as e:
-            return error_response(Refusal.BAD_FIELD, str(e))
-        if identity is None:
-            return error_response(Refusal.UNAUTHORIZED, "a known API key or team is required")
+            self._identity(request)
+        except Refused as e:
+            return _refuse(request, e.refusal, str(e))
         created = 0
         data = [
             {"id": m.name, "object": "model", "created": created, "owned_by": "fairshare"}
@@ -200,7 +200,7 @@ class Proxy:
 
     async def _tracked(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         if self.draining:
-            return error_response(Refusal.SHUTTING_DOWN, "the gateway is stopping")
+            return _refuse(request, Refusal.SHUTTING_DOWN, "the gateway is stopping")
         task = asyncio.current_task()
         assert task is not None
         self.handlers.add(task)
@@ -209,14 +209,27 @@ class Proxy:
         finally:
             self.handlers.discard(task)
 
-    def _identity_or_refusal(self, request: web.Request) -> Identity | None:
-        return identify(request.headers, auth=self.config.auth, keys=self.keys)
+    def _identity(self, request: web.Request) -> Identity:
+        """The caller's identity, noted in the request's access log entry.
+
+        Raises:
+            Refused: 401 without one, 400 for a bad class header.
+        """
+        try:
+            identity = identify(request.headers, auth=self.config.auth, keys=self.keys)
+        except BadClass as e:
+            raise Refused(Refusal.BAD_FIELD, str(e)) from e
+        if identity is None:
+            raise Refused(Refusal.UNAUTHORIZED, "a known API key or team is required")
+        entry = entry_of(request)
+        entry.team, entry.service_class = identity.team, identity.service_class.name.lower()
+        return identity
 
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         try:
             identity, parsed, model = await self._admit(request, endpoint)
         except Refused as e:
-            return error_response(e.refusal, str(e))
+            return _refuse(request, e.refusal, str(e))
         return await self._decide_and_forward(request, parsed, model, identity)
 
     async def _admit(
@@ -227,12 +240,7 @@ class Proxy:
         Raises:
             Refused: 401, 400, 413 or 404, as the module doc says.
         """
-        try:
-            identity = self._identity_or_refusal(request)
-        except BadClass as e:
-            raise Refused(Refusal.BAD_FIELD, str(e)) from e
-        if identity is None:
-            raise Refused(Refusal.UNAUTHORIZED, "a known API key or team is required")
+        identity = self._identity(request)
         limit = self.config.limits.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise _too_large(limit)
@@ -253,6 +261,7 @@ class Proxy:
             raise Refused(Refusal.BAD_JSON, str(e)) from e
         except BadRequest as e:
             raise Refused(Refusal.BAD_FIELD, str(e)) from e
+        entry_of(request).model = parsed.model
         model = self._by_name.get(parsed.model)
         if model is None:
             raise Refused(Refusal.UNKNOWN_MODEL, f"the model {parsed.model!r} does not exist")
@@ -263,6 +272,7 @@ class Proxy:
     ) -> web.StreamResponse:
         redone = False
         arrived = time.monotonic()  # a re-decided request keeps its first arrival
+        entry = entry_of(request)
         while True:
             started = time.monotonic()
             try:
@@ -272,13 +282,16 @@ class Proxy:
             except AllocatorError as e:
                 refusal, headers = allocator_refusal(e)
                 self.metrics.requests_by(model.name, "", str(refusal.value.status)).inc()
-                return error_response(refusal, f"the allocator refused: {e}", headers=headers)
+                entry.pool = model.primary.pool
+                message = f"the allocator refused: {e}"
+                return _refuse(request, refusal, message, headers=headers)
             self.metrics.acquire_seconds.observe(time.monotonic() - started)
             grant = placement.grant
             kind = "degraded" if grant.degraded else "borrowing" if grant.borrowing else "within"
             self.metrics.grants_by(grant.pool, kind).inc()
             if placement.fallback:
                 self.metrics.fallbacks_by(model.name, grant.pool).inc()
+            entry.pool, entry.priority, entry.standing = grant.pool, grant.priority, kind
             watched = self.redecider.watch(grant.pool) if grant.degraded and not redone else None
             outcome = Outcome()
             in_flight = self.metrics.in_flight_by(grant.pool)
@@ -293,7 +306,7 @@ class Proxy:
                     self.redecider.unwatch(watched)
                 in_flight.dec()
                 if not redecided:
-                    self._release(grant, outcome)
+                    self._release(grant, outcome, entry)
             if redecided:
                 # Released before the new decision, so that it does not count this request
                 # twice; the aborted attempt charges nothing.
@@ -309,8 +322,9 @@ class Proxy:
                 self.metrics.first_token_by(grant.pool, kind).observe(waited)
             return response
 
-    def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
-        """Releases ``grant`` in the background (the answer does not wait for it).
+    def _release(self, grant: ClientGrant, outcome: Outcome, entry: Entry) -> None:
+        """Releases ``grant`` in the background (the answer does not wait for it), and notes
+        what the attempt used in the request's access log ``entry``.
 
         The release starts before anything else is done with the charge, so that nothing
         that fails here can leave the grant counted; the charge is never negative.
@@ -320,6 +334,12 @@ class Proxy:
         )
         self.releases.start(grant, consumed)
         self.metrics.charged_by(grant.pool).inc(consumed)
+        entry.upstream, entry.charged = outcome.upstream or None, consumed
+        if outcome.usage is not None:
+            entry.prompt_tokens = outcome.usage.prompt_tokens
+            entry.completion_tokens = outcome.usage.completion_tokens
+        if outcome.cut:
+            entry.ended = outcome.cut
 
     async def wait_releases(self) -> None:
         """Waits for the releases handed to the client library (at shutdown)."""
@@ -344,7 +364,7 @@ class Proxy:
         data = bodies.upstream_body(parsed, grant.priority)
         headers = grant_headers(grant)
         path = PATHS[parsed.endpoint]
-        sent = self.header_policy.to_upstream(request.headers, id_of(request))
+        sent = self.header_policy.to_upstream(request.headers, entry_of(request).request_id)
         opened: tuple[str, aiohttp.ClientResponse] | None = None
         answered_error = False  # the upstream answered with an error status
         try:
@@ -355,10 +375,14 @@ class Proxy:
                 )
             except UpstreamFailed as e:
                 outcome.status = e.refusal.value.status
+                timeout = e.refusal is Refusal.UPSTREAM_TIMEOUT
+                outcome.cut = "timeout" if timeout else "upstream_error"
                 return error_response(e.refusal, str(e), headers=headers)
             _, upstream = opened
             outcome.status = upstream.status
             answered_error = upstream.status != 200  # noqa: PLR2004 (HTTP OK)
+            if upstream.status >= 500:  # noqa: PLR2004 (server errors)
+                outcome.cut = "upstream_error"
             if watched is not None:
                 self.redecider.unwatch(watched)
             answer = self.header_policy.to_client(upstream.headers)
@@ -382,6 +406,18 @@ class Proxy:
                 outcome.usage = Usage(prompt_tokens=parsed.prompt_tokens, completion_tokens=0)
             if opened is not None:
                 self.forwarder.close(placement, *opened)
+
+
+def _refuse(
+    request: web.Request,
+    refusal: Refusal,
+    message: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """The answer of a refusal by the gateway (or the allocator) before any upstream."""
+    entry_of(request).ended = "refused"
+    return error_response(refusal, message, headers=headers)
 
 
 def _too_large(limit: int) -> Refused:
