@@ -30,7 +30,15 @@ from typing import Any, Final
 from aiohttp import web
 
 from fairshare.sim.standin.scheduler import Policy, Scheduler
-from fairshare.sim.standin.shapes import Ask, BadRequest, Shapes, error_body, parse, sse
+from fairshare.sim.standin.shapes import (
+    Ask,
+    BadRequest,
+    Kind,
+    Shapes,
+    StreamShapes,
+    error_body,
+    parse,
+)
 
 ANSWER_HEADERS: Final = "standin.headers"
 """Where a request keeps the headers its answer is to carry (aiohttp's request mapping)."""
@@ -63,6 +71,8 @@ class Standin:
         app.on_response_prepare.append(self._answer_headers)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/server_info", self.server_info)
@@ -115,10 +125,18 @@ class Standin:
         return web.json_response({"forgotten": True})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+        return await self._generate(request, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+        return await self._generate(request, "completions")
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "responses")
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        """Embeddings take a slot like generation (vLLM schedules pooling requests with
+        their ``priority`` too), for ``prefill_s``, and produce no tokens."""
+        return await self._generate(request, "embeddings")
 
     def _record(self, request: web.Request, body: Any) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -143,7 +161,7 @@ class Standin:
         self.records.append(record)
         return record
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -154,7 +172,7 @@ class Standin:
         try:
             ask = parse(
                 body,
-                chat=chat,
+                kind=kind,
                 models=self.settings.models,
                 max_tokens_default=self.settings.max_tokens_default,
             )
@@ -208,21 +226,23 @@ class Standin:
         record["completion_tokens"] = index + 1
 
     async def _whole(self, ask: Ask, record: dict[str, Any]) -> web.Response:
+        if ask.kind == "embeddings":
+            await self._token_due(record, 0)  # the prefill
         for index in range(ask.max_tokens):
             await self._token_due(record, index)
             self._produced(record, index)
         record["status"] = 200
-        return web.json_response(Shapes(ask, record["id"]).completion())
+        return web.json_response(Shapes(ask, record["id"]).whole())
 
     async def _stream(
         self, request: web.Request, ask: Ask, record: dict[str, Any]
     ) -> web.StreamResponse:
-        shapes = Shapes(ask, record["id"])
+        shapes = StreamShapes(ask, record["id"])
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         record["status"] = 200
-        if ask.chat:
-            await response.write(sse(shapes.role_chunk()))
+        for event in shapes.head():
+            await response.write(event)
         for index in range(ask.max_tokens):
             if ask.fail_after is not None and index >= ask.fail_after:
                 record["end_s"] = time.monotonic()
@@ -232,9 +252,8 @@ class Standin:
                 return response
             await self._token_due(record, index)
             self._produced(record, index)
-            await response.write(sse(shapes.token_chunk(index)))
-        if ask.include_usage:
-            await response.write(sse(shapes.usage_chunk(ask.max_tokens)))
-        await response.write(sse("[DONE]"))
+            await response.write(shapes.token(index))
+        for event in shapes.tail(ask.max_tokens):
+            await response.write(event)
         await response.write_eof()
         return response
