@@ -14,7 +14,7 @@ fallback pools), ``fairshare.gateway.redecide`` (fail-open requests sent again a
 ``fairshare.gateway.releases`` (releases that outlive a cancelled request),
 ``fairshare.gateway.proxy`` (the request path), ``fairshare.gateway.forward`` (one attempt at
 the upstream), ``fairshare.gateway.headers`` (which headers cross, the request id),
-``fairshare.gateway.middleware`` (around every request: its id and its log line),
+``fairshare.gateway.middleware`` (around every request: its id, its log line, 404s),
 ``fairshare.gateway.accesslog`` (one line per request),
 ``fairshare.gateway.policy`` (the upstreams' scheduling policy, checked at startup),
 ``fairshare.gateway.metrics`` (Prometheus),

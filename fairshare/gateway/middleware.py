@@ -1,5 +1,5 @@
-"""What every request of the API port goes through around its handler: its request id and
-its access log line.
+"""What every request of the API port goes through around its handler: its request id,
+its access log line, and OpenAI's error shape for the paths the gateway does not serve.
 
 ``install`` adds to the API application a middleware and an answer hook:
 
@@ -9,6 +9,10 @@ its access log line.
 - when the answer's status line goes out, whatever answers (the proxy, a refusal, a
   stream, aiohttp itself), the hook puts the id on its ``x-request-id`` and notes the
   status and the time of the first byte;
+- a path the gateway does not serve is answered 404 ``not_found``, and a path it serves
+  asked with another method 405 ``method_not_allowed`` (with ``Allow``), each as an
+  OpenAI error object (``fairshare.gateway.errors``), where aiohttp would answer plain
+  text;
 - when the handler ends, however it ends, the entry is written to the access log
   (``fairshare.gateway.accesslog.AccessLog``), but for the probes (``UNLOGGED``). A
   handler cancelled ended with its client gone, or with the gateway stopping when
@@ -28,6 +32,7 @@ from typing import Final
 from aiohttp import web
 
 from fairshare.gateway.accesslog import AccessLog, Entry
+from fairshare.gateway.errors import Refusal, error_response
 from fairshare.gateway.headers import REQUEST_ID, request_id
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -79,6 +84,15 @@ def install(app: web.Application, *, access: AccessLog, draining: Callable[[], b
         except asyncio.CancelledError:
             entry.ended = "shutdown" if draining() else "client_gone"
             raise
+        except web.HTTPNotFound:
+            entry.status, entry.first_byte, entry.ended = 404, time.monotonic(), "refused"
+            message = f"no such endpoint: {request.method} {request.path}"
+            return error_response(Refusal.NOT_FOUND, message)
+        except web.HTTPMethodNotAllowed as e:
+            entry.status, entry.first_byte, entry.ended = 405, time.monotonic(), "refused"
+            message = f"{request.path} does not take {request.method}"
+            allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+            return error_response(Refusal.METHOD_NOT_ALLOWED, message, headers=allow)
         except web.HTTPException as e:  # aiohttp answers it now
             entry.status, entry.first_byte = e.status, time.monotonic()
             if e.status >= web.HTTPBadRequest.status_code:

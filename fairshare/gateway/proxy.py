@@ -1,7 +1,12 @@
 """The request path: identify, parse, place, forward, answer, release.
 
-``Proxy`` serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming and
-not) and ``GET /v1/models``. For one request:
+``Proxy`` serves ``POST /v1/chat/completions``, ``POST /v1/completions`` and
+``POST /v1/responses`` (streaming and not), ``POST /v1/embeddings`` (vLLM schedules pooling
+requests by ``priority`` too, so they are decided and charged like the rest: by their
+prompt tokens), ``GET /v1/models`` and ``GET /v1/models/{id}`` (the configured models; 404
+``model_not_found`` for another). Any other path is 404 ``not_found``, a known path with
+another method 405, both in OpenAI's error shape (``fairshare.gateway.middleware``). For
+one request:
 
 1. the team and class (``fairshare.gateway.identity``; 401 without), the body
    (``fairshare.gateway.body``; 400, 413), the model (404 when not configured);
@@ -36,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -66,7 +71,10 @@ logger = logging.getLogger(__name__)
 PATHS: Final[Mapping[Endpoint, str]] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
 }
+"""The path of each endpoint, the same at the gateway and at the upstream."""
 RETRY_AFTER_S: Final = "1"
 """What ``Retry-After`` says when no owner answers for a ``fail_closed`` pool, and when the
 allocator refuses at a limit (429). One second: the bounds on grants in flight are
@@ -174,27 +182,39 @@ class Proxy:
         """Installs the endpoints on ``app``, and what every request goes through
         (``fairshare.gateway.middleware``)."""
         install(app, access=self.access_log, draining=lambda: self.draining)
-        app.router.add_post(PATHS["chat"], self.chat)
-        app.router.add_post(PATHS["completions"], self.completions)
+        for endpoint, path in PATHS.items():
+            app.router.add_post(path, self._handler(endpoint))
         app.router.add_get("/v1/models", self.models)
+        # A model's name may hold a slash (org/name), which clients send as %2F.
+        app.router.add_get("/v1/models/{model:.+}", self.model)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._tracked(request, "chat")
+    def _handler(
+        self, endpoint: Endpoint
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._tracked(request, endpoint)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._tracked(request, "completions")
+        return handle
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         try:
             self._identity(request)
         except Refused as e:
             return _refuse(request, e.refusal, str(e))
-        created = 0
-        data = [
-            {"id": m.name, "object": "model", "created": created, "owned_by": "fairshare"}
-            for m in self.config.models
-        ]
+        data = [_model_object(m) for m in self.config.models]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["model"]
+        entry_of(request).model = name
+        try:
+            self._identity(request)
+        except Refused as e:
+            return _refuse(request, e.refusal, str(e))
+        model = self._by_name.get(name)
+        if model is None:
+            return _refuse(request, Refusal.UNKNOWN_MODEL, f"the model {name!r} does not exist")
+        return web.json_response(_model_object(model))
 
     # -- one request -------------------------------------------------------------------------
 
@@ -406,6 +426,11 @@ class Proxy:
                 outcome.usage = Usage(prompt_tokens=parsed.prompt_tokens, completion_tokens=0)
             if opened is not None:
                 self.forwarder.close(placement, *opened)
+
+
+def _model_object(model: Model) -> dict[str, object]:
+    """A configured model as OpenAI's model object."""
+    return {"id": model.name, "object": "model", "created": 0, "owned_by": "fairshare"}
 
 
 def _refuse(
