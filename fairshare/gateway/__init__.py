@@ -13,8 +13,11 @@ a release charges), ``fairshare.gateway.errors`` (the one table of error answers
 fallback pools), ``fairshare.gateway.redecide`` (fail-open requests sent again after an outage),
 ``fairshare.gateway.releases`` (releases that outlive a cancelled request),
 ``fairshare.gateway.proxy`` (the request path), ``fairshare.gateway.forward`` (one attempt at
-the upstream), ``fairshare.gateway.policy`` (the upstreams' scheduling policy, checked at
-startup), ``fairshare.gateway.metrics`` (Prometheus),
+the upstream), ``fairshare.gateway.headers`` (which headers cross, the request id),
+``fairshare.gateway.middleware`` (around every request: its id, its log line, 404s),
+``fairshare.gateway.accesslog`` (one line per request),
+``fairshare.gateway.policy`` (the upstreams' scheduling policy, checked at startup),
+``fairshare.gateway.metrics`` (Prometheus),
 ``fairshare.gateway.app`` (startup, readiness, SIGTERM).
 
 The package imports the client library (``client``) and the core (``fairshare``) of the

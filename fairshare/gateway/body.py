@@ -1,22 +1,28 @@
 """What the gateway reads from request bodies and streamed answers, and what it writes.
 
-Requests (``parse_request``): the JSON body of ``/v1/chat/completions`` or
-``/v1/completions`` must be an object with a string ``model`` and ``messages`` (a list) or
-``prompt``; ``stream`` and ``stream_options`` are checked when present. The rest of the
-body is forwarded as is (``upstream_body``) but for two fields the gateway owns:
-``priority`` (the grant's, overwriting any value the client sent) and, on a stream,
-``stream_options.include_usage: true`` (so the upstream reports what to charge). When
-only ``priority`` is to be added (not a stream, no ``priority`` sent, a UTF-8 body), it is
-appended to the client's bytes, which are not serialized again (a large prompt would cost
-more to encode than to parse); otherwise the body is encoded anew from the parsed object.
+Requests (``parse_request``): the JSON body must be an object with a string ``model``
+and, by endpoint, ``messages`` (a list: ``/v1/chat/completions``), ``prompt``
+(``/v1/completions``) or ``input`` (``/v1/embeddings``); ``/v1/responses`` needs nothing
+more (a stored conversation may continue without ``input``). ``stream`` and
+``stream_options`` are checked when present; an embeddings request never streams. The
+rest of the body is forwarded as is (``upstream_body``) but for two fields the gateway
+owns: ``priority`` (the grant's, overwriting any value the client sent) and, on a chat or
+completions stream, ``stream_options.include_usage: true`` (so the upstream reports what
+to charge; a Responses stream always ends with its usage, in ``response.completed``). When
+only ``priority`` is to be added (no ``priority`` sent, a UTF-8 body, no usage to ask
+for), it is appended to the client's bytes, which are not serialized again (a large
+prompt would cost more to encode than to parse); otherwise the body is encoded anew from
+the parsed object.
 
 Token estimate (``estimate_prompt_tokens``), what ``est_tokens`` of an Acquire carries:
 the prompt is not tokenized (the gateway does not know the model's tokenizer); it counts
 one token per 4 characters of text, rounded up, over every message's text content (string
-contents and the ``text`` of content parts) or the prompt (a string, a list of strings, or
-token ids counted one each), plus 4 per message for the chat template. The completion part
-is ``max_completion_tokens`` or else ``max_tokens``; when the body gives neither, the
-estimate is the prompt's alone.
+contents and the ``text`` of content parts), the prompt or the embeddings' ``input`` (a
+string, a list of strings, or token ids counted one each), or a Responses request's
+``instructions`` and ``input`` (a string, or items counted as chat messages), plus 4 per
+chat message or input item for the template. The completion part is
+``max_completion_tokens`` or else ``max_tokens`` (``max_output_tokens`` for Responses, none
+for embeddings); when the body gives none, the estimate is the prompt's alone.
 
 Streams (``StreamFilter``): Server-Sent Events pass through chunk by chunk as they arrive,
 with two exceptions: an event carrying a non-null ``usage`` is read (the charge), and, when
@@ -26,7 +32,9 @@ events seen (vLLM sends one token per event unless it batches) and the prompt to
 the estimate. Lines may end with ``\n`` or ``\r\n`` (an event ends at an empty line);
 they are passed on as they came. An event not ended within ``MAX_EVENT_BYTES`` is passed on
 as it is, unread, so a stream that never frames its events still flows and the filter's
-memory stays bounded.
+memory stays bounded. A Responses stream's events (``event: response.…`` then ``data:``)
+are read the same way: the usage is the ``response.usage`` of ``response.completed``, and
+every event counts toward the tokens seen (a few more than the text deltas).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "embeddings", "responses"]
 
 CHARS_PER_TOKEN: Final = 4
 """Characters of text counted as one token by the estimate."""
@@ -47,8 +55,15 @@ TOKENS_PER_MESSAGE: Final = 4
 EVENT_END: Final = re.compile(rb"(\r?\n\r?\n)")
 """The end of an SSE event: an empty line, after a line ended with LF or CRLF."""
 DONE_EVENT: Final = b"data: [DONE]"
+EVENT_FIELD: Final = b"event:"
+"""The line that names a typed event (the Responses API's), before its ``data:`` line."""
 MAX_EVENT_BYTES: Final = 1024 * 1024
 """Bytes of one event kept for reading; a longer one is passed on unread."""
+USAGE_FIELDS: Final = (
+    ("prompt_tokens", "completion_tokens"),
+    ("input_tokens", "output_tokens"),
+)
+"""The names of a usage's two counts: chat, completions and embeddings; Responses."""
 KEPT_TAIL: Final = 3
 """Bytes kept back when an over-long event is passed on: a part of its end (``\r\n\r``)."""
 
@@ -88,6 +103,12 @@ class Request:
         """Estimated prompt tokens plus the completion's bound (see the module doc)."""
         return self.prompt_tokens + self.max_tokens
 
+    @property
+    def asks_usage(self) -> bool:
+        """Whether ``stream_options.include_usage`` is to be set (a chat or completions
+        stream)."""
+        return self.stream and self.endpoint in ("chat", "completions")
+
 
 def _text_chars(content: object) -> int:
     if isinstance(content, str):
@@ -103,15 +124,26 @@ def _text_chars(content: object) -> int:
     return 0
 
 
+def _messages_tokens(messages: object) -> int:
+    if not isinstance(messages, list):
+        return 0
+    chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, Mapping))
+    return math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
+
+
 def estimate_prompt_tokens(endpoint: Endpoint, body: Mapping[str, object]) -> int:
     """The prompt's tokens, estimated (see the module doc)."""
     if endpoint == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            return 0
-        chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, Mapping))
-        return math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
-    prompt = body.get("prompt")
+        return _messages_tokens(body.get("messages"))
+    if endpoint == "responses":
+        given = body.get("input")
+        items = _messages_tokens(given) if isinstance(given, list) else _prompt_tokens(given)
+        return items + _prompt_tokens(body.get("instructions"))
+    return _prompt_tokens(body.get("input" if endpoint == "embeddings" else "prompt"))
+
+
+def _prompt_tokens(prompt: object) -> int:
+    """A prompt's tokens: a string, strings, token ids, or lists of token ids."""
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return len(prompt)
     if isinstance(prompt, list):
@@ -122,8 +154,13 @@ def estimate_prompt_tokens(endpoint: Endpoint, body: Mapping[str, object]) -> in
     return math.ceil(_text_chars(prompt) / CHARS_PER_TOKEN)
 
 
-def _max_tokens(body: Mapping[str, object]) -> int:
-    for name in ("max_completion_tokens", "max_tokens"):
+def _max_tokens(body: Mapping[str, object], endpoint: Endpoint) -> int:
+    names: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+    if endpoint == "responses":
+        names = ("max_output_tokens",)
+    elif endpoint == "embeddings":
+        names = ()
+    for name in names:
         value = body.get(name)
         if value is None:
             continue
@@ -152,17 +189,20 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Request:
     if endpoint == "chat":
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise BadRequest("'messages' is required (a non-empty list)")
-    elif "prompt" not in body:
+    elif endpoint == "completions" and "prompt" not in body:
         raise BadRequest("'prompt' is required")
+    elif endpoint == "embeddings" and "input" not in body:
+        raise BadRequest("'input' is required")
     stream = body.get("stream", False)
-    if stream is None:
+    if stream is None or endpoint == "embeddings":
         stream = False
     if not isinstance(stream, bool):
         raise BadRequest(f"'stream' must be a boolean, got {stream!r}")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object")
-    wants_usage = bool(options and options.get("include_usage"))
+    # A Responses stream carries its usage in an event the client reads as any other.
+    wants_usage = endpoint == "responses" or bool(options and options.get("include_usage"))
     return Request(
         endpoint=endpoint,
         body=body,
@@ -170,14 +210,14 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Request:
         stream=stream,
         client_wants_usage=wants_usage,
         prompt_tokens=estimate_prompt_tokens(endpoint, body),
-        max_tokens=_max_tokens(body),
+        max_tokens=_max_tokens(body, endpoint),
         raw=raw,
     )
 
 
 def upstream_body(request: Request, priority: int) -> bytes:
     """The body sent upstream: the client's, with the grant's ``priority`` (overwriting the
-    client's) and, on a stream, ``stream_options.include_usage: true``.
+    client's) and, on a chat or completions stream, ``stream_options.include_usage: true``.
 
     Guaranteed: it decodes to the parsed body with those fields set (see the module doc
     for when the client's bytes are kept).
@@ -186,7 +226,7 @@ def upstream_body(request: Request, priority: int) -> bytes:
         return request.raw.rstrip()[:-1] + b',"priority":%d}' % priority
     body = dict(request.body)
     body["priority"] = priority
-    if request.stream:
+    if request.asks_usage:
         options = dict(body.get("stream_options") or {})  # type: ignore[call-overload]
         options["include_usage"] = True
         body["stream_options"] = options
@@ -200,23 +240,31 @@ def _appendable(request: Request) -> bool:
     ``}`` after JSON whitespace, which ``bytes.rstrip`` removes."""
     return (
         bool(request.raw)
-        and not request.stream
+        and not request.asks_usage
         and "priority" not in request.body
         and json.detect_encoding(request.raw) == "utf-8"
     )
 
 
 def usage_of(answer: object) -> Usage | None:
-    """The ``usage`` of a decoded answer or chunk, or None when it has none."""
+    """The ``usage`` of a decoded answer or chunk, or None when it has none.
+
+    Read: ``prompt_tokens`` and ``completion_tokens`` (0 when absent: an embeddings answer
+    has none), or a Responses object's ``input_tokens`` and ``output_tokens``, at the top
+    or under ``response`` (a Responses stream's ``response.completed`` event).
+    """
     if not isinstance(answer, Mapping):
         return None
     usage = answer.get("usage")
+    if usage is None and isinstance(answer.get("response"), Mapping):
+        usage = answer["response"].get("usage")
     if not isinstance(usage, Mapping):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
-        return None
-    return Usage(prompt_tokens=prompt, completion_tokens=completion)
+    for prompt_name, completion_name in USAGE_FIELDS:
+        prompt, completion = usage.get(prompt_name), usage.get(completion_name, 0)
+        if isinstance(prompt, int) and isinstance(completion, int):
+            return Usage(prompt_tokens=prompt, completion_tokens=completion)
+    return None
 
 
 def usage_of_body(raw: bytes) -> Usage | None:
@@ -284,6 +332,8 @@ class StreamFilter:
         event = event.lstrip(b"\r\n")  # after an extra empty line
         if event.startswith(DONE_EVENT):
             return kept
+        if event.startswith(EVENT_FIELD):  # a typed event: its data on the next line
+            event = event[event.find(b"\n") + 1 :] if b"\n" in event else b""
         if not event.startswith(b"data:") or b'"usage"' not in event:
             self.events += 1
             return kept

@@ -6,7 +6,8 @@ wrong; ``fairshare gateway`` prints it and exits 2. Unknown keys are errors too,
 is not silently ignored.
 
 The keys of the issue (``listen``, ``metrics_listen``, ``allocator``, ``auth``, ``models``,
-``cost``) are exactly as documented; ``limits`` and ``redecide`` are the gateway's own.
+``cost``) are exactly as documented; ``limits``, ``redecide``, ``headers`` and
+``access_log`` are the gateway's own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ DEFAULT_LISTEN: Final = "0.0.0.0:8080"
 DEFAULT_METRICS_LISTEN: Final = "0.0.0.0:9091"
 COST_UNITS: Final = ("tokens", "seconds")
 MAX_PORT: Final = 65535
+ACCESS_LOG_FORMATS: Final = ("json", "logfmt")
+ACCESS_LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING")
 DEFAULT_ROUTING: Final = "fewest-ahead"
 """The router of a route whose configuration names none (docs/simulation.md)."""
 
@@ -144,6 +147,33 @@ class RedecideSettings:
 
 
 @dataclass(frozen=True)
+class HeaderSettings:
+    """Headers the gateway never passes on (``fairshare.gateway.headers``).
+
+    Attributes:
+        deny: names (lower case) passed neither to the upstream nor back to the client,
+            beyond the hop-by-hop headers and the client's credentials.
+    """
+
+    deny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AccessLogSettings:
+    """The access log (``fairshare.gateway.accesslog``).
+
+    Attributes:
+        enabled: one line per request; on by default.
+        format: ``json`` (one object a line) or ``logfmt`` (``key=value``).
+        level: the level of the lines on the logger ``fairshare.gateway.access``.
+    """
+
+    enabled: bool = True
+    format: str = "json"
+    level: str = "INFO"
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     """The whole configuration, checked."""
 
@@ -155,6 +185,8 @@ class GatewayConfig:
     cost: CostSettings = field(default_factory=CostSettings)
     limits: Limits = field(default_factory=Limits)
     redecide: RedecideSettings = field(default_factory=RedecideSettings)
+    headers: HeaderSettings = field(default_factory=HeaderSettings)
+    access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
 
     def model(self, name: str) -> Model | None:
         """The model named ``name``, or None."""
@@ -394,6 +426,35 @@ def _redecide(value: object) -> RedecideSettings:
     )
 
 
+def _headers(value: object) -> HeaderSettings:
+    raw = _mapping("headers", value, ("deny",))
+    deny = raw.get("deny") or []
+    if not isinstance(deny, list):
+        raise ConfigError(f"headers.deny: expected a list of header names, got {deny!r}")
+    keys = (f"headers.deny[{i}]" for i in range(len(deny)))
+    names = (_header(key, _string(key, name)) for key, name in zip(keys, deny, strict=True))
+    return HeaderSettings(deny=tuple(name for name in names if name is not None))
+
+
+def _access_log(value: object) -> AccessLogSettings:
+    raw = _mapping("access_log", value, ("enabled", "format", "level"))
+    d = AccessLogSettings()
+    enabled = raw.get("enabled", d.enabled)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"access_log.enabled: expected true or false, got {enabled!r}")
+    form = raw.get("format", d.format)
+    if form not in ACCESS_LOG_FORMATS:
+        raise ConfigError(
+            f"access_log.format: expected one of {', '.join(ACCESS_LOG_FORMATS)}, got {form!r}"
+        )
+    level = raw.get("level", d.level)
+    if not isinstance(level, str) or level.upper() not in ACCESS_LOG_LEVELS:
+        raise ConfigError(
+            f"access_log.level: expected one of {', '.join(ACCESS_LOG_LEVELS)}, got {level!r}"
+        )
+    return AccessLogSettings(enabled=enabled, format=str(form), level=level.upper())
+
+
 TOP_KEYS: Final = (
     "listen",
     "metrics_listen",
@@ -403,6 +464,8 @@ TOP_KEYS: Final = (
     "cost",
     "limits",
     "redecide",
+    "headers",
+    "access_log",
 )
 
 
@@ -426,6 +489,8 @@ def parse(data: object) -> GatewayConfig:
         cost=_cost(raw.get("cost")),
         limits=_limits(raw.get("limits")),
         redecide=_redecide(raw.get("redecide")),
+        headers=_headers(raw.get("headers")),
+        access_log=_access_log(raw.get("access_log")),
     )
 
 

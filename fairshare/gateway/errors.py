@@ -30,6 +30,7 @@ class Refusal(enum.Enum):
     UNAUTHORIZED = Answer(401, "authentication_error", "invalid_api_key")
     UNKNOWN_MODEL = Answer(404, "invalid_request_error", "model_not_found")
     NOT_FOUND = Answer(404, "invalid_request_error", "not_found")
+    METHOD_NOT_ALLOWED = Answer(405, "invalid_request_error", "method_not_allowed")
     BAD_JSON = Answer(400, "invalid_request_error", "invalid_json")
     BAD_FIELD = Answer(400, "invalid_request_error", "invalid_value")
     TOO_LARGE = Answer(413, "invalid_request_error", "request_too_large")

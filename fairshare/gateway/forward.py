@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -69,6 +69,11 @@ class Outcome:
     started: float = field(default_factory=time.monotonic)
     first_chunk: float | None = None
     """When a streamed answer's first chunk came (monotonic); None when not streamed."""
+    upstream: str = ""
+    """The upstream last sent to ("" before any)."""
+    cut: str = ""
+    """Why the attempt ended short (``fairshare.gateway.accesslog.ENDINGS``: a stream cut
+    here, a failure or a 5xx answer in ``fairshare.gateway.proxy``); "" when it did not."""
 
 
 def standing(grant: ClientGrant) -> str:
@@ -93,10 +98,17 @@ class Forwarder:
         self._timeout = timeout
 
     async def first(
-        self, placement: Placement, path: str, data: bytes, parsed: Request, outcome: Outcome
+        self,
+        placement: Placement,
+        path: str,
+        data: bytes,
+        headers: Mapping[str, str],
+        parsed: Request,
+        outcome: Outcome,
     ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
         """Everything up to the first byte the client may see: the whole answer when not
-        streaming (or on an error status), else the first chunk of the stream.
+        streaming (or on an error status), else the first chunk of the stream. ``headers``
+        go with the request (``fairshare.gateway.headers.HeaderPolicy.to_upstream``).
 
         Returns:
             The upstream's URL and response, which the caller ends with ``close``, and
@@ -106,7 +118,7 @@ class Forwarder:
             UpstreamFailed: as ``_open``, or the answer failed or timed out before its
                 first bytes (the upstream request is then closed).
         """
-        url, upstream = await self._open(placement, path, data, outcome)
+        url, upstream = await self._open(placement, path, data, headers, outcome)
         try:
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
                 head = await upstream.content.readany()
@@ -144,7 +156,7 @@ class Forwarder:
         parsed: Request,
         upstream: aiohttp.ClientResponse,
         head: bytes,
-        headers: dict[str, str],
+        headers: MutableMapping[str, str],
         outcome: Outcome,
     ) -> web.StreamResponse:
         """Passes a stream on event by event, from its first chunk ``head``."""
@@ -164,19 +176,23 @@ class Forwarder:
             if rest:
                 await answer.write(rest)
         except TimeoutError:
+            outcome.cut = "timeout"
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "timeout").inc()
             await _write_quietly(
                 answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, "the upstream stalled")
             )
         except aiohttp.ClientPayloadError as e:
+            outcome.cut = "upstream_error"
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
             await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         except ConnectionResetError:
             # The client went away: end here. Before ``aiohttp.ClientError``, which the
             # writer's ``ClientConnectionResetError`` also is.
+            outcome.cut = "client_gone"
             self.metrics.disconnects.inc()
             return answer
         except aiohttp.ClientError as e:  # the upstream connection failed otherwise
+            outcome.cut = "upstream_error"
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
             await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         finally:
@@ -186,7 +202,12 @@ class Forwarder:
         return answer
 
     async def _open(
-        self, placement: Placement, path: str, data: bytes, outcome: Outcome
+        self,
+        placement: Placement,
+        path: str,
+        data: bytes,
+        headers: Mapping[str, str],
+        outcome: Outcome,
     ) -> tuple[str, aiohttp.ClientResponse]:
         """Sends the request to the upstream the route's router chooses for the grant's
         priority, among those that accept a connection.
@@ -213,13 +234,14 @@ class Forwarder:
                     f"no upstream of pool {route.pool} accepted a connection",
                 )
             upstreams.sent(url, grant.priority, standing(grant))
+            outcome.upstream = url
             outcome.started = time.monotonic()
             outcome.sent = True
             try:
                 response = await self.session.post(
                     url + path,
                     data=data,
-                    headers={"Content-Type": "application/json"},
+                    headers=headers,
                     timeout=self._timeout,
                 )
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:

@@ -1,7 +1,12 @@
 """The request path: identify, parse, place, forward, answer, release.
 
-``Proxy`` serves ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming and
-not) and ``GET /v1/models``. For one request:
+``Proxy`` serves ``POST /v1/chat/completions``, ``POST /v1/completions`` and
+``POST /v1/responses`` (streaming and not), ``POST /v1/embeddings`` (vLLM schedules pooling
+requests by ``priority`` too, so they are decided and charged like the rest: by their
+prompt tokens), ``GET /v1/models`` and ``GET /v1/models/{id}`` (the configured models; 404
+``model_not_found`` for another). Any other path is 404 ``not_found``, a known path with
+another method 405, both in OpenAI's error shape (``fairshare.gateway.middleware``). For
+one request:
 
 1. the team and class (``fairshare.gateway.identity``; 401 without), the body
    (``fairshare.gateway.body``; 400, 413), the model (404 when not configured);
@@ -10,15 +15,17 @@ not) and ``GET /v1/models``. For one request:
    limit of the allocator (``LimitExceeded``: this gateway's grants in flight at the
    pool's ``max_in_flight_per_holder``, the pool's at ``max_in_flight``, ...) is 429 with
    ``Retry-After`` and ``x-fairshare-limit`` naming it;
-3. the body with the grant's ``priority`` goes to the upstream the route's router chooses
-   for that priority (``fairshare.gateway.upstreams``; ``fewest-ahead`` unless configured
-   otherwise), through ``fairshare.gateway.forward``, which does the HTTP side of each
-   attempt; a connection that cannot be opened goes to another one;
-4. the answer goes back with ``x-fairshare-priority``, ``-standing``, ``-borrowing``,
-   ``-degraded`` and ``-pool``: a non-streaming answer whole, with the upstream's status
-   and body; a stream event by event (``fairshare.gateway.body.StreamFilter``), its status line sent
-   only when the first bytes arrive, so a stream that fails before it starts is answered
-   with a status;
+3. the body with the grant's ``priority``, and the client's headers that pass
+   (``fairshare.gateway.headers``, with the request's ``x-request-id``), go to the upstream
+   the route's router chooses for that priority (``fairshare.gateway.upstreams``;
+   ``fewest-ahead`` unless configured otherwise), through ``fairshare.gateway.forward``,
+   which does the HTTP side of each attempt; a connection that cannot be opened goes to
+   another one;
+4. the answer goes back with the upstream's headers that pass and ``x-fairshare-priority``,
+   ``-standing``, ``-borrowing``, ``-degraded`` and ``-pool``: a non-streaming answer whole,
+   with the upstream's status and body; a stream event by event
+   (``fairshare.gateway.body.StreamFilter``), its status line sent only when the first
+   bytes arrive, so a stream that fails before it starts is answered with a status;
 5. the grant is released once, with the charge (``fairshare.gateway.cost``), whatever way the
    request ended: answered, upstream error or timeout, the client gone (the handler is
    cancelled: the upstream connection is closed at once, so vLLM aborts the sequence),
@@ -34,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -43,14 +50,17 @@ from aiohttp import web
 from fairshare.client import AllocatorClient, ClientGrant, NoOwner
 from fairshare.errors import AllocatorError, InvalidArgument, LimitExceeded, PermissionDenied
 from fairshare.gateway import body as bodies
+from fairshare.gateway.accesslog import AccessLog, Entry
 from fairshare.gateway.body import BadJson, BadRequest, Endpoint, Request, Usage
 from fairshare.gateway.config import GatewayConfig, Model, Route
 from fairshare.gateway.cost import charge
 from fairshare.gateway.errors import Refusal, error_response
 from fairshare.gateway.forward import Forwarder, Outcome, UpstreamFailed, standing
-from fairshare.gateway.identity import BadClass, Unauthorized, identify
+from fairshare.gateway.headers import HeaderPolicy
+from fairshare.gateway.identity import FAIRNESS_ID_HEADER, BadClass, Unauthorized, identify
 from fairshare.gateway.keys import Identity, KeysFile
 from fairshare.gateway.metrics import GatewayMetrics
+from fairshare.gateway.middleware import entry_of, install
 from fairshare.gateway.placement import Placement, place
 from fairshare.gateway.redecide import Redecider, Watched
 from fairshare.gateway.releases import Releases
@@ -61,7 +71,10 @@ logger = logging.getLogger(__name__)
 PATHS: Final[Mapping[Endpoint, str]] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
 }
+"""The path of each endpoint, the same at the gateway and at the upstream."""
 RETRY_AFTER_S: Final = "1"
 """What ``Retry-After`` says when no owner answers for a ``fail_closed`` pool, and when the
 allocator refuses at a limit (429). One second: the bounds on grants in flight are
@@ -73,8 +86,6 @@ LIMIT_HEADER: Final = "x-fairshare-limit"
 ``max_in_flight``, ``max_teams`` ...), as its ``fairshare-limit`` metadata does."""
 READ_CHUNK: Final = 64 * 1024
 """Bytes of a request body read at a time (the body is bounded by ``max_body_bytes``)."""
-PASSED_HEADERS: Final = ("content-type",)
-"""Upstream answer headers passed on to the client (with the gateway's own)."""
 
 
 class Redecide(Exception):
@@ -147,6 +158,13 @@ class Proxy:
                     self.upstreams[route] = Upstreams(
                         route.pool, route.upstreams, routing=route.routing, metrics=metrics
                     )
+        # The headers that name the team or class are the gateway's: not sent upstream.
+        fairness = FAIRNESS_ID_HEADER if config.auth.fairness_id else None
+        self.header_policy = HeaderPolicy(
+            deny=config.headers.deny,
+            consumed=(config.auth.team_header, config.auth.class_header, fairness),
+        )
+        self.access_log = AccessLog(config.access_log)
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
         self.releases = Releases()
@@ -164,34 +182,48 @@ class Proxy:
     # -- routes ------------------------------------------------------------------------------
 
     def add_routes(self, app: web.Application) -> None:
-        """Installs the endpoints on ``app``."""
-        app.router.add_post(PATHS["chat"], self.chat)
-        app.router.add_post(PATHS["completions"], self.completions)
+        """Installs the endpoints on ``app``, and what every request goes through
+        (``fairshare.gateway.middleware``)."""
+        install(app, access=self.access_log, draining=lambda: self.draining)
+        for endpoint, path in PATHS.items():
+            app.router.add_post(path, self._handler(endpoint))
         app.router.add_get("/v1/models", self.models)
+        # A model's name may hold a slash (org/name), which clients send as %2F.
+        app.router.add_get("/v1/models/{model:.+}", self.model)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._tracked(request, "chat")
+    def _handler(
+        self, endpoint: Endpoint
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._tracked(request, endpoint)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._tracked(request, "completions")
+        return handle
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         try:
-            self._identity_or_refusal(request)
+            self._identity(request)
         except Refused as e:
-            return error_response(e.refusal, str(e))
-        created = 0
-        data = [
-            {"id": m.name, "object": "model", "created": created, "owned_by": "fairshare"}
-            for m in self.config.models
-        ]
+            return _refuse(request, e.refusal, str(e))
+        data = [_model_object(m) for m in self.config.models]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["model"]
+        entry_of(request).model = name
+        try:
+            self._identity(request)
+        except Refused as e:
+            return _refuse(request, e.refusal, str(e))
+        model = self._by_name.get(name)
+        if model is None:
+            return _refuse(request, Refusal.UNKNOWN_MODEL, f"the model {name!r} does not exist")
+        return web.json_response(_model_object(model))
 
     # -- one request -------------------------------------------------------------------------
 
     async def _tracked(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         if self.draining:
-            return error_response(Refusal.SHUTTING_DOWN, "the gateway is stopping")
+            return _refuse(request, Refusal.SHUTTING_DOWN, "the gateway is stopping")
         task = asyncio.current_task()
         assert task is not None
         self.handlers.add(task)
@@ -200,26 +232,30 @@ class Proxy:
         finally:
             self.handlers.discard(task)
 
-    def _identity_or_refusal(self, request: web.Request) -> Identity:
-        """Who the request is for (``fairshare.gateway.identity``).
+    def _identity(self, request: web.Request) -> Identity:
+        """Who the request is for (``fairshare.gateway.identity``), noted in the request's
+        access log entry.
 
         Raises:
             Refused: 401 without an identity, 400 for a class header naming no class.
         """
         try:
-            return identify(
+            identity = identify(
                 request.headers, peer=request.remote, auth=self.config.auth, keys=self.keys
             )
         except Unauthorized as e:
             raise Refused(Refusal.UNAUTHORIZED, str(e)) from e
         except BadClass as e:
             raise Refused(Refusal.BAD_FIELD, str(e)) from e
+        entry = entry_of(request)
+        entry.team, entry.service_class = identity.team, identity.service_class.name.lower()
+        return identity
 
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         try:
             identity, parsed, model = await self._admit(request, endpoint)
         except Refused as e:
-            return error_response(e.refusal, str(e))
+            return _refuse(request, e.refusal, str(e))
         return await self._decide_and_forward(request, parsed, model, identity)
 
     async def _admit(
@@ -230,7 +266,7 @@ class Proxy:
         Raises:
             Refused: 401, 400, 413 or 404, as the module doc says.
         """
-        identity = self._identity_or_refusal(request)
+        identity = self._identity(request)
         limit = self.config.limits.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise _too_large(limit)
@@ -251,6 +287,7 @@ class Proxy:
             raise Refused(Refusal.BAD_JSON, str(e)) from e
         except BadRequest as e:
             raise Refused(Refusal.BAD_FIELD, str(e)) from e
+        entry_of(request).model = parsed.model
         model = self._by_name.get(parsed.model)
         if model is None:
             raise Refused(Refusal.UNKNOWN_MODEL, f"the model {parsed.model!r} does not exist")
@@ -261,6 +298,7 @@ class Proxy:
     ) -> web.StreamResponse:
         redone = False
         arrived = time.monotonic()  # a re-decided request keeps its first arrival
+        entry = entry_of(request)
         while True:
             started = time.monotonic()
             try:
@@ -270,13 +308,16 @@ class Proxy:
             except AllocatorError as e:
                 refusal, headers = allocator_refusal(e)
                 self.metrics.requests_by(model.name, "", str(refusal.value.status)).inc()
-                return error_response(refusal, f"the allocator refused: {e}", headers=headers)
+                entry.pool = model.primary.pool
+                message = f"the allocator refused: {e}"
+                return _refuse(request, refusal, message, headers=headers)
             self.metrics.acquire_seconds.observe(time.monotonic() - started)
             grant = placement.grant
             kind = "degraded" if grant.degraded else "borrowing" if grant.borrowing else "within"
             self.metrics.grants_by(grant.pool, kind).inc()
             if placement.fallback:
                 self.metrics.fallbacks_by(model.name, grant.pool).inc()
+            entry.pool, entry.priority, entry.standing = grant.pool, grant.priority, kind
             watched = self.redecider.watch(grant.pool) if grant.degraded and not redone else None
             outcome = Outcome()
             in_flight = self.metrics.in_flight_by(grant.pool)
@@ -291,7 +332,7 @@ class Proxy:
                     self.redecider.unwatch(watched)
                 in_flight.dec()
                 if not redecided:
-                    self._release(grant, outcome)
+                    self._release(grant, outcome, entry)
             if redecided:
                 # Released before the new decision, so that it does not count this request
                 # twice; the aborted attempt charges nothing.
@@ -307,8 +348,9 @@ class Proxy:
                 self.metrics.first_token_by(grant.pool, kind).observe(waited)
             return response
 
-    def _release(self, grant: ClientGrant, outcome: Outcome) -> None:
-        """Releases ``grant`` in the background (the answer does not wait for it).
+    def _release(self, grant: ClientGrant, outcome: Outcome, entry: Entry) -> None:
+        """Releases ``grant`` in the background (the answer does not wait for it), and notes
+        what the attempt used in the request's access log ``entry``.
 
         The release starts before anything else is done with the charge, so that nothing
         that fails here can leave the grant counted; the charge is never negative.
@@ -318,6 +360,12 @@ class Proxy:
         )
         self.releases.start(grant, consumed)
         self.metrics.charged_by(grant.pool).inc(consumed)
+        entry.upstream, entry.charged = outcome.upstream or None, consumed
+        if outcome.usage is not None:
+            entry.prompt_tokens = outcome.usage.prompt_tokens
+            entry.completion_tokens = outcome.usage.completion_tokens
+        if outcome.cut:
+            entry.ended = outcome.cut
 
     async def wait_releases(self) -> None:
         """Waits for the releases handed to the client library (at shutdown)."""
@@ -342,33 +390,35 @@ class Proxy:
         data = bodies.upstream_body(parsed, grant.priority)
         headers = grant_headers(grant)
         path = PATHS[parsed.endpoint]
+        sent = self.header_policy.to_upstream(request.headers, entry_of(request).request_id)
         opened: tuple[str, aiohttp.ClientResponse] | None = None
         answered_error = False  # the upstream answered with an error status
         try:
             try:
-                first = self.forwarder.first(placement, path, data, parsed, outcome)
+                first = self.forwarder.first(placement, path, data, sent, parsed, outcome)
                 opened, head = await _unless_signalled(
                     first, watched, lambda url, r: self.forwarder.close(placement, url, r)
                 )
             except UpstreamFailed as e:
                 outcome.status = e.refusal.value.status
+                timeout = e.refusal is Refusal.UPSTREAM_TIMEOUT
+                outcome.cut = "timeout" if timeout else "upstream_error"
                 return error_response(e.refusal, str(e), headers=headers)
             _, upstream = opened
             outcome.status = upstream.status
             answered_error = upstream.status != 200  # noqa: PLR2004 (HTTP OK)
+            if upstream.status >= 500:  # noqa: PLR2004 (server errors)
+                outcome.cut = "upstream_error"
             if watched is not None:
                 self.redecider.unwatch(watched)
+            answer = self.header_policy.to_client(upstream.headers)
+            answer.update(headers)  # the gateway's own
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
                 outcome.first_chunk = time.monotonic()
-                return await self.forwarder.stream(
-                    request, parsed, upstream, head, headers, outcome
-                )
+                return await self.forwarder.stream(request, parsed, upstream, head, answer, outcome)
             if not parsed.stream:
                 outcome.usage = bodies.usage_of_body(head) if upstream.status == 200 else None  # noqa: PLR2004
-            for name in PASSED_HEADERS:
-                if name in upstream.headers:
-                    headers[name] = upstream.headers[name]
-            return web.Response(status=upstream.status, body=head, headers=headers)
+            return web.Response(status=upstream.status, body=head, headers=answer)
         except asyncio.CancelledError:
             if not self.draining:  # else cancelled by the stop, after the grace
                 self.metrics.disconnects.inc()
@@ -382,6 +432,23 @@ class Proxy:
                 outcome.usage = Usage(prompt_tokens=parsed.prompt_tokens, completion_tokens=0)
             if opened is not None:
                 self.forwarder.close(placement, *opened)
+
+
+def _model_object(model: Model) -> dict[str, object]:
+    """A configured model as OpenAI's model object."""
+    return {"id": model.name, "object": "model", "created": 0, "owned_by": "fairshare"}
+
+
+def _refuse(
+    request: web.Request,
+    refusal: Refusal,
+    message: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """The answer of a refusal by the gateway (or the allocator) before any upstream."""
+    entry_of(request).ended = "refused"
+    return error_response(refusal, message, headers=headers)
 
 
 def _too_large(limit: int) -> Refused:

@@ -30,6 +30,7 @@ from harness.standin import Standin, wait_standin
 
 MODEL = "standin"
 TEAM_HEADER = "x-fairshare-team"
+CLASS_HEADER = "x-fairshare-class"
 
 
 BOUNDS = ("max_in_flight", "max_in_flight_per_holder")
@@ -146,6 +147,14 @@ async def eventually(check: Callable[[], object], *, timeout_s: float = 15.0) ->
         await asyncio.sleep(0.05)
 
 
+def keyed_auth(workdir: Path, keys: Mapping[str, Mapping[str, str]]) -> dict[str, object]:
+    """The ``auth`` of a gateway with these API keys (key -> {team, class}) in a keys file
+    in ``workdir``, and the team and class headers."""
+    path = workdir / "keys.yaml"
+    path.write_text(json.dumps({"keys": keys}))
+    return {"keys_file": str(path), "team_header": TEAM_HEADER, "class_header": CLASS_HEADER}
+
+
 def gateway_config(
     allocator: Allocator,
     models: Sequence[Mapping[str, object]],
@@ -154,7 +163,7 @@ def gateway_config(
     """The gateway's configuration: the team from a header, these models."""
     return {
         "allocator": {"endpoints": [allocator.address], "holder": "gw-test", "deadline_s": 0.5},
-        "auth": {"team_header": TEAM_HEADER, "class_header": "x-fairshare-class"},
+        "auth": {"team_header": TEAM_HEADER, "class_header": CLASS_HEADER},
         "models": list(models),
         **more,
     }

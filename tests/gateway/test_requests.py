@@ -18,7 +18,7 @@ import pytest
 from harness.net import free_port
 from harness.standin import Standin
 
-from .conftest import MODEL, Stack, eventually, start_stack
+from .conftest import MODEL, Stack, eventually, keyed_auth, start_stack
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,15 +49,9 @@ async def stack(tmp_path: Path, upstream_timeout_s: float) -> AsyncIterator[Stac
             {"name": "dead", "pool": "gpu-a", "upstreams": [dead]},
         ]
 
-    keys = tmp_path / "keys.yaml"
-    keys.write_text('keys: {"sk-batch-b": {team: team-b, class: batch}}\n')
     async with start_stack(
         tmp_path,
-        auth={
-            "keys_file": str(keys),
-            "team_header": "x-fairshare-team",
-            "class_header": "x-fairshare-class",
-        },
+        auth=keyed_auth(tmp_path, {"sk-batch-b": {"team": "team-b", "class": "batch"}}),
         pools={"gpu-a": {"capacity": 4}},
         standins={"a": {"models": (MODEL, "half-dead", "dead"), "tokens_per_s": 200.0}},
         models=models,

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 
 from harness.standin import Standin, wait_standin
@@ -342,3 +343,55 @@ async def test_server_info_tells_the_policy_only_in_dev_mode(
             assert isinstance((await reply.json())["vllm_config"], str)
         async with session.get(f"{priority_standin.url}/server_info") as reply:
             assert reply.status == 404  # vLLM without VLLM_SERVER_DEV_MODE=1
+
+
+async def test_responses_and_embeddings_as_the_openai_sdk_reads_them(
+    priority_standin: Standin, http: aiohttp.ClientSession
+) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=priority_standin.url + "/v1", api_key="unused", max_retries=0
+    )
+    async with client:
+        answer = await client.responses.create(
+            model="standin", input="one two three", max_output_tokens=3, extra_body={"priority": 4}
+        )
+        assert answer.output_text == "tok tok tok"
+        assert answer.usage is not None
+        assert (answer.usage.input_tokens, answer.usage.output_tokens) == (3, 3)
+        events = [
+            e
+            async for e in await client.responses.create(
+                model="standin",
+                input=[{"role": "user", "content": "one two"}],
+                instructions="be brief",
+                max_output_tokens=2,
+                stream=True,
+            )
+        ]
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == (
+            "tok tok"
+        )
+        assert events[-1].type == "response.completed"
+        assert events[-1].response.usage is not None
+        assert events[-1].response.usage.input_tokens == 4
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        # The SDK asks for base64 unless told otherwise, and decodes it.
+        for encoding in ("base64", "float"):
+            embedded = await client.embeddings.create(
+                model="standin",
+                input=["one two", "three"],
+                extra_body={"priority": 2},
+                **({"encoding_format": "float"} if encoding == "float" else {}),  # type: ignore[arg-type]
+            )
+            assert [d.embedding for d in embedded.data] == [
+                [0.0, 2.0, 0.5, 0.5],
+                [1.0, 1.0, 0.5, 0.5],
+            ]
+            assert embedded.usage.prompt_tokens == 3
+    got = await records(priority_standin.url)
+    assert [(r["path"], r["priority"], r["status"]) for r in got] == [
+        ("/v1/responses", 4, 200),
+        ("/v1/responses", 0, 200),
+        ("/v1/embeddings", 2, 200),
+        ("/v1/embeddings", 2, 200),
+    ]

@@ -15,6 +15,7 @@ from fairshare.gateway.body import (
     estimate_prompt_tokens,
     parse_request,
     upstream_body,
+    usage_of,
 )
 from fairshare.gateway.config import CostSettings
 from fairshare.gateway.cost import charge
@@ -51,6 +52,9 @@ def test_parse_and_estimate() -> None:
         (b'{"model": "m"}', "chat", BadRequest),
         (b'{"model": "m", "messages": []}', "chat", BadRequest),
         (b'{"model": "m"}', "completions", BadRequest),
+        (b'{"model": "m"}', "embeddings", BadRequest),
+        (b'{"input": "x"}', "responses", BadRequest),
+        (b'{"model": "m", "max_output_tokens": -1}', "responses", BadRequest),
         (chat(stream="yes"), "chat", BadRequest),
         (chat(stream_options=3), "chat", BadRequest),
         (chat(max_tokens=-1), "chat", BadRequest),
@@ -173,3 +177,63 @@ def test_cost() -> None:
     seconds = CostSettings(unit="seconds")
     assert charge(seconds, usage=Usage(10, 3), upstream_s=1.5) == 1.5
     assert charge(seconds, usage=None, upstream_s=-1.0) == 0.0
+
+
+def test_embeddings_and_responses_bodies() -> None:
+    embed = parse_request(b'{"model": "m", "input": ["abcd", "ab"], "stream": true}', "embeddings")
+    assert (embed.stream, embed.prompt_tokens, embed.est_tokens) == (False, 2, 2)
+    assert json.loads(upstream_body(embed, 3)) == {
+        "model": "m",
+        "input": ["abcd", "ab"],
+        "stream": True,
+        "priority": 3,
+    }
+    assert estimate_prompt_tokens("embeddings", {"input": [[1, 2], [3]]}) == 3
+    raw = json.dumps(
+        {
+            "model": "m",
+            "instructions": "x" * 8,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "y" * 4}]}],
+            "max_output_tokens": 10,
+            "stream": True,
+        }
+    ).encode()
+    responses = parse_request(raw, "responses")
+    assert responses.prompt_tokens == 2 + (1 + 4)  # instructions, one item and its template
+    assert responses.est_tokens == 7 + 10
+    assert responses.client_wants_usage  # every event goes to the client
+    sent = upstream_body(responses, 5)
+    assert sent.startswith(raw[:-1])  # no stream_options: the Responses stream has its usage
+    assert json.loads(sent) == dict(json.loads(raw), priority=5)
+    assert parse_request(b'{"model": "m", "input": "zzzz"}', "responses").prompt_tokens == 1
+    assert (
+        parse_request(b'{"model": "m", "previous_response_id": "r"}', "responses").est_tokens == 0
+    )
+
+
+def test_the_usage_of_every_answer() -> None:
+    assert usage_of({"usage": {"prompt_tokens": 4, "total_tokens": 4}}) == Usage(4, 0)
+    responses = {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}
+    assert usage_of({"object": "response", "usage": responses}) == Usage(3, 2)
+    completed = {"type": "response.completed", "response": {"usage": responses}}
+    assert usage_of(completed) == Usage(3, 2)
+    assert usage_of({"type": "response.created", "response": {"usage": None}}) is None
+    assert usage_of({"usage": {"total_tokens": 4}}) is None
+
+
+def typed(kind: str, **fields: object) -> bytes:
+    return f"event: {kind}\n".encode() + sse({"type": kind, **fields})
+
+
+def test_a_responses_stream_passes_whole_and_its_usage_is_read() -> None:
+    usage = {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}
+    stream = (
+        typed("response.created", response={"usage": None})
+        + typed("response.output_text.delta", delta="tok ")
+        + typed("response.output_text.delta", delta="tok")
+        + crlf(typed("response.completed", response={"usage": usage}))
+    )
+    filtered = StreamFilter(keep_usage=True)
+    out = b"".join(filtered.feed(stream[i : i + 5]) for i in range(0, len(stream), 5))
+    assert out + filtered.finish() == stream
+    assert filtered.usage == Usage(3, 2)

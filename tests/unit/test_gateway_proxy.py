@@ -307,7 +307,7 @@ async def test_a_stream_whose_upstream_connection_fails_ends_with_an_error_event
 
 
 async def test_answers_reach_the_client_uncompressed(rig: Rig) -> None:
-    """The gateway passes bodies on as they come and only ``content-type`` with them: an
+    """The gateway passes bodies on as they come (it never asks for them compressed): an
     upstream that compresses when asked must not be asked."""
 
     async def compressing(request: web.Request) -> web.StreamResponse:

@@ -12,6 +12,10 @@ at the next token, never while the request waits or a non-streaming answer is ge
 Guarantees: every request received is recorded before anything else happens to it; a
 record's times are on this process's monotonic clock; every slot taken is given back on
 every path. Not guaranteed: the records survive a restart (they are in memory).
+
+Headers: a record keeps the request's headers (names in lower case). Every answer echoes
+the request's ``x-request-id``, as vLLM does with ``--enable-request-id-headers``, and
+carries the headers the body's ``standin_headers`` asks for.
 """
 
 from __future__ import annotations
@@ -21,12 +25,23 @@ import itertools
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
 from fairshare.sim.standin.scheduler import Policy, Scheduler
-from fairshare.sim.standin.shapes import Ask, BadRequest, Shapes, error_body, parse, sse
+from fairshare.sim.standin.shapes import (
+    Ask,
+    BadRequest,
+    Kind,
+    Shapes,
+    StreamShapes,
+    error_body,
+    parse,
+)
+
+ANSWER_HEADERS: Final = "standin.headers"
+"""Where a request keeps the headers its answer is to carry (aiohttp's request mapping)."""
 
 
 @dataclass(frozen=True)
@@ -53,14 +68,23 @@ class Standin:
 
     def app(self) -> web.Application:
         app = web.Application()
+        app.on_response_prepare.append(self._answer_headers)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/server_info", self.server_info)
         app.router.add_get("/standin/requests", self.list_records)
         app.router.add_delete("/standin/requests", self.forget_records)
         return app
+
+    async def _answer_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        if "x-request-id" in request.headers:
+            response.headers["x-request-id"] = request.headers["x-request-id"]
+        for name, value in request.get(ANSWER_HEADERS, ()):
+            response.headers.add(name, value)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -101,10 +125,18 @@ class Standin:
         return web.json_response({"forgotten": True})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+        return await self._generate(request, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+        return await self._generate(request, "completions")
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "responses")
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        """Embeddings take a slot like generation (vLLM schedules pooling requests with
+        their ``priority`` too), for ``prefill_s``, and produce no tokens."""
+        return await self._generate(request, "embeddings")
 
     def _record(self, request: web.Request, body: Any) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -129,7 +161,7 @@ class Standin:
         self.records.append(record)
         return record
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -140,12 +172,13 @@ class Standin:
         try:
             ask = parse(
                 body,
-                chat=chat,
+                kind=kind,
                 models=self.settings.models,
                 max_tokens_default=self.settings.max_tokens_default,
             )
         except BadRequest as refused:
             return self._error(record, refused.status, str(refused))
+        request[ANSWER_HEADERS] = ask.headers
         record |= {
             "model": ask.model,
             "priority": ask.priority,
@@ -193,21 +226,23 @@ class Standin:
         record["completion_tokens"] = index + 1
 
     async def _whole(self, ask: Ask, record: dict[str, Any]) -> web.Response:
+        if ask.kind == "embeddings":
+            await self._token_due(record, 0)  # the prefill
         for index in range(ask.max_tokens):
             await self._token_due(record, index)
             self._produced(record, index)
         record["status"] = 200
-        return web.json_response(Shapes(ask, record["id"]).completion())
+        return web.json_response(Shapes(ask, record["id"]).whole())
 
     async def _stream(
         self, request: web.Request, ask: Ask, record: dict[str, Any]
     ) -> web.StreamResponse:
-        shapes = Shapes(ask, record["id"])
+        shapes = StreamShapes(ask, record["id"])
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         record["status"] = 200
-        if ask.chat:
-            await response.write(sse(shapes.role_chunk()))
+        for event in shapes.head():
+            await response.write(event)
         for index in range(ask.max_tokens):
             if ask.fail_after is not None and index >= ask.fail_after:
                 record["end_s"] = time.monotonic()
@@ -217,9 +252,8 @@ class Standin:
                 return response
             await self._token_due(record, index)
             self._produced(record, index)
-            await response.write(sse(shapes.token_chunk(index)))
-        if ask.include_usage:
-            await response.write(sse(shapes.usage_chunk(ask.max_tokens)))
-        await response.write(sse("[DONE]"))
+            await response.write(shapes.token(index))
+        for event in shapes.tail(ask.max_tokens):
+            await response.write(event)
         await response.write_eof()
         return response
