@@ -6,7 +6,8 @@ wrong; ``fairshare gateway`` prints it and exits 2. Unknown keys are errors too,
 is not silently ignored.
 
 The keys of the issue (``listen``, ``metrics_listen``, ``allocator``, ``auth``, ``models``,
-``cost``) are exactly as documented; ``limits`` and ``redecide`` are the gateway's own.
+``cost``) are exactly as documented; ``limits``, ``health`` and ``redecide`` are the
+gateway's own.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -86,22 +87,56 @@ class CostSettings:
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of the gateway itself.
+    """Bounds of the gateway itself (docs/gateway.md, "Timeouts and connections").
 
     Attributes:
         max_body_bytes: largest request body accepted (413 beyond).
-        upstream_connect_s: time to open a connection to an upstream.
-        upstream_timeout_s: longest an upstream may take to answer, or between two chunks
-            of a stream (504 beyond, or the stream is cut).
+        upstream_connect_s: time to open a connection to an upstream (another upstream
+            is tried beyond).
+        upstream_first_byte_s: from sending a request upstream to the first bytes the
+            client may see: the first chunk of a stream, the whole answer otherwise (504
+            beyond).
+        upstream_idle_s: longest wait for the next chunk of a stream under way (the
+            stream ends with an error event beyond).
         max_connections: the upstream connection pool's size (all upstreams together).
+        max_client_connections: most client connections open at once; one more is
+            closed as soon as it is accepted.
+        header_timeout_s: time a client connection has to send a whole request head
+            (from its opening, or from the first byte of a later request); it is closed
+            beyond, before anything of the request is read.
         shutdown_grace_s: after SIGTERM, how long requests in flight may still run.
+
+    A request's total time is not bounded: its grant lives as long as the gateway's
+    holder session, which the client library renews.
     """
 
     max_body_bytes: int = 4 * 1024 * 1024
     upstream_connect_s: float = 5.0
-    upstream_timeout_s: float = 600.0
+    upstream_first_byte_s: float = 300.0
+    upstream_idle_s: float = 60.0
     max_connections: int = 1000
+    max_client_connections: int = 4096
+    header_timeout_s: float = 10.0
     shutdown_grace_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Upstream health (``fairshare.gateway.health``).
+
+    Attributes:
+        interval_s: between two probes of an upstream's ``/health``.
+        timeout_s: a probe not answered 200 within it failed.
+        unhealthy_after: consecutive failed probes that eject an upstream.
+        eject_after: consecutive failed requests (connection errors, 5xx) that eject it.
+
+    An ejected upstream gets no request until a probe succeeds.
+    """
+
+    interval_s: float = 5.0
+    timeout_s: float = 2.0
+    unhealthy_after: int = 2
+    eject_after: int = 5
 
 
 @dataclass(frozen=True)
@@ -128,6 +163,7 @@ class GatewayConfig:
     auth: AuthSettings = field(default_factory=AuthSettings)
     cost: CostSettings = field(default_factory=CostSettings)
     limits: Limits = field(default_factory=Limits)
+    health: HealthSettings = field(default_factory=HealthSettings)
     redecide: RedecideSettings = field(default_factory=RedecideSettings)
 
     def model(self, name: str) -> Model | None:
@@ -299,34 +335,49 @@ def _cost(value: object) -> CostSettings:
     )
 
 
+RENAMED: Final = {
+    "limits.upstream_timeout_s": "limits.upstream_first_byte_s and limits.upstream_idle_s"
+}
+"""Keys of earlier versions, and what replaced them (the error names both)."""
+
+
 def _limits(value: object) -> Limits:
-    names = (
-        "max_body_bytes",
-        "upstream_connect_s",
-        "upstream_timeout_s",
-        "max_connections",
-        "shutdown_grace_s",
-    )
-    raw = _mapping("limits", value, names)
     d = Limits()
+    names = tuple(f.name for f in fields(Limits))
+    if isinstance(value, Mapping):
+        for name in value:
+            if f"limits.{name}" in RENAMED:
+                raise ConfigError(f"limits.{name}: replaced by {RENAMED[f'limits.{name}']}")
+    raw = _mapping("limits", value, names)
+
+    def number(name: str, *, positive: bool = True) -> float:
+        return _number(f"limits.{name}", raw.get(name, getattr(d, name)), positive=positive)
+
+    def integer(name: str) -> int:
+        return _integer(f"limits.{name}", raw.get(name, getattr(d, name)))
+
     return Limits(
-        max_body_bytes=_integer(
-            "limits.max_body_bytes", raw.get("max_body_bytes", d.max_body_bytes)
+        max_body_bytes=integer("max_body_bytes"),
+        upstream_connect_s=number("upstream_connect_s"),
+        upstream_first_byte_s=number("upstream_first_byte_s"),
+        upstream_idle_s=number("upstream_idle_s"),
+        max_connections=integer("max_connections"),
+        max_client_connections=integer("max_client_connections"),
+        header_timeout_s=number("header_timeout_s"),
+        shutdown_grace_s=number("shutdown_grace_s", positive=False),
+    )
+
+
+def _health(value: object) -> HealthSettings:
+    d = HealthSettings()
+    raw = _mapping("health", value, tuple(f.name for f in fields(HealthSettings)))
+    return HealthSettings(
+        interval_s=_number("health.interval_s", raw.get("interval_s", d.interval_s)),
+        timeout_s=_number("health.timeout_s", raw.get("timeout_s", d.timeout_s)),
+        unhealthy_after=_integer(
+            "health.unhealthy_after", raw.get("unhealthy_after", d.unhealthy_after)
         ),
-        upstream_connect_s=_number(
-            "limits.upstream_connect_s", raw.get("upstream_connect_s", d.upstream_connect_s)
-        ),
-        upstream_timeout_s=_number(
-            "limits.upstream_timeout_s", raw.get("upstream_timeout_s", d.upstream_timeout_s)
-        ),
-        max_connections=_integer(
-            "limits.max_connections", raw.get("max_connections", d.max_connections)
-        ),
-        shutdown_grace_s=_number(
-            "limits.shutdown_grace_s",
-            raw.get("shutdown_grace_s", d.shutdown_grace_s),
-            positive=False,
-        ),
+        eject_after=_integer("health.eject_after", raw.get("eject_after", d.eject_after)),
     )
 
 
@@ -349,6 +400,7 @@ TOP_KEYS: Final = (
     "models",
     "cost",
     "limits",
+    "health",
     "redecide",
 )
 
@@ -372,6 +424,7 @@ def parse(data: object) -> GatewayConfig:
         models=_models(raw["models"]),
         cost=_cost(raw.get("cost")),
         limits=_limits(raw.get("limits")),
+        health=_health(raw.get("health")),
         redecide=_redecide(raw.get("redecide")),
     )
 

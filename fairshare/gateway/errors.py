@@ -41,6 +41,7 @@ class Refusal(enum.Enum):
     UPSTREAM_UNREACHABLE = Answer(502, "upstream_error", "upstream_unreachable")
     UPSTREAM_BROKEN = Answer(502, "upstream_error", "upstream_error")
     UPSTREAM_TIMEOUT = Answer(504, "upstream_error", "upstream_timeout")
+    NO_HEALTHY_UPSTREAM = Answer(503, "service_unavailable", "no_healthy_upstream")
 
 
 def error_body(refusal: Refusal, message: str) -> dict[str, object]:

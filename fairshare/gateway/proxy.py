@@ -48,6 +48,7 @@ from fairshare.gateway.config import GatewayConfig, Model, Route
 from fairshare.gateway.cost import charge
 from fairshare.gateway.errors import Refusal, error_response
 from fairshare.gateway.forward import Forwarder, Outcome, UpstreamFailed, standing
+from fairshare.gateway.health import Health
 from fairshare.gateway.identity import BadClass, identify
 from fairshare.gateway.keys import Identity, KeysFile
 from fairshare.gateway.metrics import GatewayMetrics
@@ -150,14 +151,14 @@ class Proxy:
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
         self.releases = Releases()
+        self.health = Health(
+            config.health, [u for r in self.upstreams for u in r.upstreams], metrics=metrics
+        )
         self.forwarder = Forwarder(
             self.upstreams,
             session=session,
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=config.limits.upstream_connect_s,
-                sock_read=config.limits.upstream_timeout_s,
-            ),
+            limits=config.limits,
+            health=self.health,
             metrics=metrics,
         )
 

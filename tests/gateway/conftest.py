@@ -156,11 +156,13 @@ async def start_stack(
     standins: Mapping[str, Mapping[str, object]],
     models: Callable[[dict[str, Standin]], Sequence[Mapping[str, object]]],
     timing: Mapping[str, float] | None = None,
+    ready_path: str = "/readyz",
     **gateway_settings: object,
 ) -> AsyncIterator[Stack]:
     """Starts an allocator with ``pools`` (and ``timing``), the stand-ins (name ->
-    ``Standin`` options), and a gateway whose models ``models`` makes from the stand-ins;
-    stops them all at the end."""
+    ``Standin`` options), and a gateway whose models ``models`` makes from the stand-ins,
+    waited for at ``ready_path`` (``/healthz`` where a model has no healthy upstream on
+    purpose); stops them all at the end."""
     config = workdir / "pools.yaml"
     config.write_text(pools_yaml(pools, timing))
     allocator = Allocator(workdir, config)
@@ -179,7 +181,7 @@ async def start_stack(
             await wait_standin(standin.url)
         gateway = Gateway(workdir, gateway_config(allocator, models(running), **gateway_settings))
         gateway.start()
-        await wait_gateway(gateway)
+        await wait_gateway(gateway, path=ready_path)
         stack = Stack(workdir, allocator, running, gateway)
         yield stack
     finally:
