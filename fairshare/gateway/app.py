@@ -3,14 +3,16 @@
 ``run`` reads the configuration (errors: exit 2), opens the allocator client, one upstream
 ``ClientSession`` whose connection pool is ``limits.max_connections``, the API port
 (``listen``: the OpenAI endpoints, ``/healthz``, ``/readyz``) and the metrics port
-(``metrics_listen``), then serves until SIGTERM or SIGINT. Once serving, it asks each
-upstream its scheduling policy in the background (``fairshare.gateway.policy``).
+(``metrics_listen``), then serves until SIGTERM or SIGINT. Once serving, it probes the
+upstreams' health (``fairshare.gateway.health``, over a session of its own) and asks each
+upstream its scheduling policy once (``fairshare.gateway.policy``), in the background.
 
 - ``/healthz``: 200 while the event loop runs.
-- ``/readyz``: 200 when the allocator answered a ListPools within the last second, or when
-  it does not answer but every model's pool fails open (the degraded mode lets requests
-  through); 503 while stopping, or when the allocator does not answer and some model's pool
-  fails closed.
+- ``/readyz``: 200 when every model has a healthy upstream (on its primary route) and the
+  allocator answered a ListPools within the last second, or when it does not answer but
+  every model's pool fails open (the degraded mode lets requests through). 503, with the
+  reasons, while stopping, while a model has no healthy upstream, or when the allocator
+  does not answer and some model's pool fails closed.
 
 SIGTERM: the API port stops accepting connections and ``/readyz`` says 503; requests in
 flight (streams included) run on for up to ``limits.shutdown_grace_s``; those still
@@ -28,6 +30,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
@@ -134,6 +137,20 @@ def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
     )
 
 
+def probe_session(config: GatewayConfig) -> aiohttp.ClientSession:
+    """The session of the health probes: apart from the requests' pool, so that a pool
+    full of requests does not delay a probe into a failure."""
+    upstreams = {u for m in config.models for r in (m.primary, *m.fallback) for u in r.upstreams}
+    connector = aiohttp.TCPConnector(
+        limit=len(upstreams), limit_per_host=1, keepalive_timeout=UPSTREAM_KEEPALIVE_S
+    )
+    return aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
+
+
+def _rpc_failure(error: Exception) -> str:
+    return error.code().name if isinstance(error, aio.AioRpcError) else "no answer in time"
+
+
 class Gateway:
     """One running gateway: its ports, its proxy, its clients."""
 
@@ -144,13 +161,14 @@ class Gateway:
         client = self.client
         self.metrics.pending_releases.set_function(lambda: float(client.pending_releases))
         self.session = upstream_session(config)
+        self.probes = probe_session(config)
         self.proxy = Proxy(
             config, client=self.client, session=self.session, keys=keys, metrics=self.metrics
         )
         self._ready_at = -READY_CACHE_S
         self._fails_closed: set[str] = set()
         self._runners: list[web.AppRunner] = []
-        self._checking: asyncio.Task[object] | None = None
+        self._background: list[asyncio.Task[object]] = []
         self._api_site: web.TCPSite | None = None
 
     # -- probes ------------------------------------------------------------------------------
@@ -158,29 +176,46 @@ class Gateway:
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def readyz(self, _: web.Request) -> web.Response:
-        if self.proxy.draining:
-            return web.Response(status=503, text="stopping\n")
+    def _unhealthy_models(self) -> list[str]:
+        """The models none of whose primary route's upstreams is healthy."""
+        health = self.proxy.health
+        return [
+            f"{m.name} (pool {m.primary.pool})"
+            for m in self.config.models
+            if not any(health.healthy(u) for u in m.primary.upstreams)
+        ]
+
+    async def _allocator_readiness(self) -> tuple[list[str], str]:
+        """Why the allocator's side is not ready ([] when it is), and a note when it is
+        ready without the allocator (degraded)."""
         if time.monotonic() - self._ready_at < READY_CACHE_S:
-            return web.Response(text="ready\n")
+            return [], ""
         try:
             async with asyncio.timeout(READY_PROBE_S):
                 pools = await self.client.refresh_pools()
         except (aio.AioRpcError, TimeoutError) as e:
-            why = e.code().name if isinstance(e, aio.AioRpcError) else "no answer in time"
+            why = _rpc_failure(e)
             pools_needed = {m.primary.pool for m in self.config.models}
             closed = sorted(pools_needed & self._fails_closed)
             if closed:
-                return web.Response(
-                    status=503,
-                    text=f"allocator unreachable ({why}); fail_closed: {', '.join(closed)}\n",
-                )
-            return web.Response(text=f"degraded: allocator unreachable ({why})\n")
+                return [f"allocator unreachable ({why}); fail_closed: {', '.join(closed)}"], ""
+            return [], f"degraded: allocator unreachable ({why})"
         self._fails_closed = {
             p.pool for p in pools if degraded_mode(p.degraded_mode) is DegradedMode.FAIL_CLOSED
         }
         self._ready_at = time.monotonic()
-        return web.Response(text="ready\n")
+        return [], ""
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        if self.proxy.draining:
+            return web.Response(status=503, text="stopping\n")
+        reasons, note = await self._allocator_readiness()
+        unhealthy = self._unhealthy_models()
+        if unhealthy:
+            reasons = [f"no healthy upstream: {', '.join(unhealthy)}", *reasons]
+        if reasons:
+            return web.Response(status=503, text="".join(f"{r}\n" for r in reasons))
+        return web.Response(text=f"{note or 'ready'}\n")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -191,8 +226,11 @@ class Gateway:
         app.router.add_get("/readyz", self.readyz)
         return app
 
+    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
+        self._background.append(asyncio.get_running_loop().create_task(coro))
+
     async def start(self) -> None:
-        """Opens the ports."""
+        """Opens the ports, starts the probes."""
         host, _, port = self.config.listen.rpartition(":")
         runner = web.AppRunner(self.api_app(), handler_cancellation=True, access_log=None)
         await runner.setup()
@@ -213,11 +251,9 @@ class Gateway:
             self.config.allocator.holder,
         )
         print(f"gateway listening on {self.config.listen}", flush=True)
-        upstreams = [
-            u for m in self.config.models for r in (m.primary, *m.fallback) for u in r.upstreams
-        ]
-        self._checking = asyncio.get_running_loop().create_task(
-            check_policies(self.session, upstreams, self.metrics.priority_scheduling)
+        self._spawn(self.proxy.health.watch(self.probes))
+        self._spawn(
+            check_policies(self.session, self.proxy.health.urls, self.metrics.priority_scheduling)
         )
 
     async def stop(self) -> None:
@@ -239,12 +275,13 @@ class Gateway:
                 logger.warning("stopping: cancelled %d requests still running", len(running))
                 await asyncio.wait(running, timeout=5.0)
         await self.proxy.wait_releases()
-        if self._checking is not None:
-            self._checking.cancel()
-            await asyncio.gather(self._checking, return_exceptions=True)
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.session.close()
+        await self.probes.close()
         await self.client.close(flush_timeout_s=FLUSH_TIMEOUT_S)
         logger.info("gateway stopped")
 

@@ -9,7 +9,9 @@ Each upstream (a base URL, wherever the configuration lists it) is in one state:
   refused connection, another status), or ``health.eject_after`` requests in a row failed
   (a connection that could not be opened or broke before the status line, or a 5xx
   answer). An ejected upstream is left out of every route's choice until a probe
-  succeeds again (readmission); a route whose upstreams are all ejected answers 503.
+  succeeds again (readmission; after an ejection by requests, a probe at least
+  ``health.interval_s`` after it, so that a probe already on its way does not undo it at
+  once); a route whose upstreams are all ejected answers 503.
 
 ``Health.watch`` probes every upstream every ``health.interval_s``, over a session of its
 own: a full pool of request connections does not delay a probe into a failure. When
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
@@ -63,6 +66,8 @@ class _Upstream:
     failed_probes: int = 0
     failed_requests: int = 0
     ejected_by_probe: bool = False
+    ejected_at: float = 0.0
+    """When it was ejected (monotonic)."""
     waiting: set[asyncio.Timeout] = field(default_factory=set)
     """First-byte deadlines of the requests waiting on it (ended when probes eject it)."""
 
@@ -147,6 +152,9 @@ class Health:
         upstream = self._get(url)
         if failure is None:
             upstream.failed_probes = 0
+            held = time.monotonic() - upstream.ejected_at < self.settings.interval_s
+            if upstream.state is State.EJECTED and not upstream.ejected_by_probe and held:
+                return  # ejected by its requests a moment ago
             if upstream.state is not State.HEALTHY:
                 if upstream.state is State.EJECTED:
                     logger.info("upstream %s answers its probe again: readmitted", url)
@@ -175,6 +183,7 @@ class Health:
     def _eject(self, url: str, upstream: _Upstream, reason: str, why: str) -> None:
         upstream.state = State.EJECTED
         upstream.ejected_by_probe = reason == "probe"
+        upstream.ejected_at = time.monotonic()
         self.ejected = self.ejected | {url}
         self._show(url, upstream)
         if self._metrics is not None:

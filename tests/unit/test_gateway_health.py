@@ -4,6 +4,7 @@ the gauge, and the first-byte waits ended when probes eject their upstream."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -67,6 +68,16 @@ def test_consecutive_failed_requests_eject_an_answer_resets_the_count() -> None:
     h.request_failed(A)
     assert h.state(A) is State.EJECTED and not h.ejected_by_probe(A)
     assert B not in h.ejected
+    h.probed(A, None)  # too soon after the ejection: the probe may have been on its way
+    assert h.state(A) is State.EJECTED
+
+
+def test_after_requests_ejected_it_a_later_probe_readmits_and_the_count_starts_over() -> None:
+    h, _ = health(eject_after=2, interval_s=0.01)
+    h.request_failed(A)
+    h.request_failed(A)
+    assert h.state(A) is State.EJECTED
+    time.sleep(0.02)
     h.probed(A, None)  # readmitted, its count of failures forgotten
     h.request_failed(A)
     assert h.healthy(A)
