@@ -1,18 +1,23 @@
 """``fairshare gateway``: startup, readiness, and the stop on SIGTERM.
 
-``run`` reads the configuration (errors: exit 2), opens the allocator client, one upstream
-``ClientSession`` whose connection pool is ``limits.max_connections``, the API port
-(``listen``: the OpenAI endpoints, ``/healthz``, ``/readyz``) and the metrics port
-(``metrics_listen``), then serves until SIGTERM or SIGINT. Once serving, it probes the
-upstreams' health (``fairshare.gateway.health``, over a session of its own) and asks each
-upstream its scheduling policy once (``fairshare.gateway.policy``), in the background.
+``run`` reads the configuration (errors: exit 2), opens the allocator client and checks
+the models' pools against the allocator's (``fairshare.gateway.poolcheck``: exit 2 naming
+the key; not ready, and checked at the allocator's first answer, when it does not answer),
+opens one upstream ``ClientSession`` whose connection pool is ``limits.max_connections``,
+the API port (``listen``: the OpenAI endpoints, ``/healthz``, ``/readyz``) and the metrics
+port (``metrics_listen``), then serves until SIGTERM or SIGINT. Once serving, it probes
+the upstreams' health (``fairshare.gateway.health``, over a session of its own) and asks
+each upstream its scheduling policy once (``fairshare.gateway.policy``), in the
+background.
 
 - ``/healthz``: 200 while the event loop runs.
 - ``/readyz``: 200 when every model has a healthy upstream (on its primary route) and the
-  allocator answered a ListPools within the last second, or when it does not answer but
-  every model's pool fails open (the degraded mode lets requests through). 503, with the
-  reasons, while stopping, while a model has no healthy upstream, or when the allocator
-  does not answer and some model's pool fails closed.
+  allocator answered a ListPools within the last second naming every configured pool, or
+  when it does not answer (after one answer since start) but every model's pool fails
+  open (the degraded mode lets requests through). 503, with the reasons, while stopping,
+  while a model has no healthy upstream, before the allocator's first answer, while a
+  configured pool is not among the allocator's, or when the allocator does not answer
+  and some model's pool fails closed.
 
 SIGTERM: the API port stops accepting connections and ``/readyz`` says 503; requests in
 flight (streams included) run on for up to ``limits.shutdown_grace_s``; those still
@@ -45,9 +50,11 @@ from fairshare.gateway.config import ConfigError, GatewayConfig, check_address, 
 from fairshare.gateway.keys import KeysFile, KeysFileError
 from fairshare.gateway.metrics import GatewayMetrics
 from fairshare.gateway.policy import check_policies
+from fairshare.gateway.poolcheck import PoolCheck
 from fairshare.gateway.proxy import Proxy
 from fairshare.modes import DegradedMode
 from fairshare.wire.convert import degraded_mode
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +66,10 @@ READY_PROBE_S: Final = 0.5
 UPSTREAM_KEEPALIVE_S: Final = 4.0
 """How long an idle upstream connection is kept (uvicorn, vLLM's server, closes its idle
 connections after 5 s)."""
+POOLS_AT_START_S: Final = 3.0
+"""How long the start waits for the allocator's pools before serving not ready."""
+POOLS_RETRY_S: Final = 1.0
+"""Between two questions for the pools while the allocator has not answered since start."""
 FLUSH_TIMEOUT_S: Final = 2.0
 """How long the client library may take to send the last releases at exit."""
 GC_YOUNG_THRESHOLD: Final = 10_000
@@ -165,11 +176,56 @@ class Gateway:
         self.proxy = Proxy(
             config, client=self.client, session=self.session, keys=keys, metrics=self.metrics
         )
+        self.pools = PoolCheck(config)
+        self.failed = asyncio.Event()
+        """Set when the allocator's first answer came after the start and named a pool
+        unknown: the gateway stops and exits 2."""
         self._ready_at = -READY_CACHE_S
         self._fails_closed: set[str] = set()
         self._runners: list[web.AppRunner] = []
         self._background: list[asyncio.Task[object]] = []
         self._api_site: web.TCPSite | None = None
+
+    # -- the allocator's pools ---------------------------------------------------------------
+
+    async def check_pools_at_start(self) -> list[str]:
+        """The configuration's pools checked against the allocator's: what is wrong, or
+        [] (also when the allocator did not answer: then it is checked at its first
+        answer, and the gateway is not ready until then)."""
+        try:
+            async with asyncio.timeout(POOLS_AT_START_S):
+                pools = await self.client.refresh_pools()
+        except (aio.AioRpcError, TimeoutError) as e:
+            logger.warning(
+                "the allocator does not answer (%s): serving not ready; the models' pools "
+                "are checked at its first answer",
+                _rpc_failure(e),
+            )
+            return []
+        return self.pools.observe(p.pool for p in pools)
+
+    def _pools_answered(self, pools: list[pb.PoolInfo]) -> None:
+        first = not self.pools.checked
+        problems = self.pools.observe(p.pool for p in pools)
+        for problem in problems:
+            logger.error("%s", problem)
+        if first and problems:
+            for problem in problems:
+                print(f"fairshare gateway: {problem}", file=sys.stderr, flush=True)
+            self.failed.set()
+
+    async def _check_pools_later(self) -> None:
+        """Asks the allocator its pools until it answers once (when it did not at start)."""
+        while not self.pools.checked:
+            await asyncio.sleep(POOLS_RETRY_S)
+            if self.pools.checked:  # a /readyz meanwhile
+                return
+            try:
+                async with asyncio.timeout(POOLS_AT_START_S):
+                    pools = await self.client.refresh_pools()
+            except (aio.AioRpcError, TimeoutError):
+                continue
+            self._pools_answered(pools)
 
     # -- probes ------------------------------------------------------------------------------
 
@@ -189,22 +245,25 @@ class Gateway:
         """Why the allocator's side is not ready ([] when it is), and a note when it is
         ready without the allocator (degraded)."""
         if time.monotonic() - self._ready_at < READY_CACHE_S:
-            return [], ""
+            return self.pools.problems, ""
         try:
             async with asyncio.timeout(READY_PROBE_S):
                 pools = await self.client.refresh_pools()
         except (aio.AioRpcError, TimeoutError) as e:
             why = _rpc_failure(e)
+            if not self.pools.checked:
+                return [f"allocator unreachable ({why}); the models' pools are not checked"], ""
             pools_needed = {m.primary.pool for m in self.config.models}
             closed = sorted(pools_needed & self._fails_closed)
             if closed:
                 return [f"allocator unreachable ({why}); fail_closed: {', '.join(closed)}"], ""
             return [], f"degraded: allocator unreachable ({why})"
+        self._pools_answered(pools)
         self._fails_closed = {
             p.pool for p in pools if degraded_mode(p.degraded_mode) is DegradedMode.FAIL_CLOSED
         }
         self._ready_at = time.monotonic()
-        return [], ""
+        return self.pools.problems, ""
 
     async def readyz(self, _: web.Request) -> web.Response:
         if self.proxy.draining:
@@ -230,7 +289,7 @@ class Gateway:
         self._background.append(asyncio.get_running_loop().create_task(coro))
 
     async def start(self) -> None:
-        """Opens the ports, starts the probes."""
+        """Opens the ports, starts the probes (and the pools' check when still due)."""
         host, _, port = self.config.listen.rpartition(":")
         runner = web.AppRunner(self.api_app(), handler_cancellation=True, access_log=None)
         await runner.setup()
@@ -252,6 +311,8 @@ class Gateway:
         )
         print(f"gateway listening on {self.config.listen}", flush=True)
         self._spawn(self.proxy.health.watch(self.probes))
+        if not self.pools.checked:
+            self._spawn(self._check_pools_later())
         self._spawn(
             check_policies(self.session, self.proxy.health.urls, self.metrics.priority_scheduling)
         )
@@ -303,19 +364,35 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-async def serve(config: GatewayConfig, *, keys: KeysFile | None) -> None:
-    """Runs the gateway until SIGTERM or SIGINT (with the collector tuned: ``tune_gc``)."""
+async def serve(config: GatewayConfig, *, keys: KeysFile | None) -> int:
+    """Runs the gateway until SIGTERM or SIGINT (with the collector tuned: ``tune_gc``).
+
+    Returns:
+        The exit status: 0, or 2 when a model's pool is not the allocator's (at start, or
+        at the allocator's first answer after it).
+    """
     gateway = Gateway(config, keys=keys)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     try:
+        problems = await gateway.check_pools_at_start()
+        if problems:
+            for problem in problems:
+                print(f"fairshare gateway: {problem}", file=sys.stderr)
+            return EXIT_USAGE
         await gateway.start()
         tune_gc()
-        await stopping.wait()
+        ending = [asyncio.ensure_future(e.wait()) for e in (stopping, gateway.failed)]
+        try:
+            await asyncio.wait(ending, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in ending:
+                task.cancel()
     finally:
         await gateway.stop()
+    return EXIT_USAGE if gateway.failed.is_set() else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -339,10 +416,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
-        asyncio.run(serve(config, keys=keys))
+        status = asyncio.run(serve(config, keys=keys))
     except OSError as e:
         print(f"fairshare gateway: {e}", file=sys.stderr)
         return EXIT_USAGE
     with contextlib.suppress(Exception):
         logging.shutdown()
-    return 0
+    return status

@@ -41,7 +41,13 @@ import aiohttp
 from aiohttp import web
 
 from fairshare.client import AllocatorClient, ClientGrant, NoOwner
-from fairshare.errors import AllocatorError, InvalidArgument, LimitExceeded, PermissionDenied
+from fairshare.errors import (
+    AllocatorError,
+    InvalidArgument,
+    LimitExceeded,
+    PermissionDenied,
+    UnknownPool,
+)
 from fairshare.gateway import body as bodies
 from fairshare.gateway.body import BadJson, BadRequest, Endpoint, Request, Usage
 from fairshare.gateway.config import GatewayConfig, Model, Route
@@ -72,6 +78,9 @@ waits that long before each of its retries."""
 LIMIT_HEADER: Final = "x-fairshare-limit"
 """The header of a 429 that names the allocator's limit met (``max_in_flight_per_holder``,
 ``max_in_flight``, ``max_teams`` ...), as its ``fairshare-limit`` metadata does."""
+NO_RETRY_HEADER: Final = "x-should-retry"
+"""Set to ``false`` on an answer no retry can change: the OpenAI SDKs, which retry every
+5xx, then do not."""
 READ_CHUNK: Final = 64 * 1024
 """Bytes of a request body read at a time (the body is bounded by ``max_body_bytes``)."""
 PASSED_HEADERS: Final = ("content-type",)
@@ -107,6 +116,9 @@ def allocator_refusal(error: AllocatorError) -> tuple[Refusal, dict[str, str]]:
     """How an allocator error is answered (and the headers it adds)."""
     if isinstance(error, NoOwner):
         return Refusal.NO_OWNER, {"Retry-After": RETRY_AFTER_S}
+    if isinstance(error, UnknownPool):
+        # A configuration error: asking again cannot help.
+        return Refusal.UNKNOWN_POOL, {NO_RETRY_HEADER: "false"}
     if isinstance(error, LimitExceeded):
         return Refusal.REFUSED_BY_ALLOCATOR, {
             "Retry-After": RETRY_AFTER_S,

@@ -134,6 +134,11 @@ async def eventually(check: Callable[[], object], *, timeout_s: float = 15.0) ->
         await asyncio.sleep(0.05)
 
 
+def model_on_a(s: dict[str, Standin]) -> list[dict[str, object]]:
+    """The models of a stack of one stand-in ``a``: ``MODEL``, on pool gpu-a."""
+    return [{"name": MODEL, "pool": "gpu-a", "upstreams": [s["a"].url]}]
+
+
 def gateway_config(
     allocator: Allocator,
     models: Sequence[Mapping[str, object]],

@@ -16,7 +16,7 @@ import pytest
 
 from harness.standin import Standin
 
-from .conftest import MODEL, Stack, eventually, start_stack
+from .conftest import MODEL, Stack, eventually, model_on_a, start_stack
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,14 +44,11 @@ async def _healthy_is(stack: Stack, url: str, value: float) -> bool:
 async def test_a_paused_upstream_cuts_a_stream_when_idle_and_answers_504_before_its_first_byte(
     tmp_path: Path,
 ) -> None:
-    def models(s: dict[str, Standin]) -> list[dict[str, object]]:
-        return [{"name": MODEL, "pool": "gpu-a", "upstreams": [s["a"].url]}]
-
     async with start_stack(
         tmp_path,
         pools={"gpu-a": {"capacity": 4}},
         standins={"a": {"tokens_per_s": 30.0}},
-        models=models,
+        models=model_on_a,
         limits={"upstream_connect_s": 1, "upstream_first_byte_s": 2, "upstream_idle_s": 1},
         # The probes stay out of it: what ends these requests is the timeouts.
         health={"interval_s": 300},
@@ -173,14 +170,11 @@ async def _hung(stack: Stack) -> bool:
 
 
 async def test_an_upstream_answering_5xx_is_ejected_until_a_later_probe(tmp_path: Path) -> None:
-    def models(s: dict[str, Standin]) -> list[dict[str, object]]:
-        return [{"name": MODEL, "pool": "gpu-a", "upstreams": [s["a"].url]}]
-
     async with start_stack(
         tmp_path,
         pools={"gpu-a": {"capacity": 4}},
         standins={"a": {"tokens_per_s": 200.0}},
-        models=models,
+        models=model_on_a,
         # An ejection by requests holds at least one interval: the checks below fit in it.
         health={"interval_s": 3, "eject_after": 2},
     ) as stack:
