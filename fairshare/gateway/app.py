@@ -4,11 +4,11 @@
 the models' pools against the allocator's (``fairshare.gateway.poolcheck``: exit 2 naming
 the key; not ready, and checked at the allocator's first answer, when it does not answer),
 opens one upstream ``ClientSession`` whose connection pool is ``limits.max_connections``,
-the API port (``listen``: the OpenAI endpoints, ``/healthz``, ``/readyz``) and the metrics
-port (``metrics_listen``), then serves until SIGTERM or SIGINT. Once serving, it probes
-the upstreams' health (``fairshare.gateway.health``, over a session of its own) and asks
-each upstream its scheduling policy once (``fairshare.gateway.policy``), in the
-background.
+the API port (``listen``: the OpenAI endpoints, ``/healthz``, ``/readyz``; its connections
+bounded by ``fairshare.gateway.connections``) and the metrics port (``metrics_listen``),
+then serves until SIGTERM or SIGINT. Once serving, it probes the upstreams' health
+(``fairshare.gateway.health``, over a session of its own) and asks each upstream its
+scheduling policy once (``fairshare.gateway.policy``), in the background.
 
 - ``/healthz``: 200 while the event loop runs.
 - ``/readyz``: 200 when every model has a healthy upstream (on its primary route) and the
@@ -47,6 +47,12 @@ from grpc import aio
 
 from fairshare.client import AllocatorClient
 from fairshare.gateway.config import ConfigError, GatewayConfig, check_address, load
+from fairshare.gateway.connections import (
+    SPARE_FILES,
+    ConnectionGuard,
+    GuardedSite,
+    raise_file_limit,
+)
 from fairshare.gateway.keys import KeysFile, KeysFileError
 from fairshare.gateway.metrics import GatewayMetrics
 from fairshare.gateway.policy import check_policies
@@ -176,6 +182,11 @@ class Gateway:
         self.proxy = Proxy(
             config, client=self.client, session=self.session, keys=keys, metrics=self.metrics
         )
+        self.guard = ConnectionGuard(
+            max_connections=config.limits.max_client_connections,
+            header_timeout_s=config.limits.header_timeout_s,
+            metrics=self.metrics,
+        )
         self.pools = PoolCheck(config)
         self.failed = asyncio.Event()
         """Set when the allocator's first answer came after the start and named a pool
@@ -184,7 +195,7 @@ class Gateway:
         self._fails_closed: set[str] = set()
         self._runners: list[web.AppRunner] = []
         self._background: list[asyncio.Task[object]] = []
-        self._api_site: web.TCPSite | None = None
+        self._api_site: web.BaseSite | None = None
 
     # -- the allocator's pools ---------------------------------------------------------------
 
@@ -279,7 +290,10 @@ class Gateway:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def api_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.limits.max_body_bytes + 1)
+        app = web.Application(
+            client_max_size=self.config.limits.max_body_bytes + 1,
+            middlewares=[self.guard.middleware],
+        )
         self.proxy.add_routes(app)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
@@ -290,11 +304,21 @@ class Gateway:
 
     async def start(self) -> None:
         """Opens the ports, starts the probes (and the pools' check when still due)."""
+        limits = self.config.limits
+        needed = limits.max_client_connections + limits.max_connections + SPARE_FILES
+        if raise_file_limit(needed) < needed:
+            logger.warning(
+                "the limit of open files is below the %d that limits.max_client_connections "
+                "and limits.max_connections need: connections may fail before either is met",
+                needed,
+            )
         host, _, port = self.config.listen.rpartition(":")
         runner = web.AppRunner(self.api_app(), handler_cancellation=True, access_log=None)
         await runner.setup()
         self._runners.append(runner)
-        self._api_site = web.TCPSite(runner, host.strip("[]"), int(port), backlog=1024)
+        self._api_site = GuardedSite(
+            runner, host.strip("[]"), int(port), guard=self.guard, backlog=1024
+        )
         await self._api_site.start()
         if self.config.metrics_listen:
             host, _, port = self.config.metrics_listen.rpartition(":")
