@@ -176,9 +176,10 @@ class Health:
             logger.warning("upstream %s: %s", url, why)
         else:
             self._eject(url, upstream, "probe", why)
-        loop = asyncio.get_running_loop()
+        now = asyncio.get_running_loop().time()
         for deadline in list(upstream.waiting):
-            deadline.reschedule(loop.time())
+            if not deadline.expired():  # one that just ran out is ending anyway
+                deadline.reschedule(now)
 
     def _eject(self, url: str, upstream: _Upstream, reason: str, why: str) -> None:
         upstream.state = State.EJECTED
@@ -213,5 +214,8 @@ class Health:
 
     async def _watch_one(self, session: aiohttp.ClientSession, url: str) -> None:
         while True:
-            self.probed(url, await self.probe(session, url))
+            try:
+                self.probed(url, await self.probe(session, url))
+            except Exception:  # a bug here must not end the probes of this upstream
+                logger.exception("upstream %s: the probe failed unexpectedly", url)
             await asyncio.sleep(self.settings.interval_s)
