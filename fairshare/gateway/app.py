@@ -159,7 +159,7 @@ def probe_session(config: GatewayConfig) -> aiohttp.ClientSession:
     full of requests does not delay a probe into a failure."""
     upstreams = {u for m in config.models for r in (m.primary, *m.fallback) for u in r.upstreams}
     connector = aiohttp.TCPConnector(
-        limit=len(upstreams), limit_per_host=1, keepalive_timeout=UPSTREAM_KEEPALIVE_S
+        limit=len(upstreams), limit_per_host=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S
     )
     return aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
 
