@@ -9,15 +9,17 @@ Modules: ``fairshare.gateway.config`` (the YAML file), ``fairshare.gateway.keys`
 file, followed), ``fairshare.gateway.identity`` (who is calling), ``fairshare.gateway.body`` (what
 is read from and written into request bodies and streamed chunks), ``fairshare.gateway.cost`` (what
 a release charges), ``fairshare.gateway.errors`` (the one table of error answers),
-``fairshare.gateway.upstreams`` (which vLLM server), ``fairshare.gateway.placement`` (the grant, and
+``fairshare.gateway.upstreams`` (which vLLM server), ``fairshare.gateway.health`` (which
+upstreams get requests: probes, ejection), ``fairshare.gateway.placement`` (the grant, and
 fallback pools), ``fairshare.gateway.redecide`` (fail-open requests sent again after an outage),
 ``fairshare.gateway.releases`` (releases that outlive a cancelled request),
 ``fairshare.gateway.proxy`` (the request path), ``fairshare.gateway.forward`` (one attempt at
 the upstream), ``fairshare.gateway.headers`` (which headers cross, the request id),
 ``fairshare.gateway.middleware`` (around every request: its id, its log line, 404s),
-``fairshare.gateway.accesslog`` (one line per request),
-``fairshare.gateway.policy`` (the upstreams' scheduling policy, checked at startup),
-``fairshare.gateway.metrics`` (Prometheus),
+``fairshare.gateway.accesslog`` (one line per request), ``fairshare.gateway.policy`` (the
+upstreams' scheduling policy, checked at startup), ``fairshare.gateway.poolcheck`` (the
+models' pools against the allocator's), ``fairshare.gateway.connections`` (client
+connections: the cap, the head timeout), ``fairshare.gateway.metrics`` (Prometheus),
 ``fairshare.gateway.app`` (startup, readiness, SIGTERM).
 
 The package imports the client library (``client``) and the core (``fairshare``) of the

@@ -6,37 +6,31 @@ wrong; ``fairshare gateway`` prints it and exits 2. Unknown keys are errors too,
 is not silently ignored.
 
 The keys of the issue (``listen``, ``metrics_listen``, ``allocator``, ``auth``, ``models``,
-``cost``) are exactly as documented; ``limits``, ``redecide``, ``headers`` and
+``cost``) are exactly as documented; ``limits``, ``health``, ``redecide``, ``headers`` and
 ``access_log`` are the gateway's own.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import socket
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit
 
 import yaml
 
-from fairshare.routing import ROUTERS
+from fairshare.gateway import config_values as checked
+from fairshare.gateway.config_values import ConfigError, check_address
 
 DEFAULT_LISTEN: Final = "0.0.0.0:8080"
 DEFAULT_METRICS_LISTEN: Final = "0.0.0.0:9091"
 COST_UNITS: Final = ("tokens", "seconds")
-MAX_PORT: Final = 65535
 ACCESS_LOG_FORMATS: Final = ("json", "logfmt")
 ACCESS_LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING")
 DEFAULT_ROUTING: Final = "fewest-ahead"
 """The router of a route whose configuration names none (docs/simulation.md)."""
-
-
-class ConfigError(ValueError):
-    """The file cannot be used; the message names the key."""
 
 
 @dataclass(frozen=True)
@@ -115,22 +109,56 @@ class CostSettings:
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of the gateway itself.
+    """Bounds of the gateway itself (docs/gateway.md, "Timeouts and connections").
 
     Attributes:
         max_body_bytes: largest request body accepted (413 beyond).
-        upstream_connect_s: time to open a connection to an upstream.
-        upstream_timeout_s: longest an upstream may take to answer, or between two chunks
-            of a stream (504 beyond, or the stream is cut).
+        upstream_connect_s: time to open a connection to an upstream (another upstream
+            is tried beyond).
+        upstream_first_byte_s: from sending a request upstream to the first bytes the
+            client may see: the first chunk of a stream, the whole answer otherwise (504
+            beyond).
+        upstream_idle_s: longest wait for the next chunk of a stream under way (the
+            stream ends with an error event beyond).
         max_connections: the upstream connection pool's size (all upstreams together).
+        max_client_connections: most client connections open at once; one more is
+            closed as soon as it is accepted.
+        header_timeout_s: time a client connection has to send a whole request head
+            (from its opening, or from the first byte of a later request); it is closed
+            beyond, before anything of the request is read.
         shutdown_grace_s: after SIGTERM, how long requests in flight may still run.
+
+    A request's total time is not bounded: its grant lives as long as the gateway's
+    holder session, which the client library renews.
     """
 
     max_body_bytes: int = 4 * 1024 * 1024
     upstream_connect_s: float = 5.0
-    upstream_timeout_s: float = 600.0
+    upstream_first_byte_s: float = 300.0
+    upstream_idle_s: float = 60.0
     max_connections: int = 1000
+    max_client_connections: int = 4096
+    header_timeout_s: float = 10.0
     shutdown_grace_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Upstream health (``fairshare.gateway.health``).
+
+    Attributes:
+        interval_s: between two probes of an upstream's ``/health``.
+        timeout_s: a probe not answered 200 within it failed.
+        unhealthy_after: consecutive failed probes that eject an upstream.
+        eject_after: consecutive failed requests (connection errors, 5xx) that eject it.
+
+    An ejected upstream gets no request until a probe succeeds.
+    """
+
+    interval_s: float = 5.0
+    timeout_s: float = 2.0
+    unhealthy_after: int = 2
+    eject_after: int = 5
 
 
 @dataclass(frozen=True)
@@ -184,6 +212,7 @@ class GatewayConfig:
     auth: AuthSettings = field(default_factory=AuthSettings)
     cost: CostSettings = field(default_factory=CostSettings)
     limits: Limits = field(default_factory=Limits)
+    health: HealthSettings = field(default_factory=HealthSettings)
     redecide: RedecideSettings = field(default_factory=RedecideSettings)
     headers: HeaderSettings = field(default_factory=HeaderSettings)
     access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
@@ -193,87 +222,19 @@ class GatewayConfig:
         return next((m for m in self.models if m.name == name), None)
 
 
-# -- checked readers ------------------------------------------------------------------------
-
-
-def _mapping(key: str, value: object, allowed: Sequence[str]) -> Mapping[str, object]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
-    unknown = sorted(str(k) for k in value if k not in allowed)
-    if unknown:
-        where = f"{key}." if key else ""
-        raise ConfigError(f"{where}{unknown[0]}: unknown key (known: {', '.join(allowed)})")
-    return value
-
-
-def _string(key: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def _opt_string(key: str, value: object) -> str | None:
-    return None if value is None or value == "" else _string(key, value)
-
-
-def _strings(key: str, value: object) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{key}: expected a non-empty list of strings, got {value!r}")
-    return tuple(_string(f"{key}[{i}]", v) for i, v in enumerate(value))
-
-
-def _number(key: str, value: object, *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise ConfigError(f"{key}: must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
-
-
-def _integer(key: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{key}: expected an integer >= 1, got {value!r}")
-    return value
-
-
-def check_address(key: str, value: object) -> str:
-    """``host:port`` with a port in 1..65535."""
-    text = _string(key, value)
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= MAX_PORT:
-        raise ConfigError(f"{key}: expected host:port, got {text!r}")
-    return text
-
-
-def _upstream(key: str, value: object) -> str:
-    url = _string(key, value).rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{key}: expected an http(s):// base URL, got {url!r}")
-    if parts.path.endswith("/v1"):
-        raise ConfigError(f"{key}: give the server's base URL without /v1, got {url!r}")
-    return url
-
-
-def _routing(key: str, value: object) -> str:
-    if value not in ROUTERS:
-        raise ConfigError(f"{key}: expected one of {', '.join(ROUTERS)}, got {value!r}")
-    return str(value)
-
-
 def _route(key: str, value: object, *, routing: str = DEFAULT_ROUTING) -> Route:
     """One route; ``routing`` is its router when ``value`` names none."""
-    raw = _mapping(key, value, ("pool", "upstreams", "routing"))
+    raw = checked.mapping(key, value, ("pool", "upstreams", "routing"))
     for name in ("pool", "upstreams"):
         if name not in raw:
             raise ConfigError(f"{key}.{name}: required")
-    upstreams = _strings(f"{key}.upstreams", raw["upstreams"])
+    upstreams = checked.strings(f"{key}.upstreams", raw["upstreams"])
     return Route(
-        pool=_string(f"{key}.pool", raw["pool"]),
-        upstreams=tuple(_upstream(f"{key}.upstreams[{i}]", u) for i, u in enumerate(upstreams)),
-        routing=_routing(f"{key}.routing", raw["routing"]) if "routing" in raw else routing,
+        pool=checked.string(f"{key}.pool", raw["pool"]),
+        upstreams=tuple(
+            checked.upstream_url(f"{key}.upstreams[{i}]", u) for i, u in enumerate(upstreams)
+        ),
+        routing=checked.routing(f"{key}.routing", raw["routing"]) if "routing" in raw else routing,
     )
 
 
@@ -283,10 +244,10 @@ def _models(value: object) -> tuple[Model, ...]:
     models: list[Model] = []
     for i, item in enumerate(value):
         key = f"models[{i}]"
-        raw = _mapping(key, item, ("name", "pool", "upstreams", "routing", "fallback"))
+        raw = checked.mapping(key, item, ("name", "pool", "upstreams", "routing", "fallback"))
         if "name" not in raw:
             raise ConfigError(f"{key}.name: required")
-        name = _string(f"{key}.name", raw["name"])
+        name = checked.string(f"{key}.name", raw["name"])
         if any(m.name == name for m in models):
             raise ConfigError(f"{key}.name: {name!r} is listed twice")
         primary = _route(key, {k: raw[k] for k in ("pool", "upstreams", "routing") if k in raw})
@@ -305,23 +266,25 @@ def _models(value: object) -> tuple[Model, ...]:
 
 
 def _allocator(value: object) -> AllocatorSettings:
-    raw = _mapping("allocator", value, ("endpoints", "holder", "deadline_s", "tls"))
+    raw = checked.mapping("allocator", value, ("endpoints", "holder", "deadline_s", "tls"))
     if "endpoints" not in raw:
         raise ConfigError("allocator.endpoints: required")
-    endpoints = _strings("allocator.endpoints", raw["endpoints"])
+    endpoints = checked.strings("allocator.endpoints", raw["endpoints"])
     for i, endpoint in enumerate(endpoints):
         check_address(f"allocator.endpoints[{i}]", endpoint)
-    tls = _mapping("allocator.tls", raw.get("tls"), ("ca_file", "cert_file", "key_file"))
-    cert = _opt_string("allocator.tls.cert_file", tls.get("cert_file"))
-    key = _opt_string("allocator.tls.key_file", tls.get("key_file"))
+    tls = checked.mapping("allocator.tls", raw.get("tls"), ("ca_file", "cert_file", "key_file"))
+    cert = checked.opt_string("allocator.tls.cert_file", tls.get("cert_file"))
+    key = checked.opt_string("allocator.tls.key_file", tls.get("key_file"))
     if (cert is None) != (key is None):
         raise ConfigError("allocator.tls.key_file: cert_file and key_file go together")
     holder = raw.get("holder")
     return AllocatorSettings(
         endpoints=endpoints,
-        holder=socket.gethostname() if holder is None else _string("allocator.holder", holder),
-        deadline_s=_number("allocator.deadline_s", raw.get("deadline_s", 0.75)),
-        tls_ca_file=_opt_string("allocator.tls.ca_file", tls.get("ca_file")),
+        holder=socket.gethostname()
+        if holder is None
+        else checked.string("allocator.holder", holder),
+        deadline_s=checked.number("allocator.deadline_s", raw.get("deadline_s", 0.75)),
+        tls_ca_file=checked.opt_string("allocator.tls.ca_file", tls.get("ca_file")),
         tls_cert_file=cert,
         tls_key_file=key,
     )
@@ -331,12 +294,12 @@ AUTH_KEYS: Final = ("keys_file", "team_header", "class_header", "fairness_id", "
 
 
 def _auth(value: object) -> AuthSettings:
-    raw = _mapping("auth", value, AUTH_KEYS)
+    raw = checked.mapping("auth", value, AUTH_KEYS)
     fairness_id = raw.get("fairness_id", False)
     if not isinstance(fairness_id, bool):
         raise ConfigError(f"auth.fairness_id: expected true or false, got {fairness_id!r}")
     return AuthSettings(
-        keys_file=_opt_string("auth.keys_file", raw.get("keys_file")),
+        keys_file=checked.opt_string("auth.keys_file", raw.get("keys_file")),
         team_header=_header("auth.team_header", raw.get("team_header")),
         class_header=_header("auth.class_header", raw.get("class_header")),
         fairness_id=fairness_id,
@@ -355,7 +318,7 @@ def _networks(key: str, value: object) -> tuple[Network, ...]:
         raise ConfigError(f"{key}: expected a list of addresses or networks, got {value!r}")
     networks: list[Network] = []
     for i, item in enumerate(value):
-        text = _string(f"{key}[{i}]", item)
+        text = checked.string(f"{key}[{i}]", item)
         try:
             networks.append(ipaddress.ip_network(text))
         except ValueError as e:
@@ -364,80 +327,97 @@ def _networks(key: str, value: object) -> tuple[Network, ...]:
 
 
 def _header(key: str, value: object) -> str | None:
-    name = _opt_string(key, value)
+    name = checked.opt_string(key, value)
     if name is not None and (not name.isascii() or any(c in name for c in " :\t")):
         raise ConfigError(f"{key}: not an HTTP header name: {name!r}")
     return None if name is None else name.lower()
 
 
 def _cost(value: object) -> CostSettings:
-    raw = _mapping("cost", value, ("unit", "prompt_weight", "completion_weight"))
+    raw = checked.mapping("cost", value, ("unit", "prompt_weight", "completion_weight"))
     unit = raw.get("unit", "tokens")
     if unit not in COST_UNITS:
         raise ConfigError(f"cost.unit: expected one of {', '.join(COST_UNITS)}, got {unit!r}")
     return CostSettings(
         unit=str(unit),
-        prompt_weight=_number("cost.prompt_weight", raw.get("prompt_weight", 1.0), positive=False),
-        completion_weight=_number(
+        prompt_weight=checked.number(
+            "cost.prompt_weight", raw.get("prompt_weight", 1.0), positive=False
+        ),
+        completion_weight=checked.number(
             "cost.completion_weight", raw.get("completion_weight", 1.0), positive=False
         ),
     )
 
 
+RENAMED: Final = {
+    "limits.upstream_timeout_s": "limits.upstream_first_byte_s and limits.upstream_idle_s"
+}
+"""Keys of earlier versions, and what replaced them (the error names both)."""
+
+
 def _limits(value: object) -> Limits:
-    names = (
-        "max_body_bytes",
-        "upstream_connect_s",
-        "upstream_timeout_s",
-        "max_connections",
-        "shutdown_grace_s",
-    )
-    raw = _mapping("limits", value, names)
     d = Limits()
+    names = tuple(f.name for f in fields(Limits))
+    if isinstance(value, Mapping):
+        for name in value:
+            if f"limits.{name}" in RENAMED:
+                raise ConfigError(f"limits.{name}: replaced by {RENAMED[f'limits.{name}']}")
+    raw = checked.mapping("limits", value, names)
+
+    def seconds(name: str, *, positive: bool = True) -> float:
+        return checked.number(f"limits.{name}", raw.get(name, getattr(d, name)), positive=positive)
+
+    def count(name: str) -> int:
+        return checked.integer(f"limits.{name}", raw.get(name, getattr(d, name)))
+
     return Limits(
-        max_body_bytes=_integer(
-            "limits.max_body_bytes", raw.get("max_body_bytes", d.max_body_bytes)
+        max_body_bytes=count("max_body_bytes"),
+        upstream_connect_s=seconds("upstream_connect_s"),
+        upstream_first_byte_s=seconds("upstream_first_byte_s"),
+        upstream_idle_s=seconds("upstream_idle_s"),
+        max_connections=count("max_connections"),
+        max_client_connections=count("max_client_connections"),
+        header_timeout_s=seconds("header_timeout_s"),
+        shutdown_grace_s=seconds("shutdown_grace_s", positive=False),
+    )
+
+
+def _health(value: object) -> HealthSettings:
+    d = HealthSettings()
+    raw = checked.mapping("health", value, tuple(f.name for f in fields(HealthSettings)))
+    return HealthSettings(
+        interval_s=checked.number("health.interval_s", raw.get("interval_s", d.interval_s)),
+        timeout_s=checked.number("health.timeout_s", raw.get("timeout_s", d.timeout_s)),
+        unhealthy_after=checked.integer(
+            "health.unhealthy_after", raw.get("unhealthy_after", d.unhealthy_after)
         ),
-        upstream_connect_s=_number(
-            "limits.upstream_connect_s", raw.get("upstream_connect_s", d.upstream_connect_s)
-        ),
-        upstream_timeout_s=_number(
-            "limits.upstream_timeout_s", raw.get("upstream_timeout_s", d.upstream_timeout_s)
-        ),
-        max_connections=_integer(
-            "limits.max_connections", raw.get("max_connections", d.max_connections)
-        ),
-        shutdown_grace_s=_number(
-            "limits.shutdown_grace_s",
-            raw.get("shutdown_grace_s", d.shutdown_grace_s),
-            positive=False,
-        ),
+        eject_after=checked.integer("health.eject_after", raw.get("eject_after", d.eject_after)),
     )
 
 
 def _redecide(value: object) -> RedecideSettings:
-    raw = _mapping("redecide", value, ("enabled", "max_per_signal"))
+    raw = checked.mapping("redecide", value, ("enabled", "max_per_signal"))
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"redecide.enabled: expected true or false, got {enabled!r}")
     return RedecideSettings(
         enabled=enabled,
-        max_per_signal=_integer("redecide.max_per_signal", raw.get("max_per_signal", 64)),
+        max_per_signal=checked.integer("redecide.max_per_signal", raw.get("max_per_signal", 64)),
     )
 
 
 def _headers(value: object) -> HeaderSettings:
-    raw = _mapping("headers", value, ("deny",))
+    raw = checked.mapping("headers", value, ("deny",))
     deny = raw.get("deny") or []
     if not isinstance(deny, list):
         raise ConfigError(f"headers.deny: expected a list of header names, got {deny!r}")
     keys = (f"headers.deny[{i}]" for i in range(len(deny)))
-    names = (_header(key, _string(key, name)) for key, name in zip(keys, deny, strict=True))
+    names = (_header(key, checked.string(key, name)) for key, name in zip(keys, deny, strict=True))
     return HeaderSettings(deny=tuple(name for name in names if name is not None))
 
 
 def _access_log(value: object) -> AccessLogSettings:
-    raw = _mapping("access_log", value, ("enabled", "format", "level"))
+    raw = checked.mapping("access_log", value, ("enabled", "format", "level"))
     d = AccessLogSettings()
     enabled = raw.get("enabled", d.enabled)
     if not isinstance(enabled, bool):
@@ -463,6 +443,7 @@ TOP_KEYS: Final = (
     "models",
     "cost",
     "limits",
+    "health",
     "redecide",
     "headers",
     "access_log",
@@ -475,7 +456,7 @@ def parse(data: object) -> GatewayConfig:
     Raises:
         ConfigError: naming the first wrong key.
     """
-    raw = _mapping("", data, TOP_KEYS)
+    raw = checked.mapping("", data, TOP_KEYS)
     for name in ("allocator", "models"):
         if name not in raw:
             raise ConfigError(f"{name}: required")
@@ -488,6 +469,7 @@ def parse(data: object) -> GatewayConfig:
         models=_models(raw["models"]),
         cost=_cost(raw.get("cost")),
         limits=_limits(raw.get("limits")),
+        health=_health(raw.get("health")),
         redecide=_redecide(raw.get("redecide")),
         headers=_headers(raw.get("headers")),
         access_log=_access_log(raw.get("access_log")),

@@ -42,6 +42,8 @@ class Refusal(enum.Enum):
     UPSTREAM_UNREACHABLE = Answer(502, "upstream_error", "upstream_unreachable")
     UPSTREAM_BROKEN = Answer(502, "upstream_error", "upstream_error")
     UPSTREAM_TIMEOUT = Answer(504, "upstream_error", "upstream_timeout")
+    NO_HEALTHY_UPSTREAM = Answer(503, "service_unavailable", "no_healthy_upstream")
+    UNKNOWN_POOL = Answer(500, "server_error", "pool_not_configured")
 
 
 def error_body(refusal: Refusal, message: str) -> dict[str, object]:

@@ -15,6 +15,13 @@ Guaranteed:
 - a connection that cannot be opened goes to another upstream of the route, and one the
   upstream closed before its status line (a pooled connection closed as idle) is sent
   again once, to any; no other failure is retried;
+- an upstream ejected by ``fairshare.gateway.health`` is not chosen; what each attempt
+  saw (failed, answered) is told to it;
+- the timeouts of ``limits``: ``upstream_connect_s`` to open a connection (then another
+  upstream is tried), ``upstream_first_byte_s`` from sending the request to the first
+  bytes the client may see (504; cut short when probes eject the upstream meanwhile),
+  ``upstream_idle_s`` between two chunks of a stream (an error event ends it); none
+  bounds a request's total time;
 - a response not read to its end is closed, not returned to the pool, so the upstream
   aborts the request;
 - a failure before the status line is ``UpstreamFailed``, whose ``refusal`` says how to
@@ -27,6 +34,7 @@ the grant (the caller decides and releases it); thread safety (one event loop).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -38,8 +46,9 @@ from aiohttp import web
 
 from fairshare.client import ClientGrant
 from fairshare.gateway.body import Request, StreamFilter, Usage
-from fairshare.gateway.config import Route
+from fairshare.gateway.config import Limits, Route
 from fairshare.gateway.errors import Refusal, sse_error_event
+from fairshare.gateway.health import Health
 from fairshare.gateway.metrics import GatewayMetrics
 from fairshare.gateway.placement import Placement
 from fairshare.gateway.upstreams import Upstreams
@@ -70,7 +79,7 @@ class Outcome:
     first_chunk: float | None = None
     """When a streamed answer's first chunk came (monotonic); None when not streamed."""
     upstream: str = ""
-    """The upstream last sent to ("" before any)."""
+    """The upstream of the last attempt ("" before one)."""
     cut: str = ""
     """Why the attempt ended short (``fairshare.gateway.accesslog.ENDINGS``: a stream cut
     here, a failure or a 5xx answer in ``fairshare.gateway.proxy``); "" when it did not."""
@@ -89,13 +98,22 @@ class Forwarder:
         upstreams: Mapping[Route, Upstreams],
         *,
         session: aiohttp.ClientSession,
-        timeout: aiohttp.ClientTimeout,
+        limits: Limits,
+        health: Health,
         metrics: GatewayMetrics,
     ) -> None:
         self.upstreams = upstreams
         self.session = session
+        self.health = health
         self.metrics = metrics
-        self._timeout = timeout
+        self.limits = limits
+        # The connect timeout bounds the socket's connect only: waiting for a free
+        # connection of a full pool is no fault of the upstream (it is bounded by the
+        # first-byte timeout). The reads are bounded here, not by aiohttp: its read
+        # timeout would bound the wait for the status line by the idle timeout.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=limits.upstream_connect_s, sock_read=None
+        )
 
     async def first(
         self,
@@ -107,8 +125,9 @@ class Forwarder:
         outcome: Outcome,
     ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
         """Everything up to the first byte the client may see: the whole answer when not
-        streaming (or on an error status), else the first chunk of the stream. ``headers``
-        go with the request (``fairshare.gateway.headers.HeaderPolicy.to_upstream``).
+        streaming (or on an error status), else the first chunk of the stream, within
+        ``limits.upstream_first_byte_s``. ``headers`` go with the request
+        (``fairshare.gateway.headers.HeaderPolicy.to_upstream``).
 
         Returns:
             The upstream's URL and response, which the caller ends with ``close``, and
@@ -118,28 +137,46 @@ class Forwarder:
             UpstreamFailed: as ``_open``, or the answer failed or timed out before its
                 first bytes (the upstream request is then closed).
         """
-        url, upstream = await self._open(placement, path, data, headers, outcome)
+        opened: tuple[str, aiohttp.ClientResponse] | None = None
+        deadline = asyncio.timeout(self.limits.upstream_first_byte_s)
         try:
-            if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
-                head = await upstream.content.readany()
-            else:
-                head = await upstream.read()
+            async with deadline:
+                opened = await self._open(placement, path, data, headers, outcome, deadline)
+                upstream = opened[1]
+                if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
+                    head = await upstream.content.readany()
+                else:
+                    head = await upstream.read()
         except TimeoutError as e:
-            self.close(placement, url, upstream)
+            url = outcome.upstream
+            if opened is not None:
+                self.close(placement, *opened)
             self.metrics.upstream_errors.labels(url, "timeout").inc()
-            raise UpstreamFailed(
-                Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
-            ) from e
+            if self.health.ejected_by_probe(url):
+                why = "the upstream stopped answering its health probes"
+            else:
+                why = f"the upstream sent nothing within {self.limits.upstream_first_byte_s:g}s"
+            logger.warning("upstream %s: %s", url, why)
+            raise UpstreamFailed(Refusal.UPSTREAM_TIMEOUT, why) from e
         except (aiohttp.ClientError, OSError) as e:
-            self.close(placement, url, upstream)
-            self.metrics.upstream_errors.labels(url, "broken").inc()
+            assert opened is not None  # ``_open`` raises only ``UpstreamFailed``
+            self.close(placement, *opened)
+            self.metrics.upstream_errors.labels(opened[0], "broken").inc()
+            self.health.request_failed(opened[0])
             raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
         except BaseException:
-            self.close(placement, url, upstream)
+            if opened is not None:
+                self.close(placement, *opened)
             raise
+        finally:
+            self.health.done_waiting(outcome.upstream, deadline)
+        url, upstream = opened
         if upstream.status >= 500:  # noqa: PLR2004 (server errors)
             self.metrics.upstream_errors.labels(url, "status").inc()
-        return (url, upstream), head
+            self.health.request_failed(url)
+        else:
+            self.health.request_answered(url)
+        return opened, head
 
     def close(self, placement: Placement, url: str, response: aiohttp.ClientResponse) -> None:
         """Ends an upstream request: a response not read to its end closes its connection,
@@ -167,20 +204,22 @@ class Forwarder:
         try:
             await answer.prepare(request)
             chunk = head
+            idle_s = self.limits.upstream_idle_s
             while chunk:
                 out = filtered.feed(chunk)
                 if out:
                     await answer.write(out)
-                chunk = await upstream.content.readany()
+                async with asyncio.timeout(idle_s):
+                    chunk = await upstream.content.readany()
             rest = filtered.finish()
             if rest:
                 await answer.write(rest)
         except TimeoutError:
             outcome.cut = "timeout"
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "timeout").inc()
-            await _write_quietly(
-                answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, "the upstream stalled")
-            )
+            stalled = f"the upstream sent nothing for {self.limits.upstream_idle_s:g}s"
+            logger.warning("upstream %s: %s", upstream.url.origin(), stalled)
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, stalled))
         except aiohttp.ClientPayloadError as e:
             outcome.cut = "upstream_error"
             self.metrics.upstream_errors.labels(str(upstream.url.origin()), "broken").inc()
@@ -208,31 +247,44 @@ class Forwarder:
         data: bytes,
         headers: Mapping[str, str],
         outcome: Outcome,
+        deadline: asyncio.Timeout,
     ) -> tuple[str, aiohttp.ClientResponse]:
         """Sends the request to the upstream the route's router chooses for the grant's
-        priority, among those that accept a connection.
+        priority, among those not ejected that accept a connection.
 
-        The caller ends the upstream's lease (``Upstreams.sent``) with ``close``.
+        The caller ends the upstream's lease (``Upstreams.sent``) with ``close``. The
+        request waits on ``outcome.upstream`` under ``deadline`` (``Health.waiting``); the
+        caller ends that wait.
 
         A connection closed before the status line (``ServerDisconnectedError``: a pooled
         connection the upstream closed as idle) is tried again once, like a refused one but
         on any upstream.
 
         Raises:
-            UpstreamFailed: none accepted a connection, or the one that did failed or timed
-                out before its status line (a second closed connection included).
+            UpstreamFailed: every upstream is ejected, none accepted a connection, or the
+                one that did failed before its status line (a second closed connection
+                included).
         """
         route, grant = placement.route, placement.grant
         upstreams = self.upstreams[route]
+        health = self.health
         tried: set[str] = set()
         disconnected = False
         while True:
-            url = upstreams.choose(grant.priority, tried)
+            url = upstreams.choose(grant.priority, tried | health.ejected)
             if url is None:
+                if not tried:
+                    raise UpstreamFailed(
+                        Refusal.NO_HEALTHY_UPSTREAM,
+                        f"no upstream of pool {route.pool} is healthy now",
+                    )
                 raise UpstreamFailed(
                     Refusal.UPSTREAM_UNREACHABLE,
                     f"no upstream of pool {route.pool} accepted a connection",
                 )
+            health.done_waiting(outcome.upstream, deadline)
+            outcome.upstream = url
+            health.waiting(url, deadline)
             upstreams.sent(url, grant.priority, standing(grant))
             outcome.upstream = url
             outcome.started = time.monotonic()
@@ -248,6 +300,7 @@ class Forwarder:
                 upstreams.ended(url, grant.priority)
                 outcome.sent = False
                 self.metrics.upstream_errors.labels(url, "refused").inc()
+                health.request_failed(url)
                 logger.warning("upstream %s refused: %s; trying another", url, e)
                 tried.add(url)
                 continue
@@ -258,21 +311,17 @@ class Forwarder:
                 upstreams.ended(url, grant.priority)
                 self.metrics.upstream_errors.labels(url, "disconnected").inc()
                 if disconnected:
+                    health.request_failed(url)
                     raise UpstreamFailed(
                         Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}"
                     ) from e
                 disconnected = True
                 logger.info("upstream %s closed the connection: %r; sending again", url, e)
                 continue
-            except TimeoutError as e:
-                upstreams.ended(url, grant.priority)
-                self.metrics.upstream_errors.labels(url, "timeout").inc()
-                raise UpstreamFailed(
-                    Refusal.UPSTREAM_TIMEOUT, f"the upstream did not answer in time: {e}"
-                ) from e
             except (aiohttp.ClientError, OSError) as e:
                 upstreams.ended(url, grant.priority)
                 self.metrics.upstream_errors.labels(url, "broken").inc()
+                health.request_failed(url)
                 raise UpstreamFailed(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}") from e
             except BaseException:
                 upstreams.ended(url, grant.priority)

@@ -102,6 +102,33 @@ class GatewayMetrics:
             ["upstream"],
             registry=r,
         )
+        self.upstream_healthy = Gauge(
+            "fairshare_gateway_upstream_healthy",
+            "Whether the upstream gets requests: 1 healthy (its last probe answered), "
+            "0 ejected (failed probes or requests), -1 not probed yet.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_ejections = Counter(
+            "fairshare_gateway_upstream_ejections",
+            "Upstreams ejected, by upstream and reason (probe: its /health stopped "
+            "answering; requests: consecutive connection errors or 5xx).",
+            ["upstream", "reason"],
+            registry=r,
+        )
+        self.client_connections = Gauge(
+            "fairshare_gateway_client_connections",
+            "Client connections open now.",
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "fairshare_gateway_client_connections_closed",
+            "Client connections the gateway closed on its own, by reason (over_limit: "
+            "limits.max_client_connections were open; header_timeout: no whole request "
+            "head within limits.header_timeout_s).",
+            ["reason"],
+            registry=r,
+        )
         self.upstream_in_flight = Gauge(
             "fairshare_gateway_upstream_in_flight",
             "Requests this gateway has outstanding on an upstream now, by pool and upstream.",

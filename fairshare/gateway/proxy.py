@@ -48,7 +48,13 @@ import aiohttp
 from aiohttp import web
 
 from fairshare.client import AllocatorClient, ClientGrant, NoOwner
-from fairshare.errors import AllocatorError, InvalidArgument, LimitExceeded, PermissionDenied
+from fairshare.errors import (
+    AllocatorError,
+    InvalidArgument,
+    LimitExceeded,
+    PermissionDenied,
+    UnknownPool,
+)
 from fairshare.gateway import body as bodies
 from fairshare.gateway.accesslog import AccessLog, Entry
 from fairshare.gateway.body import BadJson, BadRequest, Endpoint, Request, Usage
@@ -57,6 +63,7 @@ from fairshare.gateway.cost import charge
 from fairshare.gateway.errors import Refusal, error_response
 from fairshare.gateway.forward import Forwarder, Outcome, UpstreamFailed, standing
 from fairshare.gateway.headers import HeaderPolicy
+from fairshare.gateway.health import Health
 from fairshare.gateway.identity import FAIRNESS_ID_HEADER, BadClass, Unauthorized, identify
 from fairshare.gateway.keys import Identity, KeysFile
 from fairshare.gateway.metrics import GatewayMetrics
@@ -84,6 +91,9 @@ waits that long before each of its retries."""
 LIMIT_HEADER: Final = "x-fairshare-limit"
 """The header of a 429 that names the allocator's limit met (``max_in_flight_per_holder``,
 ``max_in_flight``, ``max_teams`` ...), as its ``fairshare-limit`` metadata does."""
+NO_RETRY_HEADER: Final = "x-should-retry"
+"""Set to ``false`` on an answer no retry can change: the OpenAI SDKs, which retry every
+5xx, then do not."""
 READ_CHUNK: Final = 64 * 1024
 """Bytes of a request body read at a time (the body is bounded by ``max_body_bytes``)."""
 
@@ -117,6 +127,9 @@ def allocator_refusal(error: AllocatorError) -> tuple[Refusal, dict[str, str]]:
     """How an allocator error is answered (and the headers it adds)."""
     if isinstance(error, NoOwner):
         return Refusal.NO_OWNER, {"Retry-After": RETRY_AFTER_S}
+    if isinstance(error, UnknownPool):
+        # A configuration error: asking again cannot help.
+        return Refusal.UNKNOWN_POOL, {NO_RETRY_HEADER: "false"}
     if isinstance(error, LimitExceeded):
         return Refusal.REFUSED_BY_ALLOCATOR, {
             "Retry-After": RETRY_AFTER_S,
@@ -168,14 +181,14 @@ class Proxy:
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
         self.releases = Releases()
+        self.health = Health(
+            config.health, [u for r in self.upstreams for u in r.upstreams], metrics=metrics
+        )
         self.forwarder = Forwarder(
             self.upstreams,
             session=session,
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=config.limits.upstream_connect_s,
-                sock_read=config.limits.upstream_timeout_s,
-            ),
+            limits=config.limits,
+            health=self.health,
             metrics=metrics,
         )
 

@@ -155,6 +155,11 @@ def keyed_auth(workdir: Path, keys: Mapping[str, Mapping[str, str]]) -> dict[str
     return {"keys_file": str(path), "team_header": TEAM_HEADER, "class_header": CLASS_HEADER}
 
 
+def model_on_a(s: dict[str, Standin]) -> list[dict[str, object]]:
+    """The models of a stack of one stand-in ``a``: ``MODEL``, on pool gpu-a."""
+    return [{"name": MODEL, "pool": "gpu-a", "upstreams": [s["a"].url]}]
+
+
 def gateway_config(
     allocator: Allocator,
     models: Sequence[Mapping[str, object]],
@@ -177,11 +182,13 @@ async def start_stack(
     standins: Mapping[str, Mapping[str, object]],
     models: Callable[[dict[str, Standin]], Sequence[Mapping[str, object]]],
     timing: Mapping[str, float] | None = None,
+    ready_path: str = "/readyz",
     **gateway_settings: object,
 ) -> AsyncIterator[Stack]:
     """Starts an allocator with ``pools`` (and ``timing``), the stand-ins (name ->
-    ``Standin`` options), and a gateway whose models ``models`` makes from the stand-ins;
-    stops them all at the end."""
+    ``Standin`` options), and a gateway whose models ``models`` makes from the stand-ins,
+    waited for at ``ready_path`` (``/healthz`` where a model has no healthy upstream on
+    purpose); stops them all at the end."""
     config = workdir / "pools.yaml"
     config.write_text(pools_yaml(pools, timing))
     allocator = Allocator(workdir, config)
@@ -200,7 +207,7 @@ async def start_stack(
             await wait_standin(standin.url)
         gateway = Gateway(workdir, gateway_config(allocator, models(running), **gateway_settings))
         gateway.start()
-        await wait_gateway(gateway)
+        await wait_gateway(gateway, path=ready_path)
         stack = Stack(workdir, allocator, running, gateway)
         yield stack
     finally:

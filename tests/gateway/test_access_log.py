@@ -38,7 +38,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         pools={"gpu-a": {"capacity": 4}},
         standins={"a": {"models": (MODEL, "dead"), "tokens_per_s": 500.0}},
         models=models,
-        limits={"upstream_timeout_s": 1.0},
+        limits={"upstream_first_byte_s": 1.0, "upstream_idle_s": 1.0},
+        ready_path="/healthz",  # the dead upstream keeps /readyz at 503
     ) as running:
         yield running
 

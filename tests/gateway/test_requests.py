@@ -27,7 +27,8 @@ MESSAGES = [{"role": "user", "content": "one two three four"}]
 
 @pytest.fixture
 def upstream_timeout_s() -> float:
-    """The gateway's ``limits.upstream_timeout_s`` (a test may parametrize another)."""
+    """The gateway's ``limits.upstream_first_byte_s`` and ``upstream_idle_s`` (a test may
+    parametrize another)."""
     return 1.5
 
 
@@ -55,7 +56,15 @@ async def stack(tmp_path: Path, upstream_timeout_s: float) -> AsyncIterator[Stac
         pools={"gpu-a": {"capacity": 4}},
         standins={"a": {"models": (MODEL, "half-dead", "dead"), "tokens_per_s": 200.0}},
         models=models,
-        limits={"max_body_bytes": 20_000, "upstream_timeout_s": upstream_timeout_s},
+        limits={
+            "max_body_bytes": 20_000,
+            "upstream_first_byte_s": upstream_timeout_s,
+            "upstream_idle_s": upstream_timeout_s,
+        },
+        # The dead upstream never turns healthy: ready it is not, serving it is. Its
+        # probes leave it to the requests (they are what this file tests).
+        ready_path="/healthz",
+        health={"interval_s": 300},
     ) as running:
         yield running
 

@@ -261,3 +261,14 @@ def test_grace_period_lets_streams_finish() -> None:
     assert pod["terminationGracePeriodSeconds"] >= float(sleep[1]) + grace + EXIT_SAFETY_S
     strategy = _deployment()["spec"]["strategy"]
     assert strategy["rollingUpdate"]["maxUnavailable"] == 0, "never below the replicas asked"
+
+
+def test_probes_leave_the_gateway_its_own_times() -> None:
+    """/readyz asks the allocator for at most READY_PROBE_S, under the probe's timeout; the
+    port opens after the pools' check at start, within the liveness probe's patience."""
+    app = pytest.importorskip("fairshare.gateway.app")
+    container = _container()
+    ready, live = container["readinessProbe"], container["livenessProbe"]
+    assert ready["timeoutSeconds"] > app.READY_PROBE_S
+    assert live["timeoutSeconds"] > app.READY_PROBE_S
+    assert live["periodSeconds"] * live["failureThreshold"] > 3 * app.POOLS_AT_START_S

@@ -63,6 +63,35 @@ def test_defaults() -> None:
     assert config.allocator.holder  # the host name
     assert config.cost.unit == "tokens" and config.redecide.enabled
     assert parse({**yaml.safe_load(FULL), "metrics_listen": ""}).metrics_listen == ""
+    limits = config.limits
+    assert (limits.upstream_connect_s, limits.upstream_first_byte_s) == (5.0, 300.0)
+    assert limits.upstream_idle_s == 60.0
+    assert (limits.header_timeout_s, limits.max_client_connections) == (10.0, 4096)
+    health = config.health
+    assert (health.interval_s, health.timeout_s) == (5.0, 2.0)
+    assert (health.unhealthy_after, health.eject_after) == (2, 5)
+
+
+def test_timeouts_health_and_connections_read_as_written() -> None:
+    config = parse(
+        {
+            **yaml.safe_load(FULL),
+            "limits": {
+                "upstream_connect_s": 1,
+                "upstream_first_byte_s": 2.5,
+                "upstream_idle_s": 3,
+                "header_timeout_s": 0.5,
+                "max_client_connections": 7,
+            },
+            "health": {"interval_s": 0.2, "timeout_s": 0.3, "unhealthy_after": 1, "eject_after": 9},
+        }
+    )
+    limits, health = config.limits, config.health
+    assert (limits.upstream_connect_s, limits.upstream_first_byte_s) == (1.0, 2.5)
+    assert (limits.upstream_idle_s, limits.header_timeout_s) == (3.0, 0.5)
+    assert limits.max_client_connections == 7
+    assert (health.interval_s, health.timeout_s) == (0.2, 0.3)
+    assert (health.unhealthy_after, health.eject_after) == (1, 9)
 
 
 def test_auth_trusts_headers_from_loopback_unless_told() -> None:
@@ -155,6 +184,14 @@ def test_auth_trusts_headers_from_loopback_unless_told() -> None:
         ({"auth": {"trusted_peers": ["10.0.0.1/8"]}}, "auth.trusted_peers[0]"),
         ({"auth": {"trusted_peers": ["127.0.0.1", "proxy"]}}, "auth.trusted_peers[1]"),
         ({"limits": {"max_body_bytes": 0}}, "limits.max_body_bytes"),
+        ({"limits": {"upstream_first_byte_s": 0}}, "limits.upstream_first_byte_s"),
+        ({"limits": {"upstream_idle_s": "1m"}}, "limits.upstream_idle_s"),
+        ({"limits": {"header_timeout_s": -1}}, "limits.header_timeout_s"),
+        ({"limits": {"max_client_connections": 0}}, "limits.max_client_connections"),
+        ({"limits": {"upstream_timeout_s": 600}}, "limits.upstream_timeout_s"),
+        ({"health": {"interval_s": 0}}, "health.interval_s"),
+        ({"health": {"unhealthy_after": 1.5}}, "health.unhealthy_after"),
+        ({"health": {"path": "/ready"}}, "health.path"),
         ({"redecide": {"enabled": "yes"}}, "redecide.enabled"),
         ({"surprise": 1}, "surprise"),
     ],
@@ -164,6 +201,11 @@ def test_errors_name_the_key(change: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as raised:
         parse(data)
     assert str(raised.value).startswith(f"{key}:"), raised.value
+
+
+def test_the_replaced_timeout_names_what_replaced_it() -> None:
+    with pytest.raises(ConfigError, match=r"replaced by limits\.upstream_first_byte_s"):
+        parse({**yaml.safe_load(FULL), "limits": {"upstream_timeout_s": 600}})
 
 
 def test_routing_defaults_to_fewest_ahead_and_fallbacks_inherit_it() -> None:

@@ -128,7 +128,9 @@ async def rig() -> AsyncIterator[Rig]:
     upstream_app.router.add_post("/v1/chat/completions", scripted)
     upstream_runner, upstream_url = await serve(upstream_app)
     client = FakeClient()
-    config = config_of((upstream_url,), upstream_timeout_s=0.5, upstream_connect_s=2.0)
+    config = config_of(
+        (upstream_url,), upstream_first_byte_s=0.5, upstream_idle_s=0.5, upstream_connect_s=2.0
+    )
     session = upstream_session(config)
     proxy = Proxy(
         config,
@@ -373,6 +375,9 @@ async def test_a_redecided_request_ends_its_first_lease_and_takes_one_with_its_n
         return web.json_response({"choices": [], "usage": None})
 
     rig.upstream["handler"] = answer
+    # Only the owner's answer may end the first attempt, however slow the machine.
+    forwarder = rig.proxy.forwarder
+    forwarder.limits = replace(forwarder.limits, upstream_first_byte_s=WAIT_S)
     upstreams = next(iter(rig.proxy.upstreams.values()))
     posted = asyncio.create_task(rig.post({}))
     async with asyncio.timeout(WAIT_S):
