@@ -122,17 +122,18 @@ deploy-check: venv etcd
 
 # deploy-check has run the deploy tests already.
 # The suite runs as two pytest processes side by side (most tests wait on real processes,
-# not on the CPU): the drills and the unit tests, and the rest. The first one's output is
-# printed when both have ended; the target fails if either does.
+# not on the CPU), of about the same length: the drills, the unit and the gateway tests,
+# and the rest. The first one's output is printed when both have ended; the target fails
+# if either does.
 TEST_ARGS := -p no:cacheprovider $(addprefix --ignore=,$(DEPLOY_TESTS))
 test: chromium check deploy-check
 	@mkdir -p build
-	@$(BIN)/pytest $(TEST_ARGS) tests/drills tests/unit > build/test-drills-unit.log 2>&1 & \
+	@$(BIN)/pytest $(TEST_ARGS) tests/drills tests/unit tests/gateway > build/test-first.log 2>&1 & \
 	first=$$!; \
-	$(BIN)/pytest $(TEST_ARGS) tests/gateway tests/ha tests/integration; rest=$$?; \
+	$(BIN)/pytest $(TEST_ARGS) tests/ha tests/integration; rest=$$?; \
 	wait $$first; drills=$$?; \
-	echo "--- tests/drills and tests/unit (build/test-drills-unit.log)"; \
-	cat build/test-drills-unit.log; \
+	echo "--- tests/drills, tests/unit and tests/gateway (build/test-first.log)"; \
+	cat build/test-first.log; \
 	test $$drills -eq 0 && test $$rest -eq 0
 
 # Each benchmark writes its own section of docs/benchmarks.md (about 12 minutes in all).
