@@ -216,3 +216,26 @@ def test_priority_next_is_what_acquire_gives() -> None:
     for team in ("b", "x", "a"):
         assert p.priority_next(team, Class.BATCH) == p.acquire(team, Class.BATCH).priority
     assert p.priority_next("y") == p.acquire("y").priority
+
+
+def test_when_every_team_lends_nothing_kept_slots_stay_free() -> None:
+    """Every caller waits and every team lends 0: borrowers only use unreserved slots."""
+    p = Pool("p", 6, {"a": 0.5, "b": 0.25}, lend={"a": 0.0, "b": 0.0}, clock=lambda: 0.0)
+    borrowers = [g for g in (p.acquire_lent("x") for _ in range(6)) if g is not None]
+    assert len(borrowers) == 6 - 3 - 1  # a keeps 3, b keeps 1
+    for team, reservation in (("b", 1), ("a", 3)):
+        for _ in range(reservation):
+            in_flight = sum(p.usage()[1].values())
+            assert in_flight < p.capacity  # a free slot for the within-share request
+            assert not p.acquire(team).borrowing
+
+
+def test_a_team_that_lends_may_spill_onto_kept_slots() -> None:
+    """docs/spec.md §17, not guaranteed: b lent its slots; when it comes back its
+    within-share requests take a's kept slots, and a then finds the pool full."""
+    p = Pool("p", 4, {"a": 0.5, "b": 0.5}, lend={"a": 0.0}, clock=lambda: 0.0)
+    assert [p.acquire_lent("x") is not None for _ in range(3)] == [True, True, False]
+    p.acquire("b")
+    p.acquire("b")
+    assert sum(p.usage()[1].values()) == p.capacity
+    assert p.kept_back() == 2
