@@ -113,6 +113,10 @@ class HeldQueue(Generic[P]):
     def __contains__(self, payload: object) -> bool:
         return payload in self._by_payload
 
+    def count_by_team(self) -> dict[str, int]:
+        """How many requests each team has held (teams with none are absent)."""
+        return {team: len(entries) for team, entries in self._by_team.items()}
+
     def next_deadline(self) -> float:
         """The earliest deadline held, ``inf`` when none (or the queue is empty)."""
         if not self._deadlines:
