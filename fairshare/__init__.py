@@ -21,7 +21,7 @@ from fairshare.priority import (
     degraded_priority,
     within_share_priority,
 )
-from fairshare.shares import ShareError, check_shares
+from fairshare.shares import ShareError, check_lend, check_shares
 from fairshare.team import TeamStat
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "TeamStat",
     "apportion",
     "borrowing_priority",
+    "check_lend",
     "check_shares",
     "degraded_priority",
     "within_share_priority",

@@ -1,4 +1,5 @@
-"""Integer reservations from fractional shares (largest-remainder method)."""
+"""Integer slots from fractions: reservations from shares (largest-remainder method), and
+the idle reserved slots a team keeps back from borrowers under its lend fraction."""
 
 from __future__ import annotations
 
@@ -78,3 +79,22 @@ def apportion(capacity: int, names: Iterable[str], shares: Mapping[str, float]) 
                     result[name] -= 1
                     left += 1
     return result
+
+
+def kept_back(reserved: int, within: int, lend: float) -> int:
+    """The idle reserved slots a team keeps back from borrowers (docs/spec.md §17).
+
+    The team's gap is ``max(0, reserved - within)``; it lends ``floor(lend x gap)`` of it
+    and keeps the rest. A product within rounding error of a whole number counts as that
+    number (as quotas do in ``apportion``), so lend 0.29 of a gap of 100 lends 29.
+
+    Args:
+        reserved: the team's reservation.
+        within: its within-share count (``Pool.within``).
+        lend: the fraction it lends, already checked to be in [0, 1].
+
+    Returns:
+        An int in [0, gap]: 0 with lend 1, the whole gap with lend 0.
+    """
+    gap = max(0, reserved - within)
+    return gap - min(gap, math.floor(_snap(lend * gap)))

@@ -22,3 +22,6 @@ MAX_BATCH_ITEMS: Final = 256
 MAX_EST_TOKENS: Final = 2**32
 """Largest ``est_tokens`` of one request. Billions of requests at this size still sum
 below 2**63, so a team's in-flight tokens always fit the wire's int64."""
+MAX_WAIT_S: Final = 3600.0
+"""Longest ``wait_s`` of one Acquire: how long an owner may hold a borrower past its pool's
+lending limit. An owner also holds one at most its pool's ``max_request_s``."""

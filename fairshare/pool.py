@@ -4,13 +4,17 @@ Everything here is deterministic and does no I/O: time comes in through the inje
 ``clock``, so the same calls give the same answers in unit, property and drill tests.
 
 This module holds the decisions (standing and priority of each request), the counts in
-flight, the phantoms and the capacity. The teams a pool knows, their usage decayed on the
-pool's reference time and the dense ranks of their level fairshare are
+flight, the phantoms, the capacity and the lending limit (the idle reserved slots each
+team keeps back from borrowers, docs/spec.md §17). The teams a pool knows, their usage
+decayed on the pool's reference time and the dense ranks of their level fairshare are
 ``fairshare.roster``'s; a pool's grants are ``fairshare.grant``'s, its per-team state
 ``fairshare.team``'s.
 
 Cost: ``acquire`` + ``release`` is O(log T) in the number of teams T: a charge is one
-multiplication and a team's dense rank one bisection (``fairshare.roster`` says why).
+multiplication and a team's dense rank one bisection (``fairshare.roster`` says why). The
+slots kept back are summed as they change (each change of a team's within-share count
+updates its term), so ``acquire_lent``, ``lend_room`` and ``kept_back`` cost what
+``acquire`` does.
 """
 
 from __future__ import annotations
@@ -20,14 +24,34 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from fairshare.apportion import apportion
+from fairshare.apportion import apportion, kept_back
 from fairshare.grant import Grant, consumption
 from fairshare.priority import Class, borrowing_priority, within_share_priority
 from fairshare.roster import NEGLIGIBLE_FRACTION, Roster
-from fairshare.shares import check_shares
+from fairshare.shares import check_lend, check_shares
 from fairshare.team import TeamStat, TeamState
 
-__all__ = ["NEGLIGIBLE_FRACTION", "Grant", "Pool", "TeamStat"]
+__all__ = ["NEGLIGIBLE_FRACTION", "Grant", "Pool", "TeamStat", "check_request"]
+
+
+def check_request(team: str, cls: Class | int, est_tokens: int) -> Class:
+    """Checks what a request names and returns its class as a ``Class``.
+
+    Raises:
+        ValueError: empty (or non-string) team, class outside ``Class`` (a ``bool``
+            included; plain ints 0 and 1 are accepted), or ``est_tokens`` not an int >= 0.
+    """
+    if not isinstance(team, str) or not team:
+        raise ValueError("team must be a non-empty string")
+    if isinstance(cls, bool) or not isinstance(cls, int):
+        raise ValueError(f"class must be a Class, got {cls!r}")
+    try:
+        checked = Class(cls)
+    except ValueError:
+        raise ValueError(f"class must be a Class, got {cls!r}") from None
+    if isinstance(est_tokens, bool) or not isinstance(est_tokens, int) or est_tokens < 0:
+        raise ValueError(f"est_tokens must be an int >= 0, got {est_tokens!r}")
+    return checked
 
 
 class Pool:
@@ -37,6 +61,11 @@ class Pool:
     ``WITHIN_SHARE_BASE + class``; a request above it borrows idle capacity with
     ``BORROW_BASE + RANK_STEP * min(rank, MAX_RANK) + class``, where rank is the dense
     rank of the team's level fairshare among all teams the pool knows, highest first.
+
+    Each team lends borrowers at most ``floor(lend x gap)`` of its idle reserved slots
+    (``gap = max(0, reservation - within-share count)``) and keeps the rest back;
+    ``acquire_lent`` lets a borrower in only while the pool's count in flight plus the
+    slots kept back is below C. ``acquire`` ignores the limit.
 
     Every method is safe to call from several threads at once.
     """
@@ -49,6 +78,7 @@ class Pool:
         *,
         half_life_s: float = 7 * 24 * 3600.0,
         clock: Callable[[], float] | None = None,
+        lend: Mapping[str, float] | None = None,
     ) -> None:
         """Creates a pool.
 
@@ -59,15 +89,19 @@ class Pool:
                 missing here have share 0.
             half_life_s: usage half-life in seconds; 0 disables decay.
             clock: wall-clock seconds, ``time.time`` by default.
+            lend: team -> the fraction of its idle reserved slots it lends to borrowers,
+                a valid lend map (see ``check_lend``); teams missing here lend 1.0
+                (keep nothing back). None: every team lends 1.0.
 
         Raises:
-            ValueError: bad capacity, share or half-life.
+            ValueError: bad capacity, share, lend fraction or half-life.
         """
         if isinstance(half_life_s, bool) or not isinstance(half_life_s, int | float):
             raise ValueError(f"half_life_s must be a number, got {half_life_s!r}")
         if not math.isfinite(half_life_s) or half_life_s < 0:
             raise ValueError(f"half_life_s must be finite and >= 0, got {half_life_s!r}")
         checked = check_shares(shares)
+        lent = check_lend(lend if lend is not None else {})
         reserved = apportion(capacity, checked.keys(), checked)
         self._name = name
         self._capacity = capacity
@@ -80,8 +114,10 @@ class Pool:
         self._in_flight = 0  # grants of every team
         self._phantoms = 0  # live phantoms of every team, as of the last expiry sweep
         self._next_expiry = math.inf
+        self._lend = lent
+        self._kept = 0  # the sum of every team's TeamState.kept
         for team in sorted(self._shares):
-            self._roster.register(team, reserved.get(team, 0))
+            self._touch(self._roster.register(team, reserved.get(team, 0)))
 
     # -- properties -----------------------------------------------------------------
 
@@ -140,7 +176,7 @@ class Pool:
         Raises:
             ValueError: empty team, class outside ``Class``, or ``est_tokens`` < 0.
         """
-        cls = self._check(team, cls, est_tokens)
+        cls = check_request(team, cls, est_tokens)
         with self._lock:
             return self._decide(team, cls, est_tokens)
 
@@ -152,10 +188,35 @@ class Pool:
         Decided and recorded atomically, so a fallback that moves a request to this pool
         never pushes it past C. Returns None when the pool is full.
         """
-        cls = self._check(team, cls, est_tokens)
+        cls = check_request(team, cls, est_tokens)
         with self._lock:
             self._expire(self._clock())
             if self._in_flight + self._phantoms >= self._capacity:
+                return None
+            return self._decide(team, cls, est_tokens)
+
+    def acquire_lent(
+        self, team: str, cls: Class = Class.INTERACTIVE, est_tokens: int = 0
+    ) -> Grant | None:
+        """``acquire``, unless the request would borrow a slot that no team lends.
+
+        Decides exactly as ``acquire`` does, atomically: a request within its team's
+        share is always counted and returned; one that would borrow is counted only if
+        ``lend_room() > 0`` (in flight + phantoms + ``kept_back()`` < C), else None is
+        returned and nothing is counted (nor is a team the pool did not know learnt).
+        So a borrower granted here leaves in flight + phantoms + kept back <= C. With
+        every team lending 1.0 it refuses a borrower exactly when ``saturated`` would be
+        true. Cost: as ``acquire``.
+
+        Raises:
+            ValueError: as ``acquire``.
+        """
+        cls = check_request(team, cls, est_tokens)
+        with self._lock:
+            self._expire(self._clock())
+            state = self._roster.states.get(team)
+            within = state is not None and state.within < state.reserved
+            if not within and self._room() <= 0:
                 return None
             return self._decide(team, cls, est_tokens)
 
@@ -168,7 +229,7 @@ class Pool:
         Raises:
             ValueError: empty team, a priority that is not an int, or ``est_tokens`` < 0.
         """
-        self._check(team, Class.INTERACTIVE, est_tokens)
+        check_request(team, Class.INTERACTIVE, est_tokens)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an int, got {priority!r}")
         with self._lock:
@@ -211,7 +272,7 @@ class Pool:
                 phantoms.sort()
             self._phantoms += n
             self._next_expiry = min(self._next_expiry, phantoms[0])
-            self._roster.touch(state)
+            self._touch(state)
 
     def drop_phantom(self, team: str, *, borrowing: bool = False) -> bool:
         """Removes the team's live phantom of that standing that would last longest.
@@ -232,7 +293,7 @@ class Pool:
                 return False
             phantoms.pop()
             self._phantoms -= 1
-            self._roster.touch(state)
+            self._touch(state)
             return True
 
     def charge(self, team: str, consumed: float) -> None:
@@ -301,7 +362,39 @@ class Pool:
             self._capacity = c
             for name, state in self._roster.states.items():
                 state.reserved = reserved.get(name, 0)
+                self._touch(state)
             return previous
+
+    def set_lend(self, lend: Mapping[str, float]) -> None:
+        """Replaces every team's lend fraction; teams missing from ``lend`` lend 1.0.
+
+        Nothing in flight changes; the slots kept back (and so ``lend_room``) follow at
+        once. O(T).
+
+        Raises:
+            ShareError: ``lend`` is not a valid lend map (a ``ValueError``).
+        """
+        checked = check_lend(lend)
+        with self._lock:
+            self._lend = checked
+            for state in self._roster.states.values():
+                self._touch(state)
+
+    def kept_back(self) -> int:
+        """The idle reserved slots every team keeps back from borrowers now, summed: for
+        each team ``gap - floor(lend x gap)`` with ``gap = max(0, reservation -
+        within-share count)``. 0 when every team lends 1.0. O(1) (and expired phantoms)."""
+        with self._lock:
+            self._expire(self._clock())
+            return self._kept
+
+    def lend_room(self) -> int:
+        """C - in flight - live phantoms - ``kept_back()``: how many more borrowers
+        ``acquire_lent`` would let in now if nothing else changed. May be 0 or
+        negative (``acquire`` and within-share requests do not look at it). O(1)."""
+        with self._lock:
+            self._expire(self._clock())
+            return self._room()
 
     # -- views ----------------------------------------------------------------------
 
@@ -309,6 +402,23 @@ class Pool:
         """Within-share slots per known team."""
         with self._lock:
             return {name: t.reserved for name, t in self._roster.states.items()}
+
+    def priority_next(self, team: str, cls: Class = Class.INTERACTIVE) -> int:
+        """The priority ``team``'s next ``acquire`` of class ``cls`` would get if decided
+        now (the within-share one, or the borrowing one at the team's rank; a team the
+        pool does not know ranks as one without share). Decides and counts nothing.
+        O(log T).
+
+        Raises:
+            ValueError: empty team or class outside ``Class``.
+        """
+        cls = check_request(team, cls, 0)
+        with self._lock:
+            self._expire(self._clock())
+            state = self._roster.states.get(team)
+            if state is not None and state.within < state.reserved:
+                return within_share_priority(cls)
+            return borrowing_priority(self._roster.rank_of(team), cls)
 
     def within_share_next(self, team: str) -> bool:
         """Whether ``team``'s next ``acquire`` would be within share, if decided now: its
@@ -336,20 +446,16 @@ class Pool:
 
     # -- internals (callers hold self._lock unless said otherwise) --------------------
 
-    @staticmethod
-    def _check(team: str, cls: Class | int, est_tokens: int) -> Class:
-        """Validates request arguments (no lock needed)."""
-        if not isinstance(team, str) or not team:
-            raise ValueError("team must be a non-empty string")
-        if isinstance(cls, bool) or not isinstance(cls, int):
-            raise ValueError(f"class must be a Class, got {cls!r}")
-        try:
-            checked = Class(cls)
-        except ValueError:
-            raise ValueError(f"class must be a Class, got {cls!r}") from None
-        if isinstance(est_tokens, bool) or not isinstance(est_tokens, int) or est_tokens < 0:
-            raise ValueError(f"est_tokens must be an int >= 0, got {est_tokens!r}")
-        return checked
+    def _room(self) -> int:
+        return self._capacity - self._in_flight - self._phantoms - self._kept
+
+    def _touch(self, state: TeamState) -> None:
+        """After any change of the team's within-share count or reservation, or of the
+        lend map: recounts what it keeps back and keeps the roster's indexes in step."""
+        kept = kept_back(state.reserved, state.within, self._lend.get(state.name, 1.0))
+        self._kept += kept - state.kept
+        state.kept = kept
+        self._roster.touch(state)
 
     def _decide(self, team: str, cls: Class, est_tokens: int) -> Grant:
         self._expire(self._clock())
@@ -377,7 +483,7 @@ class Pool:
         if borrowing:
             state.borrowing += 1
         self._in_flight += 1
-        self._roster.touch(state)
+        self._touch(state)
 
     def _release(self, grant: Grant, amount: float) -> None:
         """Called by ``Grant.release`` without the lock held."""
@@ -394,7 +500,7 @@ class Pool:
             self._in_flight -= 1
             if amount > 0.0:
                 self._roster.charge(state, amount, self._clock())
-            self._roster.touch(state)
+            self._touch(state)
 
     def _expire(self, now: float) -> None:
         """Drops phantoms whose time has come and finds the next expiry."""
@@ -411,7 +517,7 @@ class Pool:
                 if live:
                     del phantoms[:live]
                     self._phantoms -= live
-                    self._roster.touch(state)
+                    self._touch(state)
                 if phantoms:
                     next_expiry = min(next_expiry, phantoms[0])
         self._next_expiry = next_expiry

@@ -85,6 +85,8 @@ class PoolView:
     ``within``: team -> its within-share count (``fairshare.Pool.within``: within-share
     grants plus phantoms counted as within), what decides its next request's standing;
     teams the owner did not report are absent.
+    ``held``: team -> its borrowers the owner holds back by the pool's lending limit now,
+    waiting for a slot (teams with none are absent).
     """
 
     pool: PoolName
@@ -94,6 +96,7 @@ class PoolView:
     teams: Sequence[TeamStat]
     snapshot_age_s: float | None = None
     within: Mapping[str, int] = field(default_factory=dict)
+    held: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

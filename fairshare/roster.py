@@ -138,6 +138,12 @@ class Roster:
         """Dense rank of the team's level fairshare among all known teams, 0 first."""
         return self._ranks.rank(state.key)
 
+    def rank_of(self, name: str) -> int:
+        """Dense rank of the named team; one the roster does not know ranks as a team
+        without share does (every known team is configured or has share 0)."""
+        state = self.states.get(name)
+        return self._ranks.rank(state.key if state is not None else level_key(0.0, 0.0))
+
     def decay_factor(self, now: float) -> float:
         """What stored usage is multiplied by to give usage decayed to ``now``."""
         return math.exp(-self.lam * (now - self.t_ref))

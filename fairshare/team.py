@@ -61,6 +61,7 @@ class TeamState:
         "borrowing_phantoms",
         "idle",
         "in_flight",
+        "kept",
         "key",
         "name",
         "reserved",
@@ -77,6 +78,7 @@ class TeamState:
         self.in_flight = 0
         self.borrowing = 0
         self.tokens = 0
+        self.kept = 0  # idle reserved slots kept back from borrowers, as last counted
         self.stored = 0.0  # usage scaled to the pool's reference time
         self.key = 0.0  # orders teams like LF does; see fairshare.ranking.level_key
         # Live phantoms' expiry times, ascending: those counted as within share (their

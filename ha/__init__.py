@@ -34,6 +34,7 @@ from ha.settings import (
     PoolConfig,
     Timing,
     UnknownTeams,
+    WaitEnd,
 )
 from ha.store.etcd import EtcdAccess
 from ha.store.etcd.connection import is_tls
@@ -58,6 +59,7 @@ __all__ = [
     "StoreUnavailable",
     "Timing",
     "UnknownTeams",
+    "WaitEnd",
     "is_tls",
     "open_node",
 ]

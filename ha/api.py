@@ -69,6 +69,8 @@ class PoolStatus:
         teams: the owner's team table; empty when this replica does not own the pool.
         within: team -> its within-share count (``PoolView.within``), for the teams of
             ``teams``; empty when this replica does not own the pool.
+        held: team -> its borrowers held back by the lending limit (``PoolView.held``);
+            empty when this replica does not own the pool.
         degraded_decisions: decisions made without an owner by this replica.
         store_full: the store refused this replica's last write for the pool for lack
             of space (the pool cannot be served from here until a write succeeds).
@@ -96,6 +98,7 @@ class PoolStatus:
     grant_ids_refused: int = 0
     unproven_releases: int = 0
     within: Mapping[str, int] = field(default_factory=dict)
+    held: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,7 @@ class AcquireCall:
     holder: str = ""
     request_id: str = ""
     try_only: bool = False
+    wait_s: float = 0.0
     epoch: Epoch = ANY_EPOCH
     forwarded: bool = False
     session: Session | None = None
@@ -151,7 +155,7 @@ class Allocator(Protocol):
     for the pool raises WrongEpoch naming the owner it routes to.
     """
 
-    async def acquire(
+    async def acquire(  # noqa: PLR0913 (the call's fields, keyword-only)
         self,
         *,
         pool: str,
@@ -161,6 +165,7 @@ class Allocator(Protocol):
         holder: str = "",
         request_id: str = "",
         try_only: bool = False,
+        wait_s: float = 0.0,
         epoch: Epoch = ANY_EPOCH,
         forwarded: bool = False,
         session: Session | None = None,
@@ -172,6 +177,8 @@ class Allocator(Protocol):
         pool at exactly that epoch (at any, for ``ANY_EPOCH``) raises WrongEpoch instead
         of forwarding again. ``epoch`` means nothing in a call that is not forwarded.
         The grant belongs to ``session`` when one is given (``ha.owned.sessions``).
+        ``wait_s`` > 0 lets the owner hold a request that would borrow past the pool's
+        lending limit that long before it answers (``ha.owned.waiting``).
         """
         ...
 
@@ -250,6 +257,7 @@ class Peers(Protocol):
         epoch: Epoch,
         timeout: float,
         session: Session | None = None,
+        wait_s: float = 0.0,
     ) -> Decision:
         """Acquire on the owner at ``address``, which must own ``pool`` at ``epoch``."""
         ...

@@ -22,7 +22,6 @@ Guarantees:
   otherwise an owner hands a pool to its preferred replica only once that replica has
   been a member without a break for ``rebalance_settle_s``. A graceful handover is one
   transition (counted by the new owner) and is not logged as a loss.
-
 - A replicated node starts serving even when etcd does not answer at start: it answers
   every call as when etcd is lost later (each pool per its degraded mode) and joins the
   cluster in the background, retrying with a backoff (``ha.cluster.lease.NodeLease.join``)
@@ -289,7 +288,7 @@ class Node:
 
     # -- Allocator (answered by ha.routing) ---------------------------------------------
 
-    async def acquire(
+    async def acquire(  # noqa: PLR0913 (the call's fields, keyword-only)
         self,
         *,
         pool: str,
@@ -299,12 +298,12 @@ class Node:
         holder: str = "",
         request_id: str = "",
         try_only: bool = False,
+        wait_s: float = 0.0,
         epoch: Epoch = ANY_EPOCH,
         forwarded: bool = False,
         session: Session | None = None,
     ) -> Decision:
-        """``ha.api.Allocator.acquire``: its arguments, as one ``AcquireCall``, are the call
-        router's."""
+        """``ha.api.Allocator.acquire``, handed to the call router as one ``AcquireCall``."""
         call = AcquireCall(
             pool=pool,
             team=team,
@@ -313,6 +312,7 @@ class Node:
             holder=holder,
             request_id=request_id,
             try_only=try_only,
+            wait_s=wait_s,
             epoch=epoch,
             forwarded=forwarded,
             session=session,
@@ -386,6 +386,7 @@ class Node:
                     snapshot_age_s=owned.snapshot_age_s() if owned is not None else -1.0,
                     teams=table.teams if table is not None else (),
                     within=table.within if table is not None else {},
+                    held=table.held if table is not None else {},
                     degraded_decisions=self._calls.degraded[name],
                     store_full=self._writes.full(name),
                     store_refused_writes=self._writes.refused_writes(name),

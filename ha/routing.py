@@ -125,11 +125,13 @@ class CallRouter:
             except NotDeciding:
                 raise self._wrong_epoch(name) from None
         deadline = self._clock.monotonic() + self.timing.degraded_after_s
+        waits_until = self._clock.monotonic() + call.wait_s  # a retry waits what is left
         while True:
+            wait_s = max(0.0, waits_until - self._clock.monotonic())
             local = self._ownership.deciding(name)
             if local is not None:
                 try:
-                    return await _decide(local, call)
+                    return await _decide(local, dataclasses.replace(call, wait_s=wait_s))
                 except NotDeciding:
                     pass
             route = self.view.route(name)
@@ -145,8 +147,11 @@ class CallRouter:
                         request_id=call.request_id,
                         try_only=call.try_only,
                         epoch=route.epoch,
-                        timeout=max(self.timing.rpc_timeout_s, deadline - self._clock.monotonic()),
+                        # The owner may hold the call for its wait: the forward waits too.
+                        timeout=max(self.timing.rpc_timeout_s, deadline - self._clock.monotonic())
+                        + wait_s,
                         session=call.session,
+                        wait_s=wait_s,
                     )
                 except (WrongEpoch, PeerUnavailable) as e:
                     logger.debug("forward of %s to %s failed: %s", call.pool, route.node, e)
@@ -441,4 +446,5 @@ async def _decide(owned: OwnedPool, call: AcquireCall) -> Decision:
         request_id=call.request_id,
         try_only=call.try_only,
         session=call.session,
+        wait_s=call.wait_s,
     )

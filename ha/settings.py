@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from fairshare.modes import DegradedMode
-from fairshare.shares import ShareError, check_shares
+from fairshare.modes import DegradedMode, WaitEnd
+from fairshare.shares import ShareError, check_lend, check_shares
 
 
 class ConfigError(ValueError):
@@ -64,6 +64,14 @@ IN_FLIGHT_PER_CAPACITY = 32
 their default bound) ..."""
 MIN_IN_FLIGHT = 256
 """... and never fewer than this many grants (small pools)."""
+HELD_PER_CAPACITY = 4
+"""Default ``max_held``: this many times the pool's live capacity ... A held borrower
+waits for a slot, and the pool frees about C of them per service time, so the last of
+4 x C held waits about four service times with nobody else ahead: a wait much longer than
+that is better ended (``on_wait_end``) than queued."""
+MIN_HELD = 64
+"""... and never fewer than this many held requests (small pools: one burst of a few
+clients)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +103,14 @@ class PoolConfig:
         max_in_flight_per_holder: the same, for the grants of one holder. None
             (default): ``HOLDER_IN_FLIGHT_PER_CAPACITY`` x the live capacity, at least
             ``MIN_HOLDER_IN_FLIGHT``.
+        lend: team -> the fraction (0..1) of its idle reserved slots it lends to
+            borrowers (docs/spec.md §17), a valid lend map (``fairshare.check_lend``);
+            a team missing here lends 1.0. Default empty: every team lends everything.
+        on_wait_end: what a borrower held back by the lending limit gets when its wait
+            ends before a slot is lent to it. Default borrow.
+        max_held: the most borrowers held back at once (``fairshare.holding``); one more
+            gets ``on_wait_end`` at once. None (default): ``HELD_PER_CAPACITY`` x the
+            live capacity, at least ``MIN_HELD``; 0 holds none.
     """
 
     name: str
@@ -113,6 +129,9 @@ class PoolConfig:
     max_teams: int = DEFAULT_MAX_TEAMS
     max_in_flight: int | None = None
     max_in_flight_per_holder: int | None = None
+    lend: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    on_wait_end: WaitEnd = WaitEnd.BORROW
+    max_held: int | None = None
 
     def in_flight_bounds(self, capacity: int) -> tuple[int, int]:
         """(the pool's bound, one holder's bound) on grants in flight while the pool's
@@ -126,6 +145,13 @@ class PoolConfig:
         if holder is None:
             holder = max(HOLDER_IN_FLIGHT_PER_CAPACITY * capacity, MIN_HOLDER_IN_FLIGHT)
         return max(pool, capacity), holder
+
+    def held_bound(self, capacity: int) -> int:
+        """The most borrowers held back at once while the pool's live capacity is
+        ``capacity``: ``max_held`` if set, else the default, which follows the capacity."""
+        if self.max_held is not None:
+            return self.max_held
+        return max(HELD_PER_CAPACITY * capacity, MIN_HELD)
 
     def validate(self, path: str = "pool") -> None:
         """Raises ConfigError naming the offending field."""
@@ -157,6 +183,22 @@ class PoolConfig:
                 f"{MAX_MAX_TEAMS}], got {self.max_teams}",
             )
         self._check_in_flight(path)
+        self._check_lending(path)
+
+    def _check_lending(self, path: str) -> None:
+        """Raises ConfigError for a bad lend map, wait-end mode or ``max_held``."""
+        try:
+            check_lend(self.lend)
+        except ShareError as e:
+            raise ConfigError(f"{path}.lend", str(e)) from e
+        if not isinstance(self.on_wait_end, WaitEnd):
+            raise ConfigError(f"{path}.on_wait_end", "must be borrow or refuse")
+        held = self.max_held
+        if held is not None:
+            if isinstance(held, bool) or not isinstance(held, int):
+                raise ConfigError(f"{path}.max_held", f"must be an int, got {held!r}")
+            if held < 0:
+                raise ConfigError(f"{path}.max_held", f"must be >= 0, got {held}")
 
     def _check_in_flight(self, path: str) -> None:
         """Raises ConfigError when a bound on grants in flight is set and not an int of
@@ -286,10 +328,12 @@ class Timing:
 
 __all__ = [
     "DEFAULT_MAX_TEAMS",
+    "HELD_PER_CAPACITY",
     "HOLDER_IN_FLIGHT_PER_CAPACITY",
     "IN_FLIGHT_PER_CAPACITY",
     "MAX_CAPACITY",
     "MAX_MAX_TEAMS",
+    "MIN_HELD",
     "MIN_HOLDER_IN_FLIGHT",
     "MIN_IN_FLIGHT",
     "ConfigError",
@@ -297,4 +341,5 @@ __all__ = [
     "PoolConfig",
     "Timing",
     "UnknownTeams",
+    "WaitEnd",
 ]

@@ -8,12 +8,13 @@ map is is decided by the core (``fairshare.check_shares``); what a valid pool is
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from fairshare import ShareError, check_shares
-from ha import ConfigError, DegradedMode, PoolConfig, UnknownTeams
-from server.config_values import read_mapping, read_number, read_string
+from fairshare import ShareError, check_lend, check_shares
+from ha import ConfigError, DegradedMode, PoolConfig, UnknownTeams, WaitEnd
+from server.config_values import read_choice, read_mapping, read_number, read_string
 
 POOL_KEYS: Final = (
     "name",
@@ -27,6 +28,9 @@ POOL_KEYS: Final = (
     "max_teams",
     "max_in_flight",
     "max_in_flight_per_holder",
+    "lend",
+    "on_wait_end",
+    "max_held",
 )
 
 
@@ -56,32 +60,9 @@ def parse_pools(value: object) -> tuple[PoolConfig, ...]:
         capacity = spec["capacity"]
         if isinstance(capacity, bool) or not isinstance(capacity, int):
             raise ConfigError(f"{path}.capacity", f"must be an int, got {capacity!r}")
-        shares_raw = spec.get("shares")
-        if shares_raw is None:
-            shares_raw = {}
-        if not isinstance(shares_raw, dict):
-            raise ConfigError(
-                f"{path}.shares", f"must be a mapping team -> share, got {shares_raw!r}"
-            )
-        try:
-            shares = check_shares(shares_raw)
-        except ShareError as e:
-            raise ConfigError(f"{path}.shares.{e.team}", e.reason) from None
+        shares = _team_map(f"{path}.shares", spec.get("shares"), check_shares, "share")
+        lend = _team_map(f"{path}.lend", spec.get("lend"), check_lend, "fraction lent")
         defaults = {f.name: f.default for f in dataclasses.fields(PoolConfig)}
-        mode_text = spec.get("degraded_mode", DegradedMode.FAIL_OPEN.value)
-        try:
-            mode = DegradedMode(mode_text)
-        except ValueError:
-            raise ConfigError(
-                f"{path}.degraded_mode", f"must be fail_open or fail_closed, got {mode_text!r}"
-            ) from None
-        unknown_text = spec.get("unknown_teams", UnknownTeams.ALLOW.value)
-        try:
-            unknown = UnknownTeams(unknown_text)
-        except ValueError:
-            raise ConfigError(
-                f"{path}.unknown_teams", f"must be allow or deny, got {unknown_text!r}"
-            ) from None
         pool = PoolConfig(
             name=name,
             capacity=capacity,
@@ -92,17 +73,47 @@ def parse_pools(value: object) -> tuple[PoolConfig, ...]:
             max_request_s=read_number(
                 f"{path}.max_request_s", spec.get("max_request_s", defaults["max_request_s"])
             ),
-            degraded_mode=mode,
+            degraded_mode=read_choice(
+                f"{path}.degraded_mode",
+                spec.get("degraded_mode", defaults["degraded_mode"].value),
+                DegradedMode,
+            ),
             max_charge_per_s=read_number(
                 f"{path}.max_charge_per_s",
                 spec.get("max_charge_per_s", defaults["max_charge_per_s"]),
             ),
-            unknown_teams=unknown,
+            unknown_teams=read_choice(
+                f"{path}.unknown_teams",
+                spec.get("unknown_teams", defaults["unknown_teams"].value),
+                UnknownTeams,
+            ),
             max_teams=spec.get("max_teams", defaults["max_teams"]),  # type: ignore[arg-type]
             # Checked by validate; None (absent or null): the default, which follows C.
             max_in_flight=spec.get("max_in_flight"),  # type: ignore[arg-type]
             max_in_flight_per_holder=spec.get("max_in_flight_per_holder"),  # type: ignore[arg-type]
+            lend=MappingProxyType(lend),
+            on_wait_end=read_choice(
+                f"{path}.on_wait_end",
+                spec.get("on_wait_end", defaults["on_wait_end"].value),
+                WaitEnd,
+            ),
+            max_held=spec.get("max_held"),  # type: ignore[arg-type]
         )
         pool.validate(path)
         pools.append(pool)
     return tuple(pools)
+
+
+def _team_map(
+    path: str, value: object, check: Callable[[Mapping[str, float]], dict[str, float]], what: str
+) -> dict[str, float]:
+    """Reads a mapping team -> number (absent or null: empty) through the core's check;
+    an error names the entry (``pools[0].lend.team-a``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"must be a mapping team -> {what}, got {value!r}")
+    try:
+        return check(value)
+    except ShareError as e:
+        raise ConfigError(f"{path}.{e.team}", e.reason) from None

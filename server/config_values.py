@@ -11,8 +11,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from enum import Enum
+from typing import TypeVar
 
 from ha import ConfigError
+
+E = TypeVar("E", bound=Enum)
 
 MAX_PORT = 65535
 """The highest TCP port number (port 0 asks the system for a free one)."""
@@ -29,6 +33,15 @@ def read_mapping(path: str, value: object, allowed: Sequence[str]) -> dict[str, 
             where = f"{path}.{key}" if path else str(key)
             raise ConfigError(where, f"unknown key (known: {', '.join(allowed)})")
     return value
+
+
+def read_choice(path: str, value: object, kind: type[E]) -> E:
+    """One of the values of the enum ``kind`` (its ``value`` as written)."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = " or ".join(str(member.value) for member in kind)
+        raise ConfigError(path, f"must be {choices}, got {value!r}") from None
 
 
 def read_string(path: str, value: object, *, empty: bool = False) -> str:

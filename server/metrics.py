@@ -342,6 +342,7 @@ _TEAM_GAUGES: Final = (
         "Within-share count: grants admitted within share plus phantoms counted as "
         "within. A new request is within share while it is below fairshare_reserved.",
     ),
+    ("fairshare_held", "Borrowers held back by the pool's lending limit, waiting for a slot."),
 )
 """The per-team gauges (labels pool, team): name and help, in ``_by_label``'s order."""
 
@@ -386,6 +387,7 @@ class _StatusCollector(Collector):
         the label has none (``PoolStatus.within`` does not name it)."""
         rows: dict[str, list[float]] = {}
         counts: dict[str, float | None] = {}
+        held: dict[str, float] = {}
         for team in view.teams:
             label = self._team_label(str(view.pool), team.team)
             row = rows.get(label)
@@ -399,8 +401,9 @@ class _StatusCollector(Collector):
             row[5] = min(row[5], team.rank)
             count, so_far = view.within.get(team.team), counts[label]
             counts[label] = None if count is None or so_far is None else so_far + count
+            held[label] = held.get(label, 0.0) + view.held.get(team.team, 0)
         for label, row in rows.items():
-            yield label, [*row, counts[label]]
+            yield label, [*row, counts[label], held[label]]
 
     def _collect(self) -> Iterator[_Family]:
         status = self.status

@@ -173,6 +173,7 @@ class GrpcPeers:
         epoch: Epoch,
         timeout: float,
         session: Session | None = None,
+        wait_s: float = 0.0,
     ) -> Decision:
         """Acquire on the owner at ``address``, which must own ``pool`` at ``epoch``, in
         the caller's ``session``."""
@@ -185,6 +186,7 @@ class GrpcPeers:
             request_id=request_id,
             try_only=try_only,
             epoch=epoch,
+            wait_s=wait_s,
         )
         r: pb.AcquireResponse = await self._forward(
             "Acquire", address, request, timeout=timeout, session=session, pool=pool

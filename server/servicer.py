@@ -43,6 +43,7 @@ from fairshare.limits import (
     MAX_EST_TOKENS,
     MAX_GRANT_ID_BYTES,
     MAX_NAME_BYTES,
+    MAX_WAIT_S,
 )
 from fairshare.modes import DegradedMode
 from fairshare.records import HeldGrant
@@ -112,6 +113,15 @@ def _check_tokens(field: str, est_tokens: int) -> None:
         raise InvalidArgument(field, f"must be >= 0, got {est_tokens}")
     if est_tokens > MAX_EST_TOKENS:
         raise OutOfRange(field, f"must be <= {MAX_EST_TOKENS}, got {est_tokens}")
+
+
+def _check_wait(field: str, wait_s: float, *, try_only: bool) -> None:
+    if not math.isfinite(wait_s) or wait_s < 0:
+        raise InvalidArgument(field, f"must be a finite number >= 0, got {wait_s}")
+    if wait_s > MAX_WAIT_S:
+        raise OutOfRange(field, f"must be <= {MAX_WAIT_S:g}, got {wait_s:g}")
+    if wait_s and try_only:
+        raise InvalidArgument(field, "a try_only request is answered at once: give no wait")
 
 
 def _check_grant_id(field: str, grant_id: str) -> None:
@@ -263,6 +273,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             _check_name("request_id", request.request_id, empty=True)
             cls = service_class(request.service_class)
             _check_tokens("est_tokens", request.est_tokens)
+            _check_wait("wait_s", request.wait_s, try_only=request.try_only)
             required = required_epoch(request)
             decision = await self._allocator.acquire(
                 pool=request.pool,
@@ -272,6 +283,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
                 holder=request.holder,
                 request_id=request.request_id,
                 try_only=request.try_only,
+                wait_s=request.wait_s,
                 epoch=ANY_EPOCH if required is None else required,
                 # An Acquire naming an epoch must be decided at it, whoever sends it.
                 forwarded=forwarded or required is not None,

@@ -47,6 +47,7 @@ class LocalPeers:
         epoch: Epoch,
         timeout: float,
         session: Session | None = None,
+        wait_s: float = 0.0,
     ) -> Decision:
         return await self._node(address).acquire(
             pool=pool,
@@ -56,6 +57,7 @@ class LocalPeers:
             holder=holder,
             request_id=request_id,
             try_only=try_only,
+            wait_s=wait_s,
             epoch=epoch,
             forwarded=True,
             session=session,

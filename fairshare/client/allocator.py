@@ -298,17 +298,30 @@ class AllocatorClient:
         team: str,
         service_class: Class = Class.INTERACTIVE,
         est_tokens: int = 0,
+        *,
+        wait_s: float = 0.0,
     ) -> ClientGrant:
         """Acquires a priority for one request.
+
+        ``wait_s`` > 0 lets the pool's owner hold the request, if it would borrow past the
+        pool's lending limit (``lend``), until a slot it may take opens, for at most that
+        long (then, per the pool's ``on_wait_end``, it borrows anyway or is refused with
+        ``LimitExceeded``). Such a call goes alone (not in a batch), may last ``wait_s``
+        beyond the client's deadline, and is sent again with the wait it has left when its
+        replica fails. Cancelling the call leaves the owner's queue at once.
 
         Returns:
             The grant; call ``release`` on it when the request ends.
 
         Raises:
             NoOwner: no replica answered in time and the pool fails closed.
+            LimitExceeded: the owner refused (a bound, or the wait ended and the pool's
+                ``on_wait_end`` is ``refuse``).
             UnknownPool, InvalidArgument: as the server answered.
         """
-        grant = await self._acquire(pool, team, Class(service_class), est_tokens, try_only=False)
+        grant = await self._acquire(
+            pool, team, Class(service_class), est_tokens, try_only=False, wait_s=wait_s
+        )
         assert grant is not None  # only try_only is ever refused
         return grant
 
@@ -323,7 +336,14 @@ class AllocatorClient:
         return await self._acquire(pool, team, Class(service_class), est_tokens, try_only=True)
 
     async def _acquire(
-        self, pool: str, team: str, service_class: Class, est_tokens: int, *, try_only: bool
+        self,
+        pool: str,
+        team: str,
+        service_class: Class,
+        est_tokens: int,
+        *,
+        try_only: bool,
+        wait_s: float = 0.0,
     ) -> ClientGrant | None:
         request = acquire_request(
             pool=pool,
@@ -333,9 +353,10 @@ class AllocatorClient:
             holder=self.holder,
             request_id=uuid.uuid4().hex,
             try_only=try_only,
+            wait_s=wait_s,
         )
         try:
-            r = await self._decide(request)
+            r = await (self._decide(request) if wait_s <= 0 else self._held(request))
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise to_allocator_error(e, address="", pool=pool) from e
@@ -398,6 +419,39 @@ class AllocatorClient:
                 f"no answer within {self.deadline_s}s",
             ) from None
         return await self._calls.call("Acquire", request, deadline_s=left, pool=request.pool)
+
+    async def _held(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
+        """One Acquire the owner may hold for its ``wait_s``: sent alone (a batch answers
+        when its last item does), each attempt with the wait it has left and given that
+        much longer. Reaching a replica takes at most ``deadline_s``, as for any Acquire
+        (then the pool's degraded mode applies); a call that failed after it was held
+        longer (its owner went away) is sent again, with the wait it has left.
+
+        Not guaranteed: a replica that hangs (paused, not dead) is told from an owner that
+        holds the call only when the attempt's time, its wait included, runs out.
+
+        Raises:
+            aio.AioRpcError: as ``_decide``.
+        """
+        held_until = time.monotonic() + request.wait_s
+        while True:
+            sent = time.monotonic()
+            try:
+                return await self._calls.call(
+                    "Acquire",
+                    request,
+                    deadline_s=self.deadline_s,
+                    pool=request.pool,
+                    held_until=held_until,
+                )
+            except aio.AioRpcError as e:
+                # Failing to reach a replica ends within about the deadline (retries
+                # included): twice that means the call was held before it failed.
+                now = time.monotonic()
+                if e.code() not in RETRYABLE or now - sent < 2 * self.deadline_s:
+                    raise
+                if now >= held_until:
+                    raise
 
     def _degraded(
         self, pool: str, team: str, service_class: Class, est_tokens: int, error: Exception

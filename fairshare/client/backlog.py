@@ -131,6 +131,8 @@ class Backlog:
                     "max_request_s (dropped_abandoned counts them)",
                     len(self._abandoned) + 1,
                 )
+        # Resent to be found or decided, never to wait again for a lent slot.
+        request.wait_s = 0.0
         self._abandoned[request.request_id] = (request, time.monotonic())
         self._ensure_flusher()
 

@@ -150,9 +150,22 @@ class Calls:
             stub = self._stubs[target] = pb_grpc.AllocatorStub(channel)
         return stub
 
-    async def call(self, method: str, request: object, *, deadline_s: float, pool: str = "") -> T:
+    async def call(
+        self,
+        method: str,
+        request: object,
+        *,
+        deadline_s: float,
+        pool: str = "",
+        held_until: float | None = None,
+    ) -> T:
         """Calls ``method`` on the pool's owner first (when known), then on the targets in
         turn, until one answers or the deadline passes.
+
+        ``held_until`` (monotonic): the request is an Acquire its owner may hold until
+        then; each attempt sends the wait left as its ``wait_s`` and may last that much
+        longer than an attempt otherwise does. The retries still end ``deadline_s`` after
+        the call started: one that was held past it and then failed is not retried here.
 
         Raises:
             aio.AioRpcError: the last error (retryable ones only after the deadline).
@@ -173,6 +186,10 @@ class Calls:
         ):
             with trying:
                 number = next(attempt)
+                held = 0.0
+                if held_until is not None:
+                    held = max(held_until - time.monotonic(), 0.0)
+                    request.wait_s = held  # type: ignore[attr-defined]
                 left = max(deadline_s - (time.monotonic() - start), 0.001)
                 # One attempt may take a third of the deadline: a replica that hangs
                 # (paused, partitioned) must leave time to try another one.
@@ -180,21 +197,26 @@ class Calls:
                     left = min(left, max(deadline_s / 3, 0.05))
                 if owner is not None and number == 0:
                     try:
-                        return await getattr(self._stub(owner), method)(  # type: ignore[no-any-return]
-                            request, timeout=left, metadata=self._metadata
-                        )
+                        return await self._attempt(owner, method, request, left, held)  # type: ignore[no-any-return]
                     except aio.AioRpcError as e:
                         if e.code() in RETRYABLE and self._owners.get(pool) == owner:
                             del self._owners[pool]  # learnt again at the next epoch
                         raise
                 index = self._preferred + number - (1 if owner is not None else 0)
                 target = self._targets[index % len(self._targets)]
-                response: T = await getattr(self._stub(target), method)(
-                    request, timeout=left, metadata=self._metadata
-                )
+                response: T = await self._attempt(target, method, request, left, held)
                 self._preferred = index % len(self._targets)
                 return response
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    async def _attempt(
+        self, target: str, method: str, request: object, left: float, held: float
+    ) -> Any:
+        """One attempt at ``target``, given ``left`` seconds, plus ``held`` for an Acquire
+        its owner may hold."""
+        return await getattr(self._stub(target), method)(
+            request, timeout=left + held, metadata=self._metadata
+        )
 
     # -- batched calls -------------------------------------------------------------------------
 

@@ -127,6 +127,10 @@ class Limits:
             (from its opening, or from the first byte of a later request); it is closed
             beyond, before anything of the request is read.
         shutdown_grace_s: after SIGTERM, how long requests in flight may still run.
+        borrow_wait_s: how long a request that would borrow past its pool's lending
+            limit (the pool's ``lend``) may wait at the allocator for a slot, sent as its
+            Acquire's ``wait_s``; 0: never (it is answered at once). A pool whose teams
+            all lend everything holds nobody, whatever this says.
 
     A request's total time is not bounded: its grant lives as long as the gateway's
     holder session, which the client library renews.
@@ -140,6 +144,7 @@ class Limits:
     max_client_connections: int = 4096
     header_timeout_s: float = 10.0
     shutdown_grace_s: float = 30.0
+    borrow_wait_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -379,6 +384,7 @@ def _limits(value: object) -> Limits:
         max_client_connections=count("max_client_connections"),
         header_timeout_s=seconds("header_timeout_s"),
         shutdown_grace_s=seconds("shutdown_grace_s", positive=False),
+        borrow_wait_s=seconds("borrow_wait_s", positive=False),
     )
 
 

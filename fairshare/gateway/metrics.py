@@ -58,6 +58,13 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+        self.acquiring = Gauge(
+            "fairshare_gateway_acquiring",
+            "Requests waiting for a grant now, by pool: a borrower the allocator holds by "
+            "its pool's lending limit waits here, with no upstream slot.",
+            ["pool"],
+            registry=r,
+        )
         self.grants = Counter(
             "fairshare_gateway_grants",
             "Grants used, by pool and kind (within, borrowing, degraded).",
@@ -164,6 +171,7 @@ class GatewayMetrics:
         # The children the request path uses, by label values (see ``Children``).
         self.requests_by = Children(self.requests)
         self.in_flight_by = Children(self.in_flight)
+        self.acquiring_by = Children(self.acquiring)
         self.grants_by = Children(self.grants)
         self.fallbacks_by = Children(self.fallbacks)
         self.upstream_in_flight_by = Children(self.upstream_in_flight)

@@ -42,8 +42,11 @@ async def place(
     identity: Identity,
     est_tokens: int,
     releases: Releases,
+    *,
+    wait_s: float = 0.0,
 ) -> Placement:
-    """The placement of one request (see the module doc).
+    """The placement of one request (see the module doc); the primary acquire may wait
+    ``wait_s`` at the allocator (``AllocatorClient.acquire``).
 
     Every grant this call holds and does not return is released through ``releases``,
     also when the caller is cancelled (a client gone while a fallback is asked): the
@@ -55,7 +58,7 @@ async def place(
             ``try_acquire`` is logged and the next one tried.
     """
     grant = await client.acquire(
-        model.primary.pool, identity.team, identity.service_class, est_tokens
+        model.primary.pool, identity.team, identity.service_class, est_tokens, wait_s=wait_s
     )
     if not grant.saturated or grant.degraded or not model.fallback:
         return Placement(grant, model.primary, fallback=False)

@@ -41,8 +41,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
 
 import aiohttp
 from aiohttp import web
@@ -69,7 +69,7 @@ from fairshare.gateway.keys import Identity, KeysFile
 from fairshare.gateway.metrics import GatewayMetrics
 from fairshare.gateway.middleware import entry_of, install
 from fairshare.gateway.placement import Placement, place
-from fairshare.gateway.redecide import Redecider, Watched
+from fairshare.gateway.redecide import Redecide, Redecider, Watched, unless_signalled
 from fairshare.gateway.releases import Releases
 from fairshare.gateway.upstreams import Upstreams
 
@@ -98,10 +98,6 @@ READ_CHUNK: Final = 64 * 1024
 """Bytes of a request body read at a time (the body is bounded by ``max_body_bytes``)."""
 
 
-class Redecide(Exception):
-    """An owner answered while this fail-open request had not started: decide again."""
-
-
 class Refused(Exception):
     """The request is refused before any grant; ``refusal`` says how to answer."""
 
@@ -110,11 +106,14 @@ class Refused(Exception):
         self.refusal = refusal
 
 
-def grant_headers(grant: ClientGrant) -> dict[str, str]:
+def grant_headers(grant: ClientGrant, acquire_s: float) -> dict[str, str]:
     """The ``x-fairshare-*`` headers of an answer: the priority, the standing in one word
     (``standing``: ``within`` share, ``borrowing`` or ``degraded``, the words of the
-    gateway's metrics) and as the two flags it is made of, and the pool."""
+    gateway's metrics) and as the two flags it is made of, the pool, and the milliseconds
+    the request waited for its grant (``acquire_s``: a borrower held by its pool's lending
+    limit waits at the allocator)."""
     return {
+        "x-fairshare-acquire-ms": f"{acquire_s * 1000:.0f}",
         "x-fairshare-priority": str(grant.priority),
         "x-fairshare-standing": standing(grant),
         "x-fairshare-borrowing": "true" if grant.borrowing else "false",
@@ -313,18 +312,10 @@ class Proxy:
         arrived = time.monotonic()  # a re-decided request keeps its first arrival
         entry = entry_of(request)
         while True:
-            started = time.monotonic()
-            try:
-                placement = await place(
-                    self.client, model, identity, parsed.est_tokens, self.releases
-                )
-            except AllocatorError as e:
-                refusal, headers = allocator_refusal(e)
-                self.metrics.requests_by(model.name, "", str(refusal.value.status)).inc()
-                entry.pool = model.primary.pool
-                message = f"the allocator refused: {e}"
-                return _refuse(request, refusal, message, headers=headers)
-            self.metrics.acquire_seconds.observe(time.monotonic() - started)
+            placed = await self._place(request, parsed, model, identity)
+            if isinstance(placed, web.Response):
+                return placed
+            placement, waited = placed
             grant = placement.grant
             kind = "degraded" if grant.degraded else "borrowing" if grant.borrowing else "within"
             self.metrics.grants_by(grant.pool, kind).inc()
@@ -337,7 +328,9 @@ class Proxy:
             in_flight.inc()
             redecided = False
             try:
-                response = await self._forward(request, parsed, placement, watched, outcome)
+                response = await self._forward(
+                    request, parsed, placement, watched, outcome, acquire_s=waited
+                )
             except Redecide:
                 redecided = True
             finally:
@@ -360,6 +353,36 @@ class Proxy:
                 waited = outcome.first_chunk - arrived
                 self.metrics.first_token_by(grant.pool, kind).observe(waited)
             return response
+
+    async def _place(
+        self, request: web.Request, parsed: Request, model: Model, identity: Identity
+    ) -> tuple[Placement, float] | web.Response:
+        """The request's placement and the seconds it took (a borrower held by its pool's
+        lending limit waits for its grant up to ``limits.borrow_wait_s``), or the answer
+        of the allocator's refusal."""
+        started = time.monotonic()
+        acquiring = self.metrics.acquiring_by(model.primary.pool)
+        acquiring.inc()
+        try:
+            placement = await place(
+                self.client,
+                model,
+                identity,
+                parsed.est_tokens,
+                self.releases,
+                wait_s=self.config.limits.borrow_wait_s,
+            )
+        except AllocatorError as e:
+            refusal, headers = allocator_refusal(e)
+            self.metrics.requests_by(model.name, "", str(refusal.value.status)).inc()
+            entry_of(request).pool = model.primary.pool
+            message = f"the allocator refused: {e}"
+            return _refuse(request, refusal, message, headers=headers)
+        finally:
+            acquiring.dec()
+        waited = time.monotonic() - started
+        self.metrics.acquire_seconds.observe(waited)
+        return placement, waited
 
     def _release(self, grant: ClientGrant, outcome: Outcome, entry: Entry) -> None:
         """Releases ``grant`` in the background (the answer does not wait for it), and notes
@@ -393,15 +416,18 @@ class Proxy:
         placement: Placement,
         watched: Watched | None,
         outcome: Outcome,
+        *,
+        acquire_s: float,
     ) -> web.StreamResponse:
-        """One attempt at the upstream; fills ``outcome``.
+        """One attempt at the upstream; fills ``outcome``; ``acquire_s``: the time its grant
+        took (an answer header).
 
         Raises:
             Redecide: ``watched`` was signalled before the first byte went to the client.
         """
         grant = placement.grant
         data = bodies.upstream_body(parsed, grant.priority)
-        headers = grant_headers(grant)
+        headers = grant_headers(grant, acquire_s)
         path = PATHS[parsed.endpoint]
         sent = self.header_policy.to_upstream(request.headers, entry_of(request).request_id)
         opened: tuple[str, aiohttp.ClientResponse] | None = None
@@ -409,9 +435,8 @@ class Proxy:
         try:
             try:
                 first = self.forwarder.first(placement, path, data, sent, parsed, outcome)
-                opened, head = await _unless_signalled(
-                    first, watched, lambda url, r: self.forwarder.close(placement, url, r)
-                )
+                attempt = await unless_signalled(first, watched, self._closer(placement))
+                opened, head = attempt
             except UpstreamFailed as e:
                 outcome.status = e.refusal.value.status
                 timeout = e.refusal is Refusal.UPSTREAM_TIMEOUT
@@ -446,6 +471,12 @@ class Proxy:
             if opened is not None:
                 self.forwarder.close(placement, *opened)
 
+    def _closer(
+        self, placement: Placement
+    ) -> Callable[[tuple[tuple[str, aiohttp.ClientResponse], bytes]], None]:
+        """Closes what a first attempt of ``placement`` opened (``unless_signalled``)."""
+        return lambda done: self.forwarder.close(placement, *done[0])
+
 
 def _model_object(model: Model) -> dict[str, object]:
     """A configured model as OpenAI's model object."""
@@ -466,34 +497,3 @@ def _refuse(
 
 def _too_large(limit: int) -> Refused:
     return Refused(Refusal.TOO_LARGE, f"the body is larger than {limit} bytes")
-
-
-async def _unless_signalled(
-    first: Coroutine[Any, Any, tuple[tuple[str, aiohttp.ClientResponse], bytes]],
-    watched: Watched | None,
-    close: Callable[[str, aiohttp.ClientResponse], None],
-) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
-    """Awaits ``first`` (a coroutine of ``Forwarder.first``), or raises ``Redecide`` if
-    ``watched`` is signalled before it ends (``first`` is then cancelled: the upstream
-    request is closed). When the caller is cancelled meanwhile, ``first`` is cancelled too,
-    or, had it just ended, its upstream response is closed with ``close``."""
-    if watched is None:
-        return await first
-    attempt = asyncio.ensure_future(first)
-    signal = asyncio.ensure_future(watched.signal.wait())
-    try:
-        await asyncio.wait({attempt, signal}, return_when=asyncio.FIRST_COMPLETED)
-        if not attempt.done():
-            attempt.cancel()
-            await asyncio.wait({attempt})  # its own cleanup closes the upstream request
-    except asyncio.CancelledError:
-        if not attempt.done():
-            attempt.cancel()
-        elif not attempt.cancelled() and attempt.exception() is None:
-            close(*attempt.result()[0])
-        raise
-    finally:
-        signal.cancel()
-    if attempt.cancelled():
-        raise Redecide
-    return attempt.result()

@@ -24,9 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from fairshare.gateway.config import RedecideSettings
+
+T = TypeVar("T")
+
+
+class Redecide(Exception):
+    """An owner answered while this fail-open request had not started: decide again."""
 
 
 @dataclass(eq=False)
@@ -75,3 +83,32 @@ class Redecider:
             return
         for key in list(itertools.islice(watched, self._settings.max_per_signal)):
             watched.pop(key).signal.set()
+
+
+async def unless_signalled(
+    first: Coroutine[Any, Any, T], watched: Watched | None, close: Callable[[T], None]
+) -> T:
+    """Awaits ``first`` (the first attempt at an upstream), or raises ``Redecide`` if
+    ``watched`` is signalled before it ends (``first`` is then cancelled: the upstream
+    request is closed). When the caller is cancelled meanwhile, ``first`` is cancelled too,
+    or, had it just ended, what it opened is closed with ``close``."""
+    if watched is None:
+        return await first
+    attempt = asyncio.ensure_future(first)
+    signal = asyncio.ensure_future(watched.signal.wait())
+    try:
+        await asyncio.wait({attempt, signal}, return_when=asyncio.FIRST_COMPLETED)
+        if not attempt.done():
+            attempt.cancel()
+            await asyncio.wait({attempt})  # its own cleanup closes the upstream request
+    except asyncio.CancelledError:
+        if not attempt.done():
+            attempt.cancel()
+        elif not attempt.cancelled() and attempt.exception() is None:
+            close(attempt.result())
+        raise
+    finally:
+        signal.cancel()
+    if attempt.cancelled():
+        raise Redecide
+    return attempt.result()

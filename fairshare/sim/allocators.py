@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from fairshare import Pool, borrowing_priority, within_share_priority
@@ -114,6 +114,9 @@ class PoolSpec:
         half_life_s: the usage half-life, in simulated seconds (in-process only: a
             running allocator uses the half-life of its own configuration).
         resizes: the scenario changes the pool's capacity mid-run (``set_capacity``).
+        lend: team -> the fraction of its idle reserved slots it lends (docs/spec.md
+            §17); teams missing here lend 1.0. The gateway the simulator models does not
+            wait for a lent slot, so the lending limit changes no decision of its pool.
     """
 
     name: str
@@ -121,6 +124,7 @@ class PoolSpec:
     shares: Mapping[str, float]
     half_life_s: float
     resizes: bool = False
+    lend: Mapping[str, float] = field(default_factory=dict)
 
 
 AllocatorFactory = Callable[[PoolSpec, "Simulator"], Allocator]
@@ -139,6 +143,7 @@ def in_process(spec: PoolSpec, sim: Simulator) -> PoolAllocator:
         spec.shares,
         half_life_s=spec.half_life_s,
         clock=lambda: sim.now,
+        lend=spec.lend,
     )
     return PoolAllocator(pool)
 

@@ -81,8 +81,15 @@ def _teams(shares: Mapping[str, float]) -> dict[str, float]:
 
 
 def _yaml(spec: PoolSpec, pool: str) -> str:
-    shares = ", ".join(f"{team}: {share:g}" for team, share in spec.shares.items())
-    return f"  - name: {pool}\n    capacity: {spec.capacity}\n    shares: {{{shares}}}"
+    text = f"  - name: {pool}\n    capacity: {spec.capacity}\n    shares: {_flow(spec.shares)}"
+    if spec.lend:
+        text += f"\n    lend: {_flow(spec.lend)}"
+    return text
+
+
+def _flow(values: Mapping[str, float]) -> str:
+    """A team map as a YAML flow mapping."""
+    return "{" + ", ".join(f"{team}: {value:g}" for team, value in values.items()) + "}"
 
 
 @dataclass

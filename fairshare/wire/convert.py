@@ -139,8 +139,10 @@ def acquire_request(
     request_id: str,
     try_only: bool,
     epoch: int = 0,
+    wait_s: float = 0.0,
 ) -> pb.AcquireRequest:
-    """The Acquire message; ``epoch`` 0 leaves it unset (a caller that is not a peer)."""
+    """The Acquire message; ``epoch`` 0 leaves it unset (a caller that is not a peer), and
+    ``wait_s`` 0 too (answer at once)."""
     return pb.AcquireRequest(
         pool=pool,
         team=team,
@@ -150,6 +152,7 @@ def acquire_request(
         request_id=request_id,
         try_only=try_only,
         epoch=epoch,
+        wait_s=wait_s,
     )
 
 

@@ -50,7 +50,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from fairshare import Class, TeamStat
+from fairshare import Class, Grant, TeamStat
 from fairshare.sessions import Session
 from ha.api import (
     AdoptResult,
@@ -62,7 +62,6 @@ from ha.api import (
     NodeId,
     PoolName,
     PoolView,
-    WrongEpoch,
 )
 from ha.clock import Clock
 from ha.grantkeys import GrantKeys, ephemeral_keys
@@ -72,9 +71,11 @@ from ha.owned.commit import CommitFailed, GroupCommitter
 from ha.owned.genuine import IdCounters, IdGuard
 from ha.owned.held import holding_of
 from ha.owned.journal import StateWriter
+from ha.owned.releases import Releases
 from ha.owned.rereports import ReReports
-from ha.owned.snapshot import GrantKey, PoolSnapshot
+from ha.owned.snapshot import PoolSnapshot
 from ha.owned.tables import PoolTables, invalid_argument
+from ha.owned.waiting import Stopped, Waiting
 from ha.owned.writer import PoolWriter
 from ha.settings import PoolConfig
 
@@ -151,6 +152,8 @@ class OwnedPool:
             max_charge_per_s=config.max_charge_per_s,
         )
         self._reports = ReReports(tables, self._ids, node)
+        self._releases = Releases(tables, self._ids)
+        self._waiting = Waiting(tables.pool, config, clock)
         # The committer runs the writer's writes: owner -> committer -> writer, one way.
         self._writer = PoolWriter(tables, log, clock)
         self._committer = GroupCommitter(
@@ -194,6 +197,7 @@ class OwnedPool:
         decision raises NotDeciding. Writes already started still end; ``close`` writes
         the last one."""
         self._deciding = False
+        self._waiting.stop()
 
     @property
     def changed(self) -> bool:
@@ -248,9 +252,11 @@ class OwnedPool:
         request_id: str,
         try_only: bool,
         session: Session | None = None,
+        wait_s: float = 0.0,
     ) -> Decision:
         """Decides one request; within-share grants are durable before they return, and
-        so is the session a call opens.
+        so is the session a call opens. A request that would borrow past the pool's
+        lending limit waits up to ``wait_s`` for a slot (``ha.owned.waiting``).
 
         The grant belongs to ``session`` (it lives as long as the session does), or to
         none (it lives at most ``max_request_s``).
@@ -261,8 +267,9 @@ class OwnedPool:
             PermissionDenied: ``session`` is open with another secret or holder.
             LimitExceeded: opening ``session`` would keep too many; or the request would
                 borrow and the pool, or the holder session (the holder, without one),
-                already has its bound of grants in flight (``ha.owned.bounds``); nothing is
-                counted or admitted.
+                already has its bound of grants in flight (``ha.owned.bounds``), or it was
+                held and the pool's ``on_wait_end`` refuses (``lend``, ``max_held``);
+                nothing is counted or admitted.
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
@@ -289,14 +296,7 @@ class OwnedPool:
             raise full
         self._tables.admit(team)
         self._tables.touch()  # a team may be admitted even when nothing is granted
-        try:
-            grant = (
-                self.pool.try_acquire(team, cls, est_tokens)
-                if try_only
-                else self.pool.acquire(team, cls, est_tokens)
-            )
-        except ValueError as e:
-            raise invalid_argument(e) from e
+        grant = await self._grant(team, cls, est_tokens, try_only=try_only, wait_s=wait_s)
         if grant is None:
             answer = Answer(granted=False, grant_id="", priority=0, borrowing=False, saturated=True)
         else:
@@ -319,6 +319,25 @@ class OwnedPool:
             await self.durable()
         return decision
 
+    async def _grant(
+        self, team: str, cls: Class, est_tokens: int, *, try_only: bool, wait_s: float
+    ) -> Grant | None:
+        """The core's decision, at once or after a wait for a lent slot (None: a
+        ``try_only`` request found the pool full)."""
+        try:
+            if try_only:
+                grant = self.pool.try_acquire(team, cls, est_tokens)
+            else:
+                grant = await self._waiting.acquire(team, cls, est_tokens, wait_s)
+        except ValueError as e:
+            raise invalid_argument(e) from e
+        except Stopped:
+            raise NotDeciding(self.name) from None
+        if grant is not None and not self.can_decide():  # it waited: the owner stopped
+            grant.release(0.0)
+            raise NotDeciding(self.name)
+        return grant
+
     def keep_alive(self, session: Session) -> bool:
         """Renews ``session``; False when it is not open here (never opened with this
         owner's pool, or lapsed: its grants no longer count).
@@ -336,56 +355,15 @@ class OwnedPool:
         return self._tables.sessions.ttl_s
 
     def release(self, ref: GrantRef, consumed: float) -> None:
-        """Ends a grant of this epoch or an earlier one; idempotent across owners.
+        """Ends a grant of this epoch or an earlier one; idempotent across owners
+        (``ha.owned.releases``). A held borrower may take the slot it frees.
 
         Raises:
             WrongEpoch: the grant is of a later epoch than this owner's (it is stale).
             PermissionDenied: the id is not genuine (see ``ha.owned.genuine``).
         """
-        self._ids.check(ref, "grant_id")
-        if ref.epoch > self.epoch:
-            raise WrongEpoch(self.name, NodeId(""), "", ref.epoch)
-        key = GrantKey(ref.epoch, ref.seq, ref.holder)
-        own = ref.epoch == self.epoch
-        held = self._tables.held.take_own(key) if own else self._tables.held.take_adopted(key)
-        self._tables.touch()
-        changes = self._tables.changes
-        if held is not None:
-            # A grant of a holder session may run past max_request_s: what it may have
-            # consumed follows the time it was held.
-            held_s = self._tables.now() - held.wall
-            held.grant.release(self._ids.bounded(ref, consumed, held_s=held_s))
-            changes.dropped(held.key)
-            changes.team(held.team)
-            if not own:
-                self._tables.settle(key)
-            return
-        phantom = self._tables.phantoms.take(key)
-        if phantom is not None:
-            # The previous owner counted it: charge it and close its phantom.
-            team = phantom.team
-            self.pool.charge(team, self._ids.bounded(ref, consumed))
-            self._tables.phantoms.drop(phantom)
-            changes.dropped(key)
-            changes.team(team)
-            self._tables.settle(key)
-        elif self._tables.earlier.is_settled(key):
-            pass  # settled before: its consumption is already in the usage
-        elif self._tables.earlier.chargeable(key, signed=bool(ref.mac)):
-            # No owner counts it (made after a crashed owner's last write, degraded, or
-            # ended unreleased: its session lapsed, or it outlived max_request_s):
-            # charge what it consumed, once.
-            team = ref.team or "unknown"
-            self._tables.admit(team)
-            self.pool.charge(team, self._ids.bounded(ref, consumed))
-            changes.team(team)
-            self._tables.settle(key)
-        elif not ref.mac:
-            # A client-made degraded id no owner counted proves nothing: anyone can make
-            # one. Its holder re-reports it (Adopt) before releasing it.
-            self._ids.counters.unproven_releases += 1
-        # Otherwise it was settled before the snapshot this owner restored: its
-        # consumption is already in the usage.
+        self._releases.release(ref, consumed)
+        self._waiting.wake()
 
     def adopt(
         self,
@@ -408,7 +386,11 @@ class OwnedPool:
         """
         if not self.can_decide():
             raise NotDeciding(self.name)
-        return self._reports.adopt(holder=holder, grants=grants, complete=complete, session=session)
+        result = self._reports.adopt(
+            holder=holder, grants=grants, complete=complete, session=session
+        )
+        self._waiting.wake()  # phantoms it closed free their slots
+        return result
 
     def expire(self) -> int:
         """Ends the grants whose holder is presumed dead; returns how many.
@@ -450,22 +432,32 @@ class OwnedPool:
                 self.config.max_request_s,
             )
             self._committer.nudge()
+        self._waiting.wake()  # also phantoms that ended by themselves
         return expired
 
     def set_capacity(self, capacity: int) -> int:
         self._tables.touch()
         try:
-            return self.pool.set_capacity(capacity)
+            previous = self.pool.set_capacity(capacity)
         except ValueError as e:
             raise InvalidArgument("capacity", str(e)) from e
+        self._waiting.wake()
+        return previous
 
     def view(self) -> PoolView:
         teams, within = self._tables.team_tables()
-        return PoolView(self.name, self.pool.capacity, self.node, self.epoch, teams, within=within)
+        held = self._waiting.held_by_team()
+        return PoolView(
+            self.name, self.pool.capacity, self.node, self.epoch, teams, within=within, held=held
+        )
 
     def teams(self) -> Sequence[TeamStat]:
         """The pool's team table (Snapshot, metrics), as ``PoolTables.team_tables`` keeps it."""
         return self._tables.team_tables()[0]
+
+    def held_back(self) -> Mapping[str, int]:
+        """How many borrowers of each team wait for a lent slot now (``ha.owned.waiting``)."""
+        return self._waiting.held_by_team()
 
     def within(self) -> Mapping[str, int]:
         """Every team's within-share count (``Pool.within``), as ``team_tables`` keeps it."""

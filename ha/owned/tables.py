@@ -70,6 +70,7 @@ class PoolTables:
             config.shares,
             half_life_s=config.half_life_s,
             clock=self.now,
+            lend=config.lend,
         )
         self.held = HeldGrants(epoch, config.max_request_s)  # counted in flight
         # Earlier grants the previous owner counted, each standing for one phantom.

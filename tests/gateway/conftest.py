@@ -33,8 +33,8 @@ TEAM_HEADER = "x-fairshare-team"
 CLASS_HEADER = "x-fairshare-class"
 
 
-BOUNDS = ("max_in_flight", "max_in_flight_per_holder")
-"""Pool keys passed on as they are when a test gives them."""
+BOUNDS = ("max_in_flight", "max_in_flight_per_holder", "on_wait_end", "max_held")
+"""Pool keys passed on as they are when a test gives them (and ``lend``, as JSON)."""
 
 
 def pools_yaml(
@@ -56,6 +56,7 @@ def pools_yaml(
             "    max_request_s: 60",
             f"    degraded_mode: {pool.get('degraded_mode', 'fail_open')}",
             *(f"    {key}: {pool[key]}" for key in BOUNDS if key in pool),
+            *([f"    lend: {json.dumps(pool['lend'])}"] if "lend" in pool else []),
         ]
     return "\n".join(lines) + "\n"
 

@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from openai import RateLimitError
 
 from harness.standin import Standin
 
@@ -211,3 +212,87 @@ async def test_fallback_pools(tmp_path: Path) -> None:
 
 async def _idle(stack: Stack) -> bool:
     return await stack.in_flight("gpu-a") == {} and await stack.in_flight("gpu-b") == {}
+
+
+async def test_a_team_that_lends_nothing_finds_its_slots_free_under_a_flood(
+    tmp_path: Path,
+) -> None:
+    """Issue 30: team-a lends none of its idle reservation (2 of C = 4). Team-b floods
+    with long requests: 2 run (its reservation), the rest are held at the allocator, with
+    no slot at the stand-in, instead of filling the stand-in's slots. Team-a's request then
+    starts at once; a held request whose client goes away leaves the queue; one that stays
+    goes to the stand-in when a slot opens. A pool that holds nobody (``max_held: 0``)
+    and refuses at a wait's end answers 429 naming the limit."""
+
+    def models(s: dict[str, Standin]) -> list[dict[str, object]]:
+        return [
+            {"name": MODEL, "pool": "gpu-a", "upstreams": [s["a"].url]},
+            {"name": "strict", "pool": "gpu-s", "upstreams": [s["a"].url]},
+        ]
+
+    shares = {"team-a": 0.5, "team-b": 0.5}
+    lending = {"capacity": 4, "shares": shares, "lend": {"team-a": 0.0}}
+    async with start_stack(
+        tmp_path,
+        pools={
+            "gpu-a": lending,
+            # team-a keeps both slots: nothing is lent, and nobody may be held.
+            "gpu-s": {**lending, "shares": {"team-a": 1.0}, "max_held": 0, "on_wait_end": "refuse"},
+        },
+        standins={"a": {"models": (MODEL, "strict"), "max_running": 4, "tokens_per_s": 100.0}},
+        models=models,
+    ) as stack:
+        flood_client = stack.client("team-b")
+        flood = {
+            f"flood {i}": asyncio.ensure_future(
+                flood_client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"flood {i}"}],
+                    max_tokens=5000,  # 50 s: ended by the test, not by the stand-in
+                )
+            )
+            for i in range(5)
+        }
+        try:
+            await eventually(lambda: _started(stack, 2))
+            await eventually(
+                lambda: _metric_is(stack, "fairshare_gateway_acquiring", 3, pool="gpu-a")
+            )
+            assert len(await stack.records("a")) == 2  # the held ones never reached it
+            mine = await stack.client("team-a").chat.completions.with_raw_response.create(
+                model=MODEL, messages=MESSAGES, max_tokens=1
+            )
+            assert mine.headers["x-fairshare-standing"] == "within"
+            seen = await _records_by_ask(stack)
+            record = seen.pop("hello")
+            # It found a free slot (fewer than max_running ran): it started at once.
+            assert sum(1 for r in seen.values() if _running_at(r, record["arrival_s"])) == 2  # type: ignore[arg-type]
+            # A held request whose client goes away leaves the queue.
+            gone = next(f for f in flood.values() if not f.done())
+            gone.cancel()
+            await eventually(
+                lambda: _metric_is(stack, "fairshare_gateway_acquiring", 2, pool="gpu-a")
+            )
+            # Closing a running flood request lets one held request in.
+            running = [a for a, r in (await _records_by_ask(stack)).items() if _running(r)]
+            flood[running[0]].cancel()
+            await eventually(
+                lambda: _metric_is(stack, "fairshare_gateway_acquiring", 1, pool="gpu-a")
+            )
+            await eventually(lambda: _started(stack, 4))  # 2 flood + team-a's + the one let in
+            # Past the lending limit with nobody held: 429, and the SDK is told to wait.
+            with pytest.raises(RateLimitError) as refused:
+                await stack.client("team-b").chat.completions.create(
+                    model="strict", messages=MESSAGES, max_tokens=1
+                )
+            assert refused.value.response.headers["x-fairshare-limit"] == "max_held"
+            assert refused.value.response.headers["retry-after"] == "1"
+        finally:
+            for task in flood.values():
+                task.cancel()
+            await asyncio.wait(flood.values())
+        await eventually(lambda: _idle_pool(stack, "gpu-a"))
+
+
+async def _metric_is(stack: Stack, name: str, value: float, **labels: str) -> bool:
+    return await stack.metric(name, **labels) == value

@@ -6,12 +6,24 @@ import pathlib
 
 import pytest
 
-from ha.settings import ConfigError, DegradedMode
+from ha.settings import MIN_HELD, ConfigError, DegradedMode, PoolConfig, WaitEnd
 from server.config import load_config
 
 pytestmark = pytest.mark.timeout(10)
 
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "pools.yaml"
+
+
+LENDING_REFUSALS = [
+    ("lend: {team-a: 1.5}", "pools[0].lend.team-a", "lend-above-1"),
+    ("lend: {team-a: -0.5}", "pools[0].lend.team-a", "lend-negative"),
+    ("lend: {team-a: half}", "pools[0].lend.team-a", "lend-not-number"),
+    ("lend: 0.5", "pools[0].lend", "lend-scalar"),
+    ("on_wait_end: queue", "pools[0].on_wait_end", "wait-end"),
+    ("max_held: -1", "pools[0].max_held", "max-held-negative"),
+    ("max_held: 2.5", "pools[0].max_held", "max-held-float"),
+]
+"""(a pool key as YAML, the path its refusal names, the case's id)"""
 
 
 def write(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
@@ -31,6 +43,38 @@ def test_example_loads_with_defaults() -> None:
     assert config.etcd.embedded
     assert config.etcd.prefix == "/fairshare"
     assert config.timing.lease_ttl_s == 5.0
+
+
+def test_lending_keys_load_and_default(tmp_path: pathlib.Path) -> None:
+    text = (
+        "pools:\n"
+        "  - {name: a, capacity: 100, shares: {t: 0.5, u: 0.5}, lend: {t: 0.25, v: 0},\n"
+        "     on_wait_end: refuse, max_held: 0}\n"
+        "  - {name: b, capacity: 100, shares: {t: 1}}\n"
+    )
+    lent, plain = load_config(write(tmp_path, text), environ={}).pools
+    assert lent.lend == {"t": 0.25, "v": 0.0}
+    assert lent.on_wait_end is WaitEnd.REFUSE
+    assert (lent.max_held, lent.held_bound(100)) == (0, 0)
+    assert plain.lend == {}
+    assert plain.on_wait_end is WaitEnd.BORROW
+    assert plain.max_held is None
+    assert plain.held_bound(100) == 400  # 4 x C
+    assert plain.held_bound(2) == MIN_HELD
+
+
+@pytest.mark.parametrize(
+    ("config", "path"),
+    [
+        pytest.param(PoolConfig("p", 1, lend={"t": 2.0}), "pool.lend", id="lend"),
+        pytest.param(PoolConfig("p", 1, on_wait_end="refuse"), "pool.on_wait_end", id="mode"),  # type: ignore[arg-type]
+        pytest.param(PoolConfig("p", 1, max_held=True), "pool.max_held", id="held-bool"),
+    ],
+)
+def test_pool_config_validates_the_lending_keys(config: PoolConfig, path: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    assert info.value.path == path
 
 
 def test_precedence_defaults_file_env_overrides(tmp_path: pathlib.Path) -> None:
@@ -102,6 +146,10 @@ def test_empty_metrics_listen_disables_metrics() -> None:
             "pools[0].degraded_mode",
             id="mode",
         ),
+        *[
+            pytest.param(f"pools: [{{name: a, capacity: 1, {key}}}]\n", {}, path, id=name)
+            for key, path, name in LENDING_REFUSALS
+        ],
         pytest.param(
             "etcd: {endpoints: [a:2379]}\n", {}, "grants.key_file", id="replicated-no-key"
         ),

@@ -50,7 +50,9 @@ class FakeClient:
         grant._client = self  # type: ignore[assignment]
         return grant
 
-    async def acquire(self, pool: str, team: str, cls: Class, est: int) -> ClientGrant:
+    async def acquire(
+        self, pool: str, team: str, cls: Class, est: int, *, wait_s: float = 0.0
+    ) -> ClientGrant:
         self.calls.append(("acquire", pool))
         return self._grant(pool, team)
 

@@ -50,7 +50,9 @@ class FakeClient:
     def on_owner_answer(self, hook: object) -> None:
         pass
 
-    async def acquire(self, pool: str, team: str, cls: Class, est: int) -> ClientGrant:
+    async def acquire(
+        self, pool: str, team: str, cls: Class, est: int, *, wait_s: float = 0.0
+    ) -> ClientGrant:
         grant = ClientGrant(
             pool=pool,
             team=team,
@@ -358,7 +360,9 @@ async def test_a_redecided_request_ends_its_first_lease_and_takes_one_with_its_n
     grants = iter([(21, True), (0, False)])
     acquire = rig.client.acquire
 
-    async def degraded_first(pool: str, team: str, cls: Class, est: int) -> ClientGrant:
+    async def degraded_first(
+        pool: str, team: str, cls: Class, est: int, *, wait_s: float = 0.0
+    ) -> ClientGrant:
         priority, degraded = next(grants)
         grant = await acquire(pool, team, cls, est)
         return replace(grant, priority=priority, borrowing=degraded, degraded=degraded)
@@ -403,7 +407,7 @@ async def test_the_headers_name_the_standing_in_one_word_and_as_flags() -> None:
         (replace(grant, priority=100, borrowing=True, degraded=True), "degraded", "true", "true"),
     ]
     for case, standing, borrowing, degraded in cases:
-        headers = grant_headers(case)
+        headers = grant_headers(case, 0.0)
         assert headers["x-fairshare-standing"] == standing
         assert (headers["x-fairshare-borrowing"], headers["x-fairshare-degraded"]) == (
             borrowing,

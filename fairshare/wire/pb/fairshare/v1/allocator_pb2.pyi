@@ -23,7 +23,7 @@ FAIL_OPEN: DegradedMode
 FAIL_CLOSED: DegradedMode
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("pool", "team", "service_class", "est_tokens", "holder", "request_id", "try_only", "epoch")
+    __slots__ = ("pool", "team", "service_class", "est_tokens", "holder", "request_id", "try_only", "epoch", "wait_s")
     POOL_FIELD_NUMBER: _ClassVar[int]
     TEAM_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class AcquireRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRY_ONLY_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     pool: str
     team: str
     service_class: ServiceClass
@@ -40,7 +41,8 @@ class AcquireRequest(_message.Message):
     request_id: str
     try_only: bool
     epoch: int
-    def __init__(self, pool: _Optional[str] = ..., team: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., est_tokens: _Optional[int] = ..., holder: _Optional[str] = ..., request_id: _Optional[str] = ..., try_only: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+    wait_s: float
+    def __init__(self, pool: _Optional[str] = ..., team: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., est_tokens: _Optional[int] = ..., holder: _Optional[str] = ..., request_id: _Optional[str] = ..., try_only: _Optional[bool] = ..., epoch: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("granted", "grant_id", "priority", "borrowing", "saturated", "degraded", "owner", "epoch")
