@@ -6,8 +6,8 @@
 - ``PoolAllocator`` and ``in_process``: priorities from a ``fairshare.Pool`` whose clock
   is the simulated time (the default fairshare side).
 - ``LendingAllocator`` and ``lending``: the same pool with a lending limit; a borrower
-  that no team lends a slot to is held at the gateway (``fairshare.HeldQueue``) and
-  sent on when a slot is lent, or when its wait ends.
+  that no team lends a slot to is held at the gateway (``fairshare.holding.HeldQueue``)
+  and sent on when a slot is lent, or when its wait ends.
 - ``InFlightRuleAllocator`` and ``in_flight_rule``: the same pool with the standing rule
   it had before (every request in flight used up the reservation), simulator-only, kept
   to show what that rule did under sustained load.
@@ -92,9 +92,9 @@ class LendingAllocator(PoolAllocator):
 
     Each request is decided by ``Pool.acquire_lent``. A within-share request is always
     granted and sent at once. A borrower that no team lends a slot to (refused) is held
-    in a ``fairshare.HeldQueue`` instead of going to vLLM, where it would take a slot a
-    team keeps back: ``Request.held`` is set, with the priority it would have now (its
-    place in the queue). Whenever a request ends (a slot may be lent again) or the
+    in a ``fairshare.holding.HeldQueue`` instead of going to vLLM, where it would take a
+    slot a team keeps back: ``Request.held`` is set, with the priority it would have now
+    (its place in the queue). Whenever a request ends (a slot may be lent again) or the
     capacity changes, the queue admits what the pool now lets in, each with the grant
     decided then, and the simulator sends it on (``Simulator.dispatch``). A borrower
     still held ``wait_s`` after it arrived borrows anyway (``on_wait_end: borrow``):
@@ -102,11 +102,13 @@ class LendingAllocator(PoolAllocator):
 
     The queue admits at the release, before the request a closed-loop client sends in
     place of the one that ended at the same instant (the service hears the Release
-    before that request's Acquire), so an admitted borrower may take the slot a team's
-    within-share request just left, and the team's next within-share request waits in
-    vLLM for another slot. With every team lending 1.0 a borrower is held exactly while
-    the pool has C or more in flight: otherwise what vLLM's own queue would do with it,
-    except that its priority is decided when it is sent, not when it arrived.
+    before that request's Acquire), so a borrower of another team may take the slot a
+    team's within-share request just left, and the team's next within-share request
+    takes another free slot or waits in vLLM (a held request of the team itself is
+    within share again when admitted, and takes the slot). With every team lending 1.0
+    a borrower is held exactly while the pool has C or more in flight: otherwise what
+    vLLM's own queue would do with it, except that its priority is decided when it is
+    sent, not when it arrived.
     """
 
     def __init__(
