@@ -1,5 +1,5 @@
 """The lending limit in the simulator: borrowers held at the gateway
-(``allocators.LendingAllocator``)."""
+(``allocators.LendingAllocator``) and the ``instant-start`` scenario."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from fairshare import Class
 from fairshare.sim.allocators import FcfsAllocator, LendingAllocator, PoolSpec, lending
 from fairshare.sim.engine import Simulator
 from fairshare.sim.model import Hardware, Request
+from fairshare.sim.scenarios import SCENARIOS, instant_start
+from fairshare.sim.scenarios import lending as scenario
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,3 +87,18 @@ def test_only_a_held_request_can_be_dispatched() -> None:
     req = sim.send("a", Class.INTERACTIVE, 10, 10)
     with pytest.raises(ValueError, match="not held"):
         sim.dispatch(req)
+
+
+def test_instant_start_meets_its_targets_at_a_tenth_of_the_horizon() -> None:
+    assert SCENARIOS["instant-start"] is instant_start
+    result = instant_start(scale=0.1)
+    missed = [f"{t.text}: {t.value:.3f} vs {t.bound:.3f}" for t in result.targets if not t.met]
+    assert result.ok, missed
+    figures = result.figures
+    assert [x for x, _ in result.sweep] == list(scenario.LENDS)
+    # Lending less costs the flood throughput and the pool utilization, monotonically.
+    for key in ("utilization_pct", "flood_per_min"):
+        values = [figures[f"{p}{key}"] for _, p in result.sweep]
+        assert values == sorted(values, reverse=True), key
+    assert figures["lend0_waits_ended"] == 0 and figures["lend0_held"] > 0
+    assert figures["unlimited_held"] == 0
