@@ -7,7 +7,8 @@
   keep their tokens), and where each was read.
 - ``model``: a request, the hardware (timing and KV cache) and the scheduling policy.
 - ``allocators``: what the scheduler asks before and after a request (FCFS, or a
-  ``fairshare.Pool`` on simulated time, or that pool with the standing rule it had before).
+  ``fairshare.Pool`` on simulated time, that pool with a lending limit and its refused
+  borrowers held at the gateway, or that pool with the standing rule it had before).
 - ``results``: what a run recorded, and the waits and service read from it.
 - ``holdings``: each team's requests in flight, within share and running, sampled over a
   run.

@@ -5,6 +5,9 @@
 - ``FcfsAllocator``: no allocator, every priority equal (the FCFS comparison).
 - ``PoolAllocator`` and ``in_process``: priorities from a ``fairshare.Pool`` whose clock
   is the simulated time (the default fairshare side).
+- ``LendingAllocator`` and ``lending``: the same pool with a lending limit; a borrower
+  that no team lends a slot to is held at the gateway (``fairshare.holding.HeldQueue``)
+  and sent on when a slot is lent, or when its wait ends.
 - ``InFlightRuleAllocator`` and ``in_flight_rule``: the same pool with the standing rule
   it had before (every request in flight used up the reservation), simulator-only, kept
   to show what that rule did under sustained load.
@@ -18,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from fairshare import Pool, borrowing_priority, within_share_priority
+from fairshare import Grant, Pool, borrowing_priority, within_share_priority
+from fairshare.holding import HeldQueue
 from fairshare.sim.model import Request
 
 if TYPE_CHECKING:
@@ -58,10 +62,7 @@ class PoolAllocator:
         self.pool = pool
 
     def admit(self, req: Request) -> None:
-        grant = self.pool.acquire(req.team, req.cls, req.est_tokens)
-        req.grant = grant
-        req.priority = grant.priority
-        req.borrowing = grant.borrowing
+        _granted(req, self.pool.acquire(req.team, req.cls, req.est_tokens))
 
     def release(self, req: Request, cost: float) -> None:
         if req.grant is not None:
@@ -69,6 +70,103 @@ class PoolAllocator:
 
     def set_capacity(self, capacity: int) -> None:
         self.pool.set_capacity(capacity)
+
+
+def _granted(req: Request, grant: Grant) -> None:
+    """The request carries ``grant``'s standing and priority."""
+    req.grant = grant
+    req.priority = grant.priority
+    req.borrowing = grant.borrowing
+
+
+HOLD_WAIT_S = 600.0
+"""How long a held borrower waits for a lent slot before it borrows anyway, in simulated
+seconds: long beside the runs of the scenarios' requests, so a wait ends only when no
+slot is lent for minutes."""
+HOLD_LIMIT = 100_000
+"""The most borrowers held at once: more than any scenario's clients keep outstanding."""
+
+
+class LendingAllocator(PoolAllocator):
+    """The pool's lending limit, applied at the gateway as the service applies it.
+
+    Each request is decided by ``Pool.acquire_lent``. A within-share request is always
+    granted and sent at once. A borrower that no team lends a slot to (refused) is held
+    in a ``fairshare.holding.HeldQueue`` instead of going to vLLM, where it would take a
+    slot a team keeps back: ``Request.held`` is set, with the priority it would have now
+    (its place in the queue). Whenever a request ends (a slot may be lent again) or the
+    capacity changes, the queue admits what the pool now lets in, each with the grant
+    decided then, and the simulator sends it on (``Simulator.dispatch``). A borrower
+    still held ``wait_s`` after it arrived borrows anyway (``on_wait_end: borrow``):
+    ``acquire`` grants it and it is sent on; so does one that finds the queue full.
+
+    The queue admits at the release, before the request a closed-loop client sends in
+    place of the one that ended at the same instant (the service hears the Release
+    before that request's Acquire), so a borrower of another team may take the slot a
+    team's within-share request just left, and the team's next within-share request
+    takes another free slot or waits in vLLM (a held request of the team itself is
+    within share again when admitted, and takes the slot). With every team lending 1.0
+    a borrower is held exactly while the pool has C or more in flight: otherwise what
+    vLLM's own queue would do with it, except that its priority is decided when it is
+    sent, not when it arrived.
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        sim: Simulator,
+        *,
+        wait_s: float = HOLD_WAIT_S,
+        limit: int = HOLD_LIMIT,
+    ) -> None:
+        super().__init__(pool)
+        self._sim = sim
+        self.wait_s = wait_s
+        self.held: HeldQueue[Request] = HeldQueue(limit)
+        self.waits_ended = 0
+        """Held borrowers whose wait ended: they borrowed anyway."""
+
+    def admit(self, req: Request) -> None:
+        grant = self.pool.acquire_lent(req.team, req.cls, req.est_tokens)
+        if grant is not None:
+            _granted(req, grant)
+            return
+        priority = self.pool.priority_next(req.team, req.cls)
+        deadline = self._sim.now + self.wait_s
+        if not self.held.push(
+            req,
+            req.team,
+            cls=req.cls,
+            est_tokens=req.est_tokens,
+            priority=priority,
+            deadline=deadline,
+        ):
+            self.waits_ended += 1  # no room to hold it: its wait ends now
+            _granted(req, self.pool.acquire(req.team, req.cls, req.est_tokens))
+            return
+        req.held = True
+        req.priority = priority
+        req.borrowing = True
+        self._sim.at(deadline, self._end_waits)
+
+    def release(self, req: Request, cost: float) -> None:
+        super().release(req, cost)
+        self._send_admitted()
+
+    def set_capacity(self, capacity: int) -> None:
+        super().set_capacity(capacity)
+        self._send_admitted()
+
+    def _send_admitted(self) -> None:
+        for req, grant in self.held.admit(self.pool):
+            _granted(req, grant)
+            self._sim.dispatch(req)
+
+    def _end_waits(self) -> None:
+        for req in self.held.expired(self._sim.now):
+            self.waits_ended += 1
+            _granted(req, self.pool.acquire(req.team, req.cls, req.est_tokens))
+            self._sim.dispatch(req)
 
 
 class InFlightRuleAllocator(PoolAllocator):
@@ -146,6 +244,21 @@ def in_process(spec: PoolSpec, sim: Simulator) -> PoolAllocator:
         lend=spec.lend,
     )
     return PoolAllocator(pool)
+
+
+def lending(
+    lend: Mapping[str, float], *, wait_s: float = HOLD_WAIT_S
+) -> Callable[[PoolSpec, Simulator], LendingAllocator]:
+    """``in_process``'s pool with the lending limit ``lend`` (team -> fraction of its idle
+    reserved slots it lends, ``Pool(lend=...)``), its refused borrowers held at the
+    gateway for up to ``wait_s`` (``LendingAllocator``)."""
+
+    def make(spec: PoolSpec, sim: Simulator) -> LendingAllocator:
+        pool = in_process(spec, sim).pool
+        pool.set_lend(lend)
+        return LendingAllocator(pool, sim, wait_s=wait_s)
+
+    return make
 
 
 def in_flight_rule(spec: PoolSpec, sim: Simulator) -> InFlightRuleAllocator:

@@ -1,11 +1,12 @@
 """A discrete-event model of a pool of vLLM instances behind gateways, fed by an allocator.
 
 A request is sent by one of the pool's gateways: the allocator decides its priority
-(``allocators``), the gateway's router (``fairshare.routing``) chooses the instance, and the
-instance's scheduler (``instance.Instance``: vLLM v1's rules, and where they were read) queues
-it. A pool of C slots on k instances gives each instance C / k of them (``max_num_seqs``)
-and ``kv_blocks_per_slot`` KV blocks per slot. With one instance (the default) there is
-nothing to route and the model is one vLLM scheduler with C slots.
+(``allocators``) or holds it back at the gateway and sends it on later (``dispatch``: a
+borrower under a lending limit), the gateway's router (``fairshare.routing``) chooses the
+instance, and the instance's scheduler (``instance.Instance``: vLLM v1's rules, and where
+they were read) queues it. A pool of C slots on k instances gives each instance C / k of
+them (``max_num_seqs``) and ``kv_blocks_per_slot`` KV blocks per slot. With one instance
+(the default) there is nothing to route and the model is one vLLM scheduler with C slots.
 
 Each gateway routes with what it knows (``Routing``): the requests it sent itself that have
 not ended, by priority, or with ``allocator_view`` the same tally over every gateway (what
@@ -163,6 +164,21 @@ class Simulator:
         self._decide_and_route(req)
         return req
 
+    def dispatch(self, req: Request) -> None:
+        """The allocator sends on a request it held (``Request.held``), with the priority
+        it has just set: the gateway routes it now and vLLM queues it as a new arrival.
+        Its wait counts from ``arrival_s``, the time spent held included.
+
+        Raises:
+            ValueError: ``req`` is not held.
+        """
+        if not req.held:
+            raise ValueError(f"request {req.rid} is not held: it was sent already")
+        req.held = False
+        req.held_s = self.now - req.queued_s
+        req.queued_s = self.now
+        self._route(req)
+
     def resend(self, req: Request) -> bool:
         """The gateway aborts a request still waiting in vLLM and sends it again now.
 
@@ -288,6 +304,10 @@ class Simulator:
 
     def _decide_and_route(self, req: Request) -> None:
         self.allocator.admit(req)
+        if not req.held:  # else the allocator sends it on later (``dispatch``)
+            self._route(req)
+
+    def _route(self, req: Request) -> None:
         if self.policy is Policy.FCFS:
             req.priority = 0
         gateway = self._gateways[req.gateway]

@@ -54,7 +54,9 @@ class Request:
     """One request and what happened to it.
 
     The allocator sets ``priority``, ``borrowing``, ``degraded``, ``grant`` and ``epoch``
-    when the request is sent; the simulator and the scheduler fill in the rest.
+    when the request is sent, or ``held`` when it holds the request back at the gateway
+    (then it decides them when it sends the request on, ``Simulator.dispatch``); the
+    simulator and the scheduler fill in the rest.
     """
 
     rid: int
@@ -70,6 +72,8 @@ class Request:
     degraded: bool = False
     grant: Grant | None = None
     epoch: int = 0
+    held: bool = False  # held back by the allocator: not sent to vLLM yet
+    held_s: float = 0.0  # seconds it spent held before it was sent to vLLM
     first_start_s: float | None = None
     start_s: float | None = None
     finish_s: float | None = None

@@ -350,10 +350,77 @@ def plot_holdings(result: ScenarioResult, path: Path) -> Path:
     return path
 
 
+def plot_lend_sweep(result: ScenarioResult, path: Path) -> Path:
+    """What a lending limit buys and costs, against the lend fraction (``result.sweep``),
+    read from the figures of each run (its prefix) and of the run without a lending limit
+    (``unlimited_``). The first team of ``result.shares`` is the one whose lend fraction
+    is swept, the second the team that floods.
+
+    Top: the first team's within-share p99 and longest wait, with one scheduler step
+    (``step_s``). Bottom: the pool's utilization and the flood's throughput (as a part of
+    the one without a lending limit). Dashed: the run without a lending limit.
+    """
+    arriving, flooding = list(result.shares)[:2]
+    figures = result.figures
+    xs = [x for x, _ in result.sweep]
+
+    def series(key: str, scale: float = 1.0) -> list[float]:
+        return [figures[f"{prefix}{key}"] * scale for _, prefix in result.sweep]
+
+    fig, (waits, costs) = _subplots(2)
+    for key, label, style, color in (
+        ("within_p99_wait_s", "p99", "-o", "C0"),
+        ("within_max_wait_s", "longest", ":s", "C4"),
+    ):
+        waits.plot(xs, series(key), style, color=color, label=label)
+        waits.axhline(
+            figures[f"unlimited_{key}"],
+            color=color,
+            linestyle="--",
+            linewidth=0.8,
+            label=f"{label}, no lending limit",
+        )
+    waits.axhline(figures["step_s"], color="0.3", linestyle="-.", linewidth=0.9)
+    waits.annotate(
+        f"one scheduler step ({1000 * figures['step_s']:.0f} ms)",
+        (xs[0], figures["step_s"]),
+        xytext=(0, 3),
+        textcoords="offset points",
+        fontsize=7,
+        color="0.3",
+    )
+    waits.set_title(f"{arriving}'s within-share wait (arrival to first start)")
+    waits.set_ylabel("wait (s)")
+    waits.set_ylim(bottom=0)
+    waits.legend(fontsize=7, loc="upper right")
+    throughput = 100 / figures["unlimited_flood_per_min"]
+    for i, (key, label, scale) in enumerate(
+        (
+            ("utilization_pct", "the pool's utilization (% of C)", 1.0),
+            ("flood_per_min", f"{flooding}'s throughput (% of no lending limit)", throughput),
+        )
+    ):
+        color = f"C{i + 1}"
+        costs.plot(xs, series(key, scale), "-o", color=color, label=label)
+        costs.axhline(
+            figures[f"unlimited_{key}"] * scale, color=color, linestyle="--", linewidth=0.8
+        )
+    costs.set_title("what the flood's borrowers lose (dashed: no lending limit)")
+    costs.set_ylabel("%")
+    costs.set_ylim(0, 105)
+    costs.legend(fontsize=7, loc="lower left")
+    costs.set_xlabel(f"{arriving}'s lend fraction (of its idle reserved slots lent to borrowers)")
+    costs.invert_xaxis()  # sharex: both panels run from lending all to lending none
+    return _save(fig, path)
+
+
 def write_plots(result: ScenarioResult, out_dir: Path) -> list[Path]:
     """Draws every plot of ``result`` into ``out_dir``; returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [plot_served(result, out_dir / f"{result.name}-served.png")]
+    paths = []
+    if result.sweep:
+        paths.append(plot_lend_sweep(result, out_dir / f"{result.name}.png"))
+    paths.append(plot_served(result, out_dir / f"{result.name}-served.png"))
     if result.series:
         paths.append(plot_series(result, out_dir / f"{result.name}-routers.png"))
     if result.holdings:

@@ -21,6 +21,7 @@ failover scenario builds its own owners and refuses any other fairshare side.
   (in-process only).
 - ``overload``: three teams above their reservations for a long run, under the current
   standing rule and the rule before it.
+- ``lending``: a team's lending limit swept under another team's flood (in-process only).
 
 This module is the registry: ``SCENARIOS`` maps each command-line name to its function.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fairshare.sim.scenarios.lending import instant_start
 from fairshare.sim.scenarios.many_instances import multi_instance
 from fairshare.sim.scenarios.overload import sustained_overload
 from fairshare.sim.scenarios.owner_crash import failover
@@ -43,6 +45,7 @@ __all__ = [
     "Target",
     "elastic",
     "failover",
+    "instant_start",
     "multi_instance",
     "sustained_overload",
     "three_teams",
@@ -56,6 +59,7 @@ SCENARIOS: dict[str, Callable[..., ScenarioResult]] = {
     "failover": failover,
     "multi-instance": multi_instance,
     "sustained-overload": sustained_overload,
+    "instant-start": instant_start,
 }
 """Command-line name -> scenario function (keyword arguments ``seed``, ``scale`` and
 ``fairshare``)."""

@@ -83,6 +83,7 @@ class ScenarioResult:
         comparisons: figures of the checked run beside the same of ``compared``.
         holdings: label -> each team's requests in flight and within share over time
             (see the field).
+        sweep: the runs of a parameter swept (see the field).
     """
 
     name: str
@@ -106,6 +107,10 @@ class ScenarioResult:
     """label -> the samples of what each team held (sustained-overload: the current rule
     and the rule before); drawn per team, with its reservation when the figures hold
     ``reserved_<team>``; empty for the other scenarios."""
+    sweep: list[tuple[float, str]] = field(default_factory=list)
+    """(value, prefix) of each run of a swept parameter, whose figures are named with the
+    prefix (instant-start: the arriving team's lend fraction, ``lend75_``, beside the run
+    without a lending limit, ``unlimited_``); empty for the other scenarios."""
 
     @property
     def ok(self) -> bool:
