@@ -11,12 +11,16 @@ Processes on loopback, each a child of this one:
 - ``fairshare gateway`` in front of it, team from a trusted header;
 - LiteLLM's proxy in front of it (bench/litellm_peer.py: the pinned version in its own
   virtualenv under build/, one uvicorn worker, a master key, no database, offline);
+- a second LiteLLM proxy, the same but for fairshare's callback (docs/litellm.md), which
+  asks the allocator for each request's priority (the team from the same header);
 - bench/passthrough.py in front of it: an aiohttp server that forwards each request to the
   stand-in with an aiohttp client and does nothing else, the HTTP hop every Python proxy
   makes (the gateway is built on the same two parts).
 
 Every request is bench/gateway.py's short one: a non-streaming chat completion of one token.
-Four paths: the stand-in directly, through the hop, through the gateway, through LiteLLM.
+Five paths: the stand-in directly, through the hop, through the gateway, through LiteLLM,
+through LiteLLM with the callback (what the callback adds to LiteLLM is the difference of
+the last two, measured in the same rounds).
 Each round runs every path once per measurement, in an order that rotates from round to
 round, so that other work on the machine hits them alike; each figure is the median over
 the rounds.
@@ -61,8 +65,10 @@ from bench._common import (
 from bench.gateway import (
     FAST_MODEL,
     FAST_TOKENS_PER_S,
+    POOL,
     REQUEST_TIMEOUT_S,
     SHORT_IN_FLIGHT,
+    TEAM_HEADER,
     TEAMS,
     Load,
     allocator_process,
@@ -81,12 +87,13 @@ from harness.serve import wait_serving
 from harness.standin import wait_standin
 
 SECTION = "## The gateway against LiteLLM's proxy"
-PATHS = ("direct", "hop", "gateway", "litellm")
+PATHS = ("direct", "hop", "gateway", "litellm", "litellm+fairshare")
 LABELS = {
     "direct": "stand-in directly",
     "hop": "pass-through hop (does nothing)",
     "gateway": "fairshare gateway",
     "litellm": "LiteLLM proxy",
+    "litellm+fairshare": "LiteLLM proxy with fairshare's callback",
 }
 SEQUENTIAL_PER_S = 5.0
 """The pace of the sequential requests: one every 200 ms, where one takes from a few ms
@@ -180,7 +187,7 @@ async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults
                 )
                 sequential[name].append(result)
                 print(
-                    f"  round {round_no + 1} sequential {name:>8}: p50 {ms(p50(result))} ms",
+                    f"  round {round_no + 1} sequential {name:>17}: p50 {ms(p50(result))} ms",
                     flush=True,
                 )
             for name in order_of(round_no):
@@ -190,11 +197,17 @@ async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults
                 loaded[name].append(result)
                 cpu[name].append(spent)
                 print(
-                    f"  round {round_no + 1} {SHORT_IN_FLIGHT} in flight {name:>8}: "
+                    f"  round {round_no + 1} {SHORT_IN_FLIGHT} in flight {name:>17}: "
                     f"{result.rate:7.0f} requests/s",
                     flush=True,
                 )
         return PeerResults(sequential, loaded, cpu)
+
+
+def callback_added(res: PeerResults) -> float:
+    """What fairshare's callback adds to LiteLLM's proxy one request at a time: the
+    difference of the two proxies' added latencies (medians over the rounds)."""
+    return added_latency(res, "litellm+fairshare") - added_latency(res, "litellm")
 
 
 def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
@@ -227,7 +240,10 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
         f"{rate_ratio:.0%} of the {direct:,.0f}/s served directly, target ≥ "
         f"{THROUGHPUT_TARGET:.0%}: {met(rate_ok)} (LiteLLM's proxy: {litellm:,.0f}/s, "
         f"{litellm / direct if direct > 0 else 0.0:.0%} of direct; the gateway serves "
-        f"{gateway / litellm if litellm > 0 else 0.0:.1f}× LiteLLM's). {floor}"
+        f"{gateway / litellm if litellm > 0 else 0.0:.1f}× LiteLLM's). {floor} "
+        f"fairshare's callback adds {ms(callback_added(res))} ms to LiteLLM's proxy one "
+        f"request at a time, and serves {median_rate(res.loaded['litellm+fairshare']):,.0f} "
+        f"requests/s at {SHORT_IN_FLIGHT} in flight."
     )
     return text, latency_ok, rate_ok
 
@@ -325,18 +341,20 @@ def rounds_table(res: PeerResults) -> str:
     """Each round's own figures, in the order its paths ran."""
     lines = [
         "| round | order | gateway adds, ms | LiteLLM adds, ms | gateway ÷ LiteLLM | "
-        f"{SHORT_IN_FLIGHT} in flight, requests/s: direct, hop, gateway, LiteLLM | "
-        "hop ÷ direct | gateway ÷ direct |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "the callback adds to LiteLLM, ms | "
+        f"{SHORT_IN_FLIGHT} in flight, requests/s: direct, hop, gateway, LiteLLM, "
+        "LiteLLM with the callback | hop ÷ direct | gateway ÷ direct |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for i in range(len(res.sequential["direct"])):
         direct = p50(res.sequential["direct"][i])
         ours = p50(res.sequential["gateway"][i]) - direct
         theirs = p50(res.sequential["litellm"][i]) - direct
+        callback = p50(res.sequential["litellm+fairshare"][i]) - direct - theirs
         rates = [res.loaded[name][i].rate for name in PATHS]
         lines.append(
             f"| {i + 1} | {', '.join(order_of(i))} | {ms(ours)} | {ms(theirs)} | "
-            f"{ours / theirs if theirs > 0 else float('inf'):.2f} | "
+            f"{ours / theirs if theirs > 0 else float('inf'):.2f} | {ms(callback)} | "
             f"{', '.join(f'{r:,.0f}' for r in rates)} | "
             f"{rates[1] / rates[0] if rates[0] > 0 else 0.0:.2f} | "
             f"{rates[2] / rates[0] if rates[0] > 0 else 0.0:.2f} |"
@@ -373,6 +391,17 @@ def fairshare_commit() -> str:
     return f"{head} (with uncommitted changes)" if changed else head
 
 
+def callback_settings(allocator: str) -> dict[str, object]:
+    """The settings of fairshare's callback in the second LiteLLM proxy: the benchmark's
+    pool for its model, the team from the header the load sends, the gateway's holder
+    deadline."""
+    return {
+        "allocator": {"endpoints": [allocator], "holder": "bench-litellm", "deadline_s": 0.75},
+        "pools": {FAST_MODEL: POOL},
+        "team": {"from": ["header"], "header": TEAM_HEADER},
+    }
+
+
 async def run(args: argparse.Namespace) -> PeerResults:
     work = workdir("fairshare-bench-gateway-peer-")
     allocator = allocator_process(work)
@@ -380,8 +409,15 @@ async def run(args: argparse.Namespace) -> PeerResults:
     upstream = f"http://{fast.address}"
     gateway = gateway_process(work, allocator.address, {FAST_MODEL: upstream})
     litellm = litellm_peer.LiteLLM(work, FAST_MODEL, upstream)
+    callback = litellm_peer.LiteLLM(
+        work,
+        FAST_MODEL,
+        upstream,
+        fairshare=callback_settings(allocator.address),
+        name="litellm-fairshare",
+    )
     hop = passthrough_process(work, upstream, "passthrough")
-    processes = (allocator, fast, gateway, litellm, hop)
+    processes = (allocator, fast, gateway, litellm, callback, hop)
     try:
         allocator.start()
         fast.start()
@@ -389,6 +425,7 @@ async def run(args: argparse.Namespace) -> PeerResults:
         await wait_standin(upstream, process=fast)
         gateway.start()
         litellm.start()
+        callback.start()
         hop.start()
         await wait_http(f"http://{gateway.address}/readyz", process=gateway)
         # The hop has no health path: it is up once it forwards a request.
@@ -398,19 +435,22 @@ async def run(args: argparse.Namespace) -> PeerResults:
             post_json={"model": FAST_MODEL, "messages": [], "max_tokens": 1},
             any_status=True,
         )
-        await wait_http(litellm.health_url, process=litellm, timeout_s=litellm_peer.START_TIMEOUT_S)
+        for proxy in (litellm, callback):
+            await wait_http(proxy.health_url, process=proxy, timeout_s=litellm_peer.START_TIMEOUT_S)
         targets = PeerTargets(
             bases={
                 "direct": upstream,
                 "hop": f"http://{hop.address}",
                 "gateway": f"http://{gateway.address}",
                 "litellm": litellm.url,
+                "litellm+fairshare": callback.url,
             },
             bearer={
                 "direct": "unused",
                 "hop": "unused",
                 "gateway": "unused",
                 "litellm": litellm.master_key,
+                "litellm+fairshare": callback.master_key,
             },
             pids=pids_of(
                 {
@@ -419,6 +459,7 @@ async def run(args: argparse.Namespace) -> PeerResults:
                     "hop": hop,
                     "gateway": gateway,
                     "litellm": litellm,
+                    "litellm+fairshare": callback,
                 }
             ),
         )

@@ -7,12 +7,18 @@ its config file and its process.
   after the last install matches the requirements file and litellm there is the pinned
   version. Wheels only (``--only-binary :all:``): nothing runs a package's build script.
 - ``config_yaml`` routes one model to an OpenAI-compatible upstream (the stand-in vLLM
-  server), with a master key (the proxy refuses to start without one) and no database.
+  server), with a master key (the proxy refuses to start without one) and no database; with
+  ``callback``, LiteLLM loads fairshare's callback (``fairshare.integrations.litellm``),
+  whose settings ``LiteLLM`` writes beside and names in its environment.
 - ``LiteLLM`` is the proxy as a child process on loopback: one uvicorn worker, started with
   ``--config`` from a temporary directory, with an environment of its own that keeps it
   offline: the model cost map and the other tables it would fetch are read from the package,
   telemetry is vetoed, no ``.env`` file is read, and no variable of this process (tokens,
-  database or cache URLs) reaches it.
+  database or cache URLs) reaches it. fairshare is imported from this checkout (PYTHONPATH);
+  its runtime dependencies are in the requirements file.
+
+The virtualenv is ``build/peers/litellm/`` unless ``FAIRSHARE_LITELLM_VENV`` names another
+(one made the same way, from the same requirements file).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -32,7 +39,11 @@ from harness.process import ROOT, ServerProcess
 
 REQUIREMENTS = ROOT / "bench" / "litellm-requirements.txt"
 """The exact versions installed; its ``litellm[proxy]==`` line is the peer's version."""
-VENV = ROOT / "build" / "peers" / "litellm"
+VENV = Path(os.environ.get("FAIRSHARE_LITELLM_VENV") or ROOT / "build" / "peers" / "litellm")
+CONFIG_ENV = "FAIRSHARE_LITELLM_CONFIG"
+"""The variable that names the callback's settings file (docs/litellm.md)."""
+CALLBACK = "fairshare.integrations.litellm.handler"
+"""How LiteLLM's config names fairshare's callback (a module's attribute)."""
 STAMP = ".requirements.sha256"
 """Written into the virtualenv after a complete install: the requirements file's digest."""
 INSTALL_TIMEOUT_S = 1800.0
@@ -147,11 +158,11 @@ def new_master_key() -> str:
     return "sk-" + secrets.token_hex(24)
 
 
-def config_yaml(model: str, upstream: str, master_key: str) -> str:
+def config_yaml(model: str, upstream: str, master_key: str, *, callback: bool = False) -> str:
     """The proxy's config: ``model`` routed to ``upstream`` (a base URL such as
     ``http://127.0.0.1:PORT``; the OpenAI-compatible API is under its ``/v1``), the master
-    key, no database, no callbacks."""
-    doc = {
+    key, no database; fairshare's callback alone when ``callback``, else none."""
+    doc: dict[str, object] = {
         "model_list": [
             {
                 "model_name": model,
@@ -164,31 +175,56 @@ def config_yaml(model: str, upstream: str, master_key: str) -> str:
         ],
         "general_settings": {"master_key": master_key},
     }
+    if callback:
+        doc["litellm_settings"] = {"callbacks": [CALLBACK]}
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def environment(home: Path) -> dict[str, str]:
-    """The proxy's whole environment: ``OFFLINE_ENV``, PATH, the locale, and ``home`` as its
-    home and temporary directory (so that it writes nothing outside the run's directory)."""
-    return {
+def environment(home: Path, fairshare_config: Path | None = None) -> dict[str, str]:
+    """The proxy's whole environment: ``OFFLINE_ENV``, PATH, the locale, ``home`` as its
+    home and temporary directory (so that it writes nothing outside the run's directory),
+    this checkout on its path, and the callback's settings file when there is one."""
+    env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LANG": "C.UTF-8",
         "HOME": str(home),
         "TMPDIR": str(home),
+        "PYTHONPATH": str(ROOT),
         **OFFLINE_ENV,
     }
+    if fairshare_config is not None:
+        env[CONFIG_ENV] = str(fairshare_config)
+    return env
 
 
 class LiteLLM(ServerProcess):
     """LiteLLM's proxy on a free loopback port, serving ``model`` from ``upstream``. Writes
-    its config file into ``work`` and runs there; its log is ``work/litellm.log``. Not
-    started: ``start`` it, then ``await wait_http(proxy.health_url, ...)``."""
+    its config file into ``work`` and runs there; its log is ``work/<name>.log``. With
+    ``fairshare`` (the callback's settings, docs/litellm.md), the proxy runs fairshare's
+    callback with them. Not started: ``start`` it, then
+    ``await wait_http(proxy.health_url, ...)``."""
 
-    def __init__(self, work: Path, model: str, upstream: str, venv: Path = VENV) -> None:
+    def __init__(
+        self,
+        work: Path,
+        model: str,
+        upstream: str,
+        venv: Path = VENV,
+        *,
+        fairshare: Mapping[str, object] | None = None,
+        name: str = "litellm",
+    ) -> None:
         self.master_key = new_master_key()
-        config = work / "litellm.yaml"
-        config.write_text(config_yaml(model, upstream, self.master_key), encoding="utf-8")
-        home = work / "litellm-home"
+        config = work / f"{name}.yaml"
+        callback = fairshare is not None
+        config.write_text(
+            config_yaml(model, upstream, self.master_key, callback=callback), encoding="utf-8"
+        )
+        settings: Path | None = None
+        if fairshare is not None:
+            settings = work / f"{name}-fairshare.yaml"
+            settings.write_text(yaml.safe_dump(dict(fairshare), sort_keys=False), encoding="utf-8")
+        home = work / f"{name}-home"
         home.mkdir(exist_ok=True)
         port = free_port()
         args = [
@@ -199,9 +235,9 @@ class LiteLLM(ServerProcess):
         super().__init__(
             args,
             address=f"{LOOPBACK}:{port}",
-            log=work / "litellm.log",
+            log=work / f"{name}.log",
             cwd=work,
-            env=environment(home),
+            env=environment(home, settings),
         )
 
     @property

@@ -7,8 +7,8 @@ a client's disconnect cancels the upstream request and releases the grant at onc
 
 Modules: ``fairshare.gateway.config`` (the YAML file), ``fairshare.gateway.keys`` (the API keys
 file, followed), ``fairshare.gateway.identity`` (who is calling), ``fairshare.gateway.body`` (what
-is read from and written into request bodies and streamed chunks), ``fairshare.gateway.cost`` (what
-a release charges), ``fairshare.gateway.errors`` (the one table of error answers),
+is read from and written into request bodies and streamed chunks), the core's ``fairshare.cost``
+(what a release charges), ``fairshare.gateway.errors`` (the one table of error answers),
 ``fairshare.gateway.upstreams`` (which vLLM server), ``fairshare.gateway.health`` (which
 upstreams get requests: probes, ejection), ``fairshare.gateway.placement`` (the grant, and
 fallback pools), ``fairshare.gateway.redecide`` (fail-open requests sent again after an outage),

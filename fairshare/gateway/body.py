@@ -14,15 +14,10 @@ for), it is appended to the client's bytes, which are not serialized again (a la
 prompt would cost more to encode than to parse); otherwise the body is encoded anew from
 the parsed object.
 
-Token estimate (``estimate_prompt_tokens``), what ``est_tokens`` of an Acquire carries:
-the prompt is not tokenized (the gateway does not know the model's tokenizer); it counts
-one token per 4 characters of text, rounded up, over every message's text content (string
-contents and the ``text`` of content parts), the prompt or the embeddings' ``input`` (a
-string, a list of strings, or token ids counted one each), or a Responses request's
-``instructions`` and ``input`` (a string, or items counted as chat messages), plus 4 per
-chat message or input item for the template. The completion part is
-``max_completion_tokens`` or else ``max_tokens`` (``max_output_tokens`` for Responses, none
-for embeddings); when the body gives none, the estimate is the prompt's alone.
+Token estimate, what ``est_tokens`` of an Acquire carries: the prompt's, estimated without
+tokenizing (``estimate_prompt_tokens``, the core's ``fairshare.estimate``), plus the
+completion's bound: ``max_completion_tokens`` or else ``max_tokens`` (``max_output_tokens``
+for Responses, none for embeddings); when the body gives none, the prompt's alone.
 
 Streams (``StreamFilter``): Server-Sent Events pass through chunk by chunk as they arrive,
 with two exceptions: an event carrying a non-null ``usage`` is read (the charge), and, when
@@ -40,18 +35,14 @@ every event counts toward the tokens seen (a few more than the text deltas).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
-Endpoint = Literal["chat", "completions", "embeddings", "responses"]
+from fairshare.cost import Usage
+from fairshare.estimate import Endpoint, estimate_prompt_tokens
 
-CHARS_PER_TOKEN: Final = 4
-"""Characters of text counted as one token by the estimate."""
-TOKENS_PER_MESSAGE: Final = 4
-"""Tokens counted for each chat message's template around its content."""
 EVENT_END: Final = re.compile(rb"(\r?\n\r?\n)")
 """The end of an SSE event: an empty line, after a line ended with LF or CRLF."""
 DONE_EVENT: Final = b"data: [DONE]"
@@ -74,14 +65,6 @@ class BadRequest(ValueError):
 
 class BadJson(BadRequest):
     """The body is not a JSON object at all."""
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Tokens an upstream reported (or the gateway counted)."""
-
-    prompt_tokens: int
-    completion_tokens: int
 
 
 @dataclass
@@ -108,50 +91,6 @@ class Request:
         """Whether ``stream_options.include_usage`` is to be set (a chat or completions
         stream)."""
         return self.stream and self.endpoint in ("chat", "completions")
-
-
-def _text_chars(content: object) -> int:
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):
-        total = 0
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                total += len(part["text"])
-            elif isinstance(part, str):
-                total += len(part)
-        return total
-    return 0
-
-
-def _messages_tokens(messages: object) -> int:
-    if not isinstance(messages, list):
-        return 0
-    chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, Mapping))
-    return math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
-
-
-def estimate_prompt_tokens(endpoint: Endpoint, body: Mapping[str, object]) -> int:
-    """The prompt's tokens, estimated (see the module doc)."""
-    if endpoint == "chat":
-        return _messages_tokens(body.get("messages"))
-    if endpoint == "responses":
-        given = body.get("input")
-        items = _messages_tokens(given) if isinstance(given, list) else _prompt_tokens(given)
-        return items + _prompt_tokens(body.get("instructions"))
-    return _prompt_tokens(body.get("input" if endpoint == "embeddings" else "prompt"))
-
-
-def _prompt_tokens(prompt: object) -> int:
-    """A prompt's tokens: a string, strings, token ids, or lists of token ids."""
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
-    if isinstance(prompt, list):
-        return sum(
-            len(p) if isinstance(p, list) else math.ceil(_text_chars(p) / CHARS_PER_TOKEN)
-            for p in prompt
-        )
-    return math.ceil(_text_chars(prompt) / CHARS_PER_TOKEN)
 
 
 def _max_tokens(body: Mapping[str, object], endpoint: Endpoint) -> int:

@@ -21,12 +21,12 @@ from typing import Final
 
 import yaml
 
+from fairshare.cost import COST_UNITS, CostSettings
 from fairshare.gateway import config_values as checked
 from fairshare.gateway.config_values import ConfigError, check_address
 
 DEFAULT_LISTEN: Final = "0.0.0.0:8080"
 DEFAULT_METRICS_LISTEN: Final = "0.0.0.0:9091"
-COST_UNITS: Final = ("tokens", "seconds")
 ACCESS_LOG_FORMATS: Final = ("json", "logfmt")
 ACCESS_LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING")
 DEFAULT_ROUTING: Final = "fewest-ahead"
@@ -96,15 +96,6 @@ class AuthSettings:
     def any_source(self) -> bool:
         """Whether anything identifies a request (else every request is refused)."""
         return self.keys_file is not None or self.team_header is not None or self.fairness_id
-
-
-@dataclass(frozen=True)
-class CostSettings:
-    """What a release charges (``fairshare.gateway.cost``)."""
-
-    unit: str = "tokens"
-    prompt_weight: float = 1.0
-    completion_weight: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ import aiohttp
 from aiohttp import web
 
 from fairshare.client import ClientGrant
-from fairshare.gateway.body import Request, StreamFilter, Usage
+from fairshare.cost import Usage
+from fairshare.gateway.body import Request, StreamFilter
 from fairshare.gateway.config import Limits, Route
 from fairshare.gateway.errors import Refusal, sse_error_event
 from fairshare.gateway.health import Health

@@ -26,7 +26,7 @@ one request:
    with the upstream's status and body; a stream event by event
    (``fairshare.gateway.body.StreamFilter``), its status line sent only when the first
    bytes arrive, so a stream that fails before it starts is answered with a status;
-5. the grant is released once, with the charge (``fairshare.gateway.cost``), whatever way the
+5. the grant is released once, with the charge (``fairshare.cost``), whatever way the
    request ended: answered, upstream error or timeout, the client gone (the handler is
    cancelled: the upstream connection is closed at once, so vLLM aborts the sequence),
    re-decided, or the gateway stopping.
@@ -48,6 +48,7 @@ import aiohttp
 from aiohttp import web
 
 from fairshare.client import AllocatorClient, ClientGrant, NoOwner
+from fairshare.cost import Usage, charge
 from fairshare.errors import (
     AllocatorError,
     InvalidArgument,
@@ -55,11 +56,11 @@ from fairshare.errors import (
     PermissionDenied,
     UnknownPool,
 )
+from fairshare.estimate import Endpoint
 from fairshare.gateway import body as bodies
 from fairshare.gateway.accesslog import AccessLog, Entry
-from fairshare.gateway.body import BadJson, BadRequest, Endpoint, Request, Usage
+from fairshare.gateway.body import BadJson, BadRequest, Request
 from fairshare.gateway.config import GatewayConfig, Model, Route
-from fairshare.gateway.cost import charge
 from fairshare.gateway.errors import Refusal, error_response
 from fairshare.gateway.forward import Forwarder, Outcome, UpstreamFailed, standing
 from fairshare.gateway.headers import HeaderPolicy

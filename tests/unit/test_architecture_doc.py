@@ -34,6 +34,7 @@ LEVEL = {
     "client": 2,
     "server": 2,
     "gateway": 3,
+    "integrations": 3,
     "sim": 3,
     "bench": 3,
     "cli": 4,
@@ -42,7 +43,7 @@ LEVEL = {
 BESIDE = {"tests", "harness"}
 """Not layered: tests may import anything; harness imports nothing of the project."""
 PACKAGES = set(LEVEL) | BESIDE
-SUBPACKAGES = {"wire", "client", "gateway", "sim", "cli"}
+SUBPACKAGES = {"wire", "client", "gateway", "integrations", "sim", "cli"}
 """The parts the page draws on their own that live inside ``fairshare`` (``fairshare.client``
 is drawn as ``client``); the rest of ``fairshare`` is the core."""
 

@@ -1,4 +1,4 @@
-"""fairshare.gateway.body and fairshare.gateway.cost: the pure parts of the request path."""
+"""fairshare.gateway.body and fairshare.cost: the pure parts of the request path."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from fairshare.cost import CostSettings, charge
 from fairshare.gateway.body import (
     MAX_EVENT_BYTES,
     BadJson,
@@ -17,8 +18,6 @@ from fairshare.gateway.body import (
     upstream_body,
     usage_of,
 )
-from fairshare.gateway.config import CostSettings
-from fairshare.gateway.cost import charge
 
 
 def chat(**fields: object) -> bytes:

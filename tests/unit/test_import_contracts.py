@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 CORE = "The decision core does no I/O"
 ABOVE = "The decision core imports nothing above it"
-LAYERS = "Layers: cli -> sim -> server, gateway -> ha, client -> wire"
+LAYERS = "Layers: cli -> sim -> server, gateway, integrations -> ha, client -> wire"
+INTEGRATIONS = "The integrations use the client library only"
 HA = "ha does not speak gRPC or read config files"
 HARNESS = "No shipped package imports the test harness"
 LIGHT = "The client library and the wire protocol stay out of the server"
@@ -62,6 +63,21 @@ CASES = [
     pytest.param("fairshare/client/sync.py", "import fairshare.sim", LAYERS, id="client-sim"),
     pytest.param("fairshare/wire/convert.py", "import fairshare.client", LAYERS, id="wire-up"),
     pytest.param("server/peers.py", "import fairshare.client", SERVER_CLIENT, id="server-client"),
+    pytest.param(
+        "fairshare/integrations/litellm.py",
+        "import fairshare.gateway.body",
+        INTEGRATIONS,
+        id="integrations-gateway",
+    ),
+    pytest.param(
+        "fairshare/integrations/litellm_config.py",
+        "import ha.api",
+        INTEGRATIONS,
+        id="integrations-ha",
+    ),
+    pytest.param(
+        "fairshare/cost.py", "import fairshare.integrations", ABOVE, id="core-integrations"
+    ),
 ]
 
 
