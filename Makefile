@@ -123,18 +123,29 @@ deploy-check: venv etcd
 # deploy-check has run the deploy tests already.
 # The suite runs as two pytest processes side by side (most tests wait on real processes,
 # not on the CPU), of about the same length: the drills, the unit and the gateway tests,
-# and the rest. The first one's output is printed when both have ended; the target fails
-# if either does.
+# and the rest. Meanwhile LiteLLM's proxy is installed into its own virtualenv
+# (build/peers/litellm, bench/litellm_peer.py: once, then reused while
+# bench/litellm-requirements.txt is unchanged); the LiteLLM callback's tests run once both
+# it and the second process are done. The first process's output is printed when all
+# have ended; the target fails if any does.
 TEST_ARGS := -p no:cacheprovider $(addprefix --ignore=,$(DEPLOY_TESTS))
+LITELLM_VENV := $(PY) -c 'from bench.litellm_peer import ensure_installed; ensure_installed()'
 test: chromium check deploy-check
 	@mkdir -p build
-	@$(BIN)/pytest $(TEST_ARGS) tests/drills tests/unit tests/gateway > build/test-first.log 2>&1 & \
+	@$(LITELLM_VENV) > build/litellm-venv.log 2>&1 & litellm=$$!; \
+	$(BIN)/pytest $(TEST_ARGS) tests/drills tests/unit tests/gateway > build/test-first.log 2>&1 & \
 	first=$$!; \
 	$(BIN)/pytest $(TEST_ARGS) tests/ha tests/integration; rest=$$?; \
+	if wait $$litellm; then \
+	  $(BIN)/pytest $(TEST_ARGS) tests/litellm; callback=$$?; \
+	else \
+	  echo "--- LiteLLM's virtualenv could not be made (build/litellm-venv.log)"; \
+	  cat build/litellm-venv.log; callback=1; \
+	fi; \
 	wait $$first; drills=$$?; \
 	echo "--- tests/drills, tests/unit and tests/gateway (build/test-first.log)"; \
 	cat build/test-first.log; \
-	test $$drills -eq 0 && test $$rest -eq 0
+	test $$drills -eq 0 && test $$rest -eq 0 && test $$callback -eq 0
 
 # Each benchmark writes its own section of docs/benchmarks.md (about 12 minutes in all).
 bench: venv etcd
