@@ -86,7 +86,8 @@ class PoolView:
     grants plus phantoms counted as within), what decides its next request's standing;
     teams the owner did not report are absent.
     ``held``: team -> its borrowers the owner holds back by the pool's lending limit now,
-    waiting for a slot (teams with none are absent).
+    waiting for a slot; an owner names every team of ``teams`` (0 included), a view from
+    an owner that predates the field names none (unknown, not 0).
     """
 
     pool: PoolName

@@ -161,9 +161,12 @@ td.bar { width: 30%; text-align: left; }
 const REFRESH_MS = """
     + str(REFRESH_MS)
     + """;
+const HELD_TITLE = "borrowers the owner holds back by the pool's lending limit, waiting " +
+  "for a slot (not in flight); \u2013 when the owner did not say";
 const WITHIN_TITLE = "the within-share count of the reservation: within-share grants " +
   "and phantoms counted as within; a new request is within share while it is below " +
   "the reservation, so a busy team holds all its reserved slots";
+const TITLES = {"Within share": WITHIN_TITLE, "Held": HELD_TITLE};
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -225,7 +228,8 @@ function pool(p) {
   for (const t of p.teams) {
     const row = el("tr", {"data-team": t.team});
     const cells = [["team", t.team], ["share", num(t.share, 3)], ["reserved", t.reserved],
-      ["within", within(t)], ["borrowing", t.borrowing], ["phantoms", t.phantoms],
+      ["within", within(t)], ["borrowing", t.borrowing],
+      ["held", t.held === null ? "\u2013" : t.held], ["phantoms", t.phantoms],
       ["usage", num(t.usage, 1)], ["level_fairshare", num(t.level_fairshare, 3)],
       ["rank", t.rank], ["borrow_priority", t.borrow_priority]];
     for (const [field, value] of cells) row.append(el("td", {"data-field": field}, value));
@@ -233,11 +237,11 @@ function pool(p) {
     body.append(row);
   }
   if (!p.teams.length) {
-    body.append(el("tr", {}, el("td", {"colspan": "11", "class": "empty"}, "no team yet")));
+    body.append(el("tr", {}, el("td", {"colspan": "12", "class": "empty"}, "no team yet")));
   }
   const head = el("tr", {}, ...["Team", "Share", "Reserved", "Within share", "Borrowing",
-    "Phantoms", "Usage", "Level fairshare", "Rank", "Borrow priority", "Slots"]
-    .map(h => el("th", h === "Within share" ? {"title": WITHIN_TITLE} : {}, h)));
+    "Held", "Phantoms", "Usage", "Level fairshare", "Rank", "Borrow priority", "Slots"]
+    .map(h => el("th", TITLES[h] ? {"title": TITLES[h]} : {}, h)));
   const legend = el("div", {"class": "legend"},
     el("span", {}, el("i", {"style": "border:2px solid var(--reserved)"}), "reserved"),
     el("span", {}, el("i", {"style": "background:var(--within)"}), "within share"),

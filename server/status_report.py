@@ -13,9 +13,10 @@ What it guarantees:
 - per team: share, reservation, its within-share count (``within``: within-share grants
   plus phantoms counted as within, what decides its next request's standing; null when
   the owner did not send it), grants in flight within share (``within_grants``) and
-  borrowing, phantoms, decayed usage, level fairshare (``"inf"`` for a team with a share
-  and no usage yet: JSON has no infinity), rank, and the priority its next borrowing
-  request would get;
+  borrowing, its borrowers held back by the pool's lending limit (``held``: waiting at
+  the owner for a slot; null when the owner did not send it), phantoms, decayed
+  usage, level fairshare (``"inf"`` for a team with a share and no usage yet: JSON has no
+  infinity), rank, and the priority its next borrowing request would get;
 - per replica: the members of the cluster view, the pools each owns, and this replica's
   own lease (seconds before it self-fences).
 
@@ -104,7 +105,7 @@ async def _table(
 ) -> tuple[str, str, PoolView | None, list[Json]]:
     """(source, error, the owner's view if asked, the team rows) of one pool."""
     if view.owned:
-        return "local", "", None, _teams(view.teams, view.within)
+        return "local", "", None, _teams(view.teams, view.within, view.held)
     try:
         async with asyncio.timeout(FORWARD_TIMEOUT_S):
             remote = await node.snapshot(view.pool)
@@ -112,7 +113,8 @@ async def _table(
         return "unavailable", f"the owner did not answer within {FORWARD_TIMEOUT_S:g}s", None, []
     except AllocatorError as e:
         return "unavailable", f"{type(e).__name__}: {e}", None, []
-    return "owner", "", remote, _teams(remote.teams, remote.within)
+    held = remote.held if remote.held else None  # an owner that predates it sends none
+    return "owner", "", remote, _teams(remote.teams, remote.within, held)
 
 
 def _age(view: PoolStatus, remote: PoolView | None) -> float | None:
@@ -128,11 +130,17 @@ def _capacity(info: PoolInfo | None, config: PoolConfig | None) -> int:
     return config.capacity if config is not None else 0
 
 
-def _teams(stats: Sequence[TeamStat], within: Mapping[str, int]) -> list[Json]:
-    return [_team(stat, within.get(stat.team)) for stat in stats]
+def _teams(
+    stats: Sequence[TeamStat], within: Mapping[str, int], held: Mapping[str, int] | None
+) -> list[Json]:
+    """The team rows; ``held`` None: not known here (the Snapshot call does not carry it)."""
+    return [
+        _team(stat, within.get(stat.team), None if held is None else held.get(stat.team, 0))
+        for stat in stats
+    ]
 
 
-def _team(stat: TeamStat, within: int | None) -> Json:
+def _team(stat: TeamStat, within: int | None, held: int | None) -> Json:
     lf = stat.level_fairshare
     return {
         "team": stat.team,
@@ -142,6 +150,7 @@ def _team(stat: TeamStat, within: int | None) -> Json:
         "in_flight": stat.in_flight,
         "within_grants": stat.in_flight - stat.borrowing,
         "borrowing": stat.borrowing,
+        "held": held,
         "phantoms": stat.phantoms,
         "usage": stat.usage,
         "level_fairshare": lf if math.isfinite(lf) else "inf",

@@ -31,10 +31,10 @@ _MAX_INT64: Final = 2**63 - 1
 # -- team tables ---------------------------------------------------------------------------
 
 
-def team_stat_pb(stat: TeamStat, within: int | None = None) -> pb.TeamStat:
+def team_stat_pb(stat: TeamStat, within: int | None = None, held: int | None = None) -> pb.TeamStat:
     """One TeamStat as its message (same field names; rank capped to int32 and tokens to
     int64, so a table never fails to encode: the door keeps them far below anyway), with
-    the team's within-share count when given (``within`` stays unset otherwise)."""
+    the team's within-share count and held borrowers when given (unset otherwise)."""
     return pb.TeamStat(
         team=stat.team,
         share=stat.share,
@@ -47,6 +47,7 @@ def team_stat_pb(stat: TeamStat, within: int | None = None) -> pb.TeamStat:
         rank=min(stat.rank, _MAX_INT32),
         phantoms=stat.phantoms,
         within=None if within is None else min(within, _MAX_INT32),
+        held=None if held is None else min(held, _MAX_INT32),
     )
 
 
@@ -68,20 +69,24 @@ def team_stat(message: pb.TeamStat) -> TeamStat:
 
 def pool_view_pb(view: PoolView) -> pb.SnapshotResponse:
     """A pool's table as the Snapshot answer; each team's within-share count
-    (``PoolView.within``) goes in its own TeamStat, unset for a team the view has none of."""
+    (``PoolView.within``) and its held borrowers (``PoolView.held``) go in its own TeamStat,
+    unset for a team the view has none of."""
     return pb.SnapshotResponse(
         pool=view.pool,
         capacity=view.capacity,
         owner=view.owner,
         epoch=view.epoch,
-        teams=[team_stat_pb(stat, view.within.get(stat.team)) for stat in view.teams],
+        teams=[
+            team_stat_pb(stat, view.within.get(stat.team), view.held.get(stat.team))
+            for stat in view.teams
+        ],
         snapshot_age_s=view.snapshot_age_s,
     )
 
 
 def pool_view(message: pb.SnapshotResponse) -> PoolView:
-    """A Snapshot answer as the domain record. ``within`` holds the teams whose count was
-    sent: none from an owner that predates the field (unknown, never read as 0)."""
+    """A Snapshot answer as the domain record. ``within`` and ``held`` hold the teams whose
+    figure was sent: none from an owner that predates the field (unknown, never read as 0)."""
     return PoolView(
         PoolName(message.pool),
         message.capacity,
@@ -90,6 +95,7 @@ def pool_view(message: pb.SnapshotResponse) -> PoolView:
         [team_stat(t) for t in message.teams],
         message.snapshot_age_s if message.HasField("snapshot_age_s") else None,
         within={t.team: t.within for t in message.teams if t.HasField("within")},
+        held={t.team: t.held for t in message.teams if t.HasField("held")},
     )
 
 

@@ -446,7 +446,8 @@ class OwnedPool:
 
     def view(self) -> PoolView:
         teams, within = self._tables.team_tables()
-        held = self._waiting.held_by_team()
+        waiting = self._waiting.held_by_team()
+        held = {stat.team: waiting.get(stat.team, 0) for stat in teams}
         return PoolView(
             self.name, self.pool.capacity, self.node, self.epoch, teams, within=within, held=held
         )

@@ -106,6 +106,7 @@ class FakeAllocator:
         holder: str = "",
         request_id: str = "",
         try_only: bool = False,
+        wait_s: float = 0.0,
         epoch: Epoch = ANY_EPOCH,
         forwarded: bool = False,
         session: Session | None = None,

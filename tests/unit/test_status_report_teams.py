@@ -1,5 +1,6 @@
 """The status report's team rows: the within-share count, from the local table or the
-owner's forwarded one, and null (unknown, not 0) from an owner that does not send it."""
+owner's forwarded one, and null (unknown, not 0) from an owner that does not send it; the
+borrowers held back by the lending limit, likewise."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Source:
                 teams=[A, B],
                 degraded_decisions=0,
                 within={"a": 4, "b": 0},
+                held={"a": 2},
                 **common,  # type: ignore[arg-type]
             ),
             PoolStatus(
@@ -80,3 +82,9 @@ def test_rows_carry_the_count_and_the_grants_within_share_apart() -> None:
 def test_an_owner_that_does_not_send_the_count_shows_it_unknown() -> None:
     a = teams({})["there"]["a"]
     assert a["within"] is None and a["within_grants"] == 3
+
+
+def test_held_borrowers_show_and_are_unknown_from_an_owner_that_does_not_send_them() -> None:
+    shown = teams({"a": 4})
+    assert (shown["here"]["a"]["held"], shown["here"]["b"]["held"]) == (2, 0)
+    assert shown["there"]["a"]["held"] is None

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61irshare/v1/allocator.proto\x12\x0c\x66\x61irshare.v1\"\xc8\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x31\n\rservice_class\x18\x03 \x01(\x0e\x32\x1a.fairshare.v1.ServiceClass\x12\x12\n\nest_tokens\x18\x04 \x01(\x03\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x10\n\x08try_only\x18\x07 \x01(\x08\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x0e\n\x06wait_s\x18\t \x01(\x01\"\x9c\x01\n\x0f\x41\x63quireResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x10\n\x08grant_id\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x11\n\tborrowing\x18\x04 \x01(\x08\x12\x11\n\tsaturated\x18\x05 \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\x06 \x01(\x08\x12\r\n\x05owner\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\"4\n\x0eReleaseRequest\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x02 \x01(\x01\"\x11\n\x0fReleaseResponse\"\x94\x01\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x37\n\x08metadata\x18\x03 \x03(\x0b\x32%.fairshare.v1.ItemError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\x12\x41\x63quireManyRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12.\n\x08requests\x18\x02 \x03(\x0b\x32\x1c.fairshare.v1.AcquireRequest\"i\n\x0e\x41\x63quireOutcome\x12/\n\x08response\x18\x01 \x01(\x0b\x32\x1d.fairshare.v1.AcquireResponse\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.fairshare.v1.ItemError\"E\n\x13\x41\x63quireManyResponse\x12.\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1c.fairshare.v1.AcquireOutcome\"T\n\x12ReleaseManyRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12.\n\x08releases\x18\x02 \x03(\x0b\x32\x1c.fairshare.v1.ReleaseRequest\"8\n\x0eReleaseOutcome\x12&\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x17.fairshare.v1.ItemError\"E\n\x13ReleaseManyResponse\x12.\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1c.fairshare.v1.ReleaseOutcome\"d\n\tHeldGrant\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x11\n\tborrowing\x18\x04 \x01(\x08\x12\x12\n\nest_tokens\x18\x05 \x01(\x03\"v\n\x0c\x41\x64optRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\'\n\x06grants\x18\x04 \x03(\x0b\x32\x17.fairshare.v1.HeldGrant\x12\x10\n\x08\x63omplete\x18\x05 \x01(\x08\"X\n\rAdoptResponse\x12\x0f\n\x07\x61\x64opted\x18\x01 \x01(\r\x12\x18\n\x10phantoms_dropped\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x1f\n\x0fSnapshotRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xe1\x01\n\x08TeamStat\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\r\n\x05share\x18\x02 \x01(\x01\x12\x10\n\x08reserved\x18\x03 \x01(\x05\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x11\n\tborrowing\x18\x05 \x01(\x05\x12\x18\n\x10in_flight_tokens\x18\x06 \x01(\x03\x12\r\n\x05usage\x18\x07 \x01(\x01\x12\x17\n\x0flevel_fairshare\x18\x08 \x01(\x01\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x10\n\x08phantoms\x18\n \x01(\x05\x12\x13\n\x06within\x18\x0b \x01(\x05H\x00\x88\x01\x01\x42\t\n\x07_within\"\xa7\x01\n\x10SnapshotResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12%\n\x05teams\x18\x05 \x03(\x0b\x32\x16.fairshare.v1.TeamStat\x12\x1b\n\x0esnapshot_age_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x11\n\x0f_snapshot_age_s\"!\n\x10KeepAliveRequest\x12\r\n\x05pools\x18\x01 \x03(\t\"D\n\x11KeepAliveResponse\x12\x0f\n\x07renewed\x18\x01 \x03(\t\x12\x0f\n\x07unknown\x18\x02 \x03(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\"\x12\n\x10ListPoolsRequest\"\x92\x01\n\x08PoolInfo\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x15\n\rowner_address\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x31\n\rdegraded_mode\x18\x06 \x01(\x0e\x32\x1a.fairshare.v1.DegradedMode\":\n\x11ListPoolsResponse\x12%\n\x05pools\x18\x01 \x03(\x0b\x32\x16.fairshare.v1.PoolInfo\"4\n\x12SetCapacityRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x03\"\'\n\x13SetCapacityResponse\x12\x10\n\x08previous\x18\x01 \x01(\r\"/\n\x11SwitchoverRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"\x14\n\x12SwitchoverResponse**\n\x0cServiceClass\x12\x0f\n\x0bINTERACTIVE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01*.\n\x0c\x44\x65gradedMode\x12\r\n\tFAIL_OPEN\x10\x00\x12\x0f\n\x0b\x46\x41IL_CLOSED\x10\x01\x32\xec\x04\n\tAllocator\x12\x46\n\x07\x41\x63quire\x12\x1c.fairshare.v1.AcquireRequest\x1a\x1d.fairshare.v1.AcquireResponse\x12\x46\n\x07Release\x12\x1c.fairshare.v1.ReleaseRequest\x1a\x1d.fairshare.v1.ReleaseResponse\x12R\n\x0b\x41\x63quireMany\x12 .fairshare.v1.AcquireManyRequest\x1a!.fairshare.v1.AcquireManyResponse\x12R\n\x0bReleaseMany\x12 .fairshare.v1.ReleaseManyRequest\x1a!.fairshare.v1.ReleaseManyResponse\x12@\n\x05\x41\x64opt\x12\x1a.fairshare.v1.AdoptRequest\x1a\x1b.fairshare.v1.AdoptResponse\x12I\n\x08Snapshot\x12\x1d.fairshare.v1.SnapshotRequest\x1a\x1e.fairshare.v1.SnapshotResponse\x12L\n\tListPools\x12\x1e.fairshare.v1.ListPoolsRequest\x1a\x1f.fairshare.v1.ListPoolsResponse\x12L\n\tKeepAlive\x12\x1e.fairshare.v1.KeepAliveRequest\x1a\x1f.fairshare.v1.KeepAliveResponse2\xac\x01\n\x05\x41\x64min\x12R\n\x0bSetCapacity\x12 .fairshare.v1.SetCapacityRequest\x1a!.fairshare.v1.SetCapacityResponse\x12O\n\nSwitchover\x12\x1f.fairshare.v1.SwitchoverRequest\x1a .fairshare.v1.SwitchoverResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61irshare/v1/allocator.proto\x12\x0c\x66\x61irshare.v1\"\xc8\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x31\n\rservice_class\x18\x03 \x01(\x0e\x32\x1a.fairshare.v1.ServiceClass\x12\x12\n\nest_tokens\x18\x04 \x01(\x03\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x10\n\x08try_only\x18\x07 \x01(\x08\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x0e\n\x06wait_s\x18\t \x01(\x01\"\x9c\x01\n\x0f\x41\x63quireResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x10\n\x08grant_id\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x11\n\tborrowing\x18\x04 \x01(\x08\x12\x11\n\tsaturated\x18\x05 \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\x06 \x01(\x08\x12\r\n\x05owner\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\"4\n\x0eReleaseRequest\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumed\x18\x02 \x01(\x01\"\x11\n\x0fReleaseResponse\"\x94\x01\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x37\n\x08metadata\x18\x03 \x03(\x0b\x32%.fairshare.v1.ItemError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\x12\x41\x63quireManyRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12.\n\x08requests\x18\x02 \x03(\x0b\x32\x1c.fairshare.v1.AcquireRequest\"i\n\x0e\x41\x63quireOutcome\x12/\n\x08response\x18\x01 \x01(\x0b\x32\x1d.fairshare.v1.AcquireResponse\x12&\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.fairshare.v1.ItemError\"E\n\x13\x41\x63quireManyResponse\x12.\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1c.fairshare.v1.AcquireOutcome\"T\n\x12ReleaseManyRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12.\n\x08releases\x18\x02 \x03(\x0b\x32\x1c.fairshare.v1.ReleaseRequest\"8\n\x0eReleaseOutcome\x12&\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x17.fairshare.v1.ItemError\"E\n\x13ReleaseManyResponse\x12.\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1c.fairshare.v1.ReleaseOutcome\"d\n\tHeldGrant\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x11\n\tborrowing\x18\x04 \x01(\x08\x12\x12\n\nest_tokens\x18\x05 \x01(\x03\"v\n\x0c\x41\x64optRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\'\n\x06grants\x18\x04 \x03(\x0b\x32\x17.fairshare.v1.HeldGrant\x12\x10\n\x08\x63omplete\x18\x05 \x01(\x08\"X\n\rAdoptResponse\x12\x0f\n\x07\x61\x64opted\x18\x01 \x01(\r\x12\x18\n\x10phantoms_dropped\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x1f\n\x0fSnapshotRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xfd\x01\n\x08TeamStat\x12\x0c\n\x04team\x18\x01 \x01(\t\x12\r\n\x05share\x18\x02 \x01(\x01\x12\x10\n\x08reserved\x18\x03 \x01(\x05\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x11\n\tborrowing\x18\x05 \x01(\x05\x12\x18\n\x10in_flight_tokens\x18\x06 \x01(\x03\x12\r\n\x05usage\x18\x07 \x01(\x01\x12\x17\n\x0flevel_fairshare\x18\x08 \x01(\x01\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x10\n\x08phantoms\x18\n \x01(\x05\x12\x13\n\x06within\x18\x0b \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04held\x18\x0c \x01(\x05H\x01\x88\x01\x01\x42\t\n\x07_withinB\x07\n\x05_held\"\xa7\x01\n\x10SnapshotResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12%\n\x05teams\x18\x05 \x03(\x0b\x32\x16.fairshare.v1.TeamStat\x12\x1b\n\x0esnapshot_age_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x11\n\x0f_snapshot_age_s\"!\n\x10KeepAliveRequest\x12\r\n\x05pools\x18\x01 \x03(\t\"D\n\x11KeepAliveResponse\x12\x0f\n\x07renewed\x18\x01 \x03(\t\x12\x0f\n\x07unknown\x18\x02 \x03(\t\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\"\x12\n\x10ListPoolsRequest\"\x92\x01\n\x08PoolInfo\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x15\n\rowner_address\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x31\n\rdegraded_mode\x18\x06 \x01(\x0e\x32\x1a.fairshare.v1.DegradedMode\":\n\x11ListPoolsResponse\x12%\n\x05pools\x18\x01 \x03(\x0b\x32\x16.fairshare.v1.PoolInfo\"4\n\x12SetCapacityRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x03\"\'\n\x13SetCapacityResponse\x12\x10\n\x08previous\x18\x01 \x01(\r\"/\n\x11SwitchoverRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"\x14\n\x12SwitchoverResponse**\n\x0cServiceClass\x12\x0f\n\x0bINTERACTIVE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01*.\n\x0c\x44\x65gradedMode\x12\r\n\tFAIL_OPEN\x10\x00\x12\x0f\n\x0b\x46\x41IL_CLOSED\x10\x01\x32\xec\x04\n\tAllocator\x12\x46\n\x07\x41\x63quire\x12\x1c.fairshare.v1.AcquireRequest\x1a\x1d.fairshare.v1.AcquireResponse\x12\x46\n\x07Release\x12\x1c.fairshare.v1.ReleaseRequest\x1a\x1d.fairshare.v1.ReleaseResponse\x12R\n\x0b\x41\x63quireMany\x12 .fairshare.v1.AcquireManyRequest\x1a!.fairshare.v1.AcquireManyResponse\x12R\n\x0bReleaseMany\x12 .fairshare.v1.ReleaseManyRequest\x1a!.fairshare.v1.ReleaseManyResponse\x12@\n\x05\x41\x64opt\x12\x1a.fairshare.v1.AdoptRequest\x1a\x1b.fairshare.v1.AdoptResponse\x12I\n\x08Snapshot\x12\x1d.fairshare.v1.SnapshotRequest\x1a\x1e.fairshare.v1.SnapshotResponse\x12L\n\tListPools\x12\x1e.fairshare.v1.ListPoolsRequest\x1a\x1f.fairshare.v1.ListPoolsResponse\x12L\n\tKeepAlive\x12\x1e.fairshare.v1.KeepAliveRequest\x1a\x1f.fairshare.v1.KeepAliveResponse2\xac\x01\n\x05\x41\x64min\x12R\n\x0bSetCapacity\x12 .fairshare.v1.SetCapacityRequest\x1a!.fairshare.v1.SetCapacityResponse\x12O\n\nSwitchover\x12\x1f.fairshare.v1.SwitchoverRequest\x1a .fairshare.v1.SwitchoverResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ITEMERROR_METADATAENTRY']._loaded_options = None
   _globals['_ITEMERROR_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_SERVICECLASS']._serialized_start=2354
-  _globals['_SERVICECLASS']._serialized_end=2396
-  _globals['_DEGRADEDMODE']._serialized_start=2398
-  _globals['_DEGRADEDMODE']._serialized_end=2444
+  _globals['_SERVICECLASS']._serialized_start=2382
+  _globals['_SERVICECLASS']._serialized_end=2424
+  _globals['_DEGRADEDMODE']._serialized_start=2426
+  _globals['_DEGRADEDMODE']._serialized_end=2472
   _globals['_ACQUIREREQUEST']._serialized_start=47
   _globals['_ACQUIREREQUEST']._serialized_end=247
   _globals['_ACQUIRERESPONSE']._serialized_start=250
@@ -70,29 +70,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOTREQUEST']._serialized_start=1423
   _globals['_SNAPSHOTREQUEST']._serialized_end=1454
   _globals['_TEAMSTAT']._serialized_start=1457
-  _globals['_TEAMSTAT']._serialized_end=1682
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1685
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1852
-  _globals['_KEEPALIVEREQUEST']._serialized_start=1854
-  _globals['_KEEPALIVEREQUEST']._serialized_end=1887
-  _globals['_KEEPALIVERESPONSE']._serialized_start=1889
-  _globals['_KEEPALIVERESPONSE']._serialized_end=1957
-  _globals['_LISTPOOLSREQUEST']._serialized_start=1959
-  _globals['_LISTPOOLSREQUEST']._serialized_end=1977
-  _globals['_POOLINFO']._serialized_start=1980
-  _globals['_POOLINFO']._serialized_end=2126
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=2128
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=2186
-  _globals['_SETCAPACITYREQUEST']._serialized_start=2188
-  _globals['_SETCAPACITYREQUEST']._serialized_end=2240
-  _globals['_SETCAPACITYRESPONSE']._serialized_start=2242
-  _globals['_SETCAPACITYRESPONSE']._serialized_end=2281
-  _globals['_SWITCHOVERREQUEST']._serialized_start=2283
-  _globals['_SWITCHOVERREQUEST']._serialized_end=2330
-  _globals['_SWITCHOVERRESPONSE']._serialized_start=2332
-  _globals['_SWITCHOVERRESPONSE']._serialized_end=2352
-  _globals['_ALLOCATOR']._serialized_start=2447
-  _globals['_ALLOCATOR']._serialized_end=3067
-  _globals['_ADMIN']._serialized_start=3070
-  _globals['_ADMIN']._serialized_end=3242
+  _globals['_TEAMSTAT']._serialized_end=1710
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=1713
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1880
+  _globals['_KEEPALIVEREQUEST']._serialized_start=1882
+  _globals['_KEEPALIVEREQUEST']._serialized_end=1915
+  _globals['_KEEPALIVERESPONSE']._serialized_start=1917
+  _globals['_KEEPALIVERESPONSE']._serialized_end=1985
+  _globals['_LISTPOOLSREQUEST']._serialized_start=1987
+  _globals['_LISTPOOLSREQUEST']._serialized_end=2005
+  _globals['_POOLINFO']._serialized_start=2008
+  _globals['_POOLINFO']._serialized_end=2154
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=2156
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=2214
+  _globals['_SETCAPACITYREQUEST']._serialized_start=2216
+  _globals['_SETCAPACITYREQUEST']._serialized_end=2268
+  _globals['_SETCAPACITYRESPONSE']._serialized_start=2270
+  _globals['_SETCAPACITYRESPONSE']._serialized_end=2309
+  _globals['_SWITCHOVERREQUEST']._serialized_start=2311
+  _globals['_SWITCHOVERREQUEST']._serialized_end=2358
+  _globals['_SWITCHOVERRESPONSE']._serialized_start=2360
+  _globals['_SWITCHOVERRESPONSE']._serialized_end=2380
+  _globals['_ALLOCATOR']._serialized_start=2475
+  _globals['_ALLOCATOR']._serialized_end=3095
+  _globals['_ADMIN']._serialized_start=3098
+  _globals['_ADMIN']._serialized_end=3270
 # @@protoc_insertion_point(module_scope)

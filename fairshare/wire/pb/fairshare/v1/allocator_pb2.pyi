@@ -182,7 +182,7 @@ class SnapshotRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class TeamStat(_message.Message):
-    __slots__ = ("team", "share", "reserved", "in_flight", "borrowing", "in_flight_tokens", "usage", "level_fairshare", "rank", "phantoms", "within")
+    __slots__ = ("team", "share", "reserved", "in_flight", "borrowing", "in_flight_tokens", "usage", "level_fairshare", "rank", "phantoms", "within", "held")
     TEAM_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     RESERVED_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class TeamStat(_message.Message):
     RANK_FIELD_NUMBER: _ClassVar[int]
     PHANTOMS_FIELD_NUMBER: _ClassVar[int]
     WITHIN_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     team: str
     share: float
     reserved: int
@@ -205,7 +206,8 @@ class TeamStat(_message.Message):
     rank: int
     phantoms: int
     within: int
-    def __init__(self, team: _Optional[str] = ..., share: _Optional[float] = ..., reserved: _Optional[int] = ..., in_flight: _Optional[int] = ..., borrowing: _Optional[int] = ..., in_flight_tokens: _Optional[int] = ..., usage: _Optional[float] = ..., level_fairshare: _Optional[float] = ..., rank: _Optional[int] = ..., phantoms: _Optional[int] = ..., within: _Optional[int] = ...) -> None: ...
+    held: int
+    def __init__(self, team: _Optional[str] = ..., share: _Optional[float] = ..., reserved: _Optional[int] = ..., in_flight: _Optional[int] = ..., borrowing: _Optional[int] = ..., in_flight_tokens: _Optional[int] = ..., usage: _Optional[float] = ..., level_fairshare: _Optional[float] = ..., rank: _Optional[int] = ..., phantoms: _Optional[int] = ..., within: _Optional[int] = ..., held: _Optional[int] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
     __slots__ = ("pool", "capacity", "owner", "epoch", "teams", "snapshot_age_s")
