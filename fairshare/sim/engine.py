@@ -37,11 +37,10 @@ from fairshare.sim.instance import Instance
 from fairshare.sim.model import Hardware, Policy, Request
 from fairshare.sim.results import Run, SimResult
 
-# Event kinds, in the order they are processed at equal times (by sequence number).
+# Event kinds, in the order they are processed at equal times (then by sequence number):
+# everything sent at an instant is queued before an instance's step at that instant runs.
 _CALL = 0
-_FINISH = 1
-_GROW = 2
-_ADMIT = 3
+_STEP = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +114,7 @@ class Simulator:
         ]
         self._everyone = shared  # the allocator's tally, kept in every mode
         self._pick_gateway = random.Random(f"{routing.seed}:gateways")
-        self._events: list[tuple[float, int, int, object, int]] = []
+        self._events: list[tuple[float, int, int, object, int]] = []  # time, kind, seq
         self._seq = itertools.count()
         self._rid = itertools.count()
         self._requests: list[Request] = []
@@ -136,7 +135,7 @@ class Simulator:
     def at(self, time_s: float, fn: Callable[[], None]) -> None:
         """Calls ``fn`` at simulated time ``time_s`` (ignored past the horizon)."""
         if time_s <= self.horizon_s:
-            heapq.heappush(self._events, (time_s, next(self._seq), _CALL, fn, 0))
+            heapq.heappush(self._events, (time_s, _CALL, next(self._seq), fn, 0))
 
     def send(
         self,
@@ -226,24 +225,15 @@ class Simulator:
         """Processes events up to the horizon and returns what was recorded."""
         events = self._events
         while events:
-            time_s, _, kind, obj, run = heapq.heappop(events)
+            time_s, kind, _, obj, token = heapq.heappop(events)
             if time_s > self.horizon_s:
                 break
             self.now = time_s
             if kind == _CALL:
                 obj()  # type: ignore[operator]
-            elif kind == _ADMIT:
-                inst: Instance = obj  # type: ignore[assignment]
-                inst.admit_pending = False
-                inst.admit()
             else:
-                req: Request = obj  # type: ignore[assignment]
-                if run != req.run:
-                    continue  # the run this event belonged to was preempted
-                if kind == _FINISH:
-                    self.instances[req.instance].finish(req)
-                else:
-                    self.instances[req.instance].grow(req)
+                inst: Instance = obj  # type: ignore[assignment]
+                inst.step(token)
         self.now = self.horizon_s
         for req in self.running():  # cut the runs in progress at the horizon
             assert req.start_s is not None
@@ -260,17 +250,10 @@ class Simulator:
 
     # -- what the instances call ----------------------------------------------------
 
-    def schedule_finish(self, time_s: float, req: Request) -> None:
-        """``req``'s current run ends at ``time_s`` unless it is preempted first."""
-        heapq.heappush(self._events, (time_s, next(self._seq), _FINISH, req, req.run))
-
-    def schedule_grow(self, time_s: float, req: Request) -> None:
-        """``req``'s current run needs one more KV block at ``time_s``."""
-        heapq.heappush(self._events, (time_s, next(self._seq), _GROW, req, req.run))
-
-    def schedule_admit(self, time_s: float, inst: Instance) -> None:
-        """``inst`` admits again at ``time_s`` (the step after a preemption)."""
-        heapq.heappush(self._events, (time_s, next(self._seq), _ADMIT, inst, 0))
+    def schedule_step(self, time_s: float, inst: Instance, token: int) -> None:
+        """``inst`` runs a step at ``time_s`` unless it schedules another one first
+        (``token`` tells which)."""
+        heapq.heappush(self._events, (time_s, _STEP, next(self._seq), inst, token))
 
     def preempted(self, req: Request) -> None:
         """Records that ``req``'s run (started at ``req.start_s``) was preempted now.
@@ -288,6 +271,13 @@ class Simulator:
                 beside = self._within_beside_borrower
                 beside[team] = beside.get(team, 0) + 1
         self._runs.append(Run(team, req.start_s, self.now, completed=False))
+
+    def refused(self, req: Request) -> None:
+        """``req`` can never fit its instance's KV cache: vLLM refuses it now. The gateway
+        and the allocator hear of it (no cost); its client sends nothing in its place."""
+        req.refused = True
+        self._untrack(req)
+        self.allocator.release(req, 0.0)
 
     def finished(self, req: Request) -> None:
         """``req`` finished now: the allocator and the gateway hear of it."""

@@ -33,16 +33,25 @@ class Hardware:
         block_tokens: tokens per KV-cache block (vLLM's block size).
         kv_blocks_per_slot: KV blocks per unit of C; None means an unlimited cache (no
             preemption). An instance with C slots has ``kv_blocks_per_slot * C`` blocks.
-        watermark: fraction of the budget kept free when admitting (vLLM's watermark).
-        step_s: one scheduler step, in seconds: admission retried after a preemption.
+        watermark: fraction of the budget kept free when admitting while a request runs
+            (vLLM v1's ``SchedulerConfig.watermark``, 0.0 by default).
     """
 
     prefill_s_per_token: float = 0.0001
     decode_s_per_token: float = 0.02
     block_tokens: int = 16
     kv_blocks_per_slot: int | None = None
-    watermark: float = 0.01
-    step_s: float = 0.02
+    watermark: float = 0.0
+
+    @property
+    def step_s(self) -> float:
+        """Seconds of one scheduler step: one decode step, whatever the batch."""
+        return self.decode_s_per_token
+
+    def prefill_steps(self, tokens: int) -> int:
+        """Steps a prefill of ``tokens`` takes before the first output token: its time
+        rounded to whole steps (as chunked prefill spreads a long prompt over steps)."""
+        return round(tokens * self.prefill_s_per_token / self.decode_s_per_token)
 
     def service_s(self, prompt_tokens: int, output_tokens: int) -> float:
         """Seconds a request runs when nothing preempts it."""
@@ -80,7 +89,8 @@ class Request:
     preemptions: int = 0
     generated: int = 0  # output tokens kept through preemptions (re-prefilled on resume)
     blocks: int = 0
-    next_token: int = 0  # output token at which the next KV block is needed
+    start_step: int = 0  # the instance's step that gives its current run's first token
+    refused: bool = False  # longer than the instance's whole KV cache: never admitted
     run: int = 0  # bumped at every start, preemption and end: stale events are ignored
     gateway: int = 0  # the gateway replica that sent it
     instance: int = 0  # the vLLM instance its gateway routed it to

@@ -1,4 +1,5 @@
-"""The simulator's scheduling rules (vLLM's priority scheduler) and short scenario runs."""
+"""The simulator's scheduling rules (vLLM's priority scheduler, step by step in vLLM v1's order)
+and short scenario runs."""
 
 from __future__ import annotations
 
@@ -121,14 +122,13 @@ def test_kv_exhaustion_preempts_the_largest_priority_then_latest_arrival() -> No
     x0 = result.requests[0]
     assert x0.preemptions == 0
     assert all(r.finish_s is not None for r in result.requests)
-    # A preempted request keeps its tokens: its last run re-prefills the prompt and them,
-    # then decodes only the rest.
+    # A preempted request keeps its tokens: its last run re-prefills the prompt and them
+    # (in whole steps), then decodes only the rest, one token a step.
     for x in result.requests[1:]:
         assert x.preemptions >= 1 and x.finish_s is not None and x.start_s is not None
         assert 0 < x.generated < x.output_tokens
-        assert x.finish_s - x.start_s == pytest.approx(
-            HW.service_s(x.prompt_tokens + x.generated, x.output_tokens - x.generated)
-        )
+        steps = HW.prefill_steps(x.prompt_tokens + x.generated) + x.output_tokens - x.generated
+        assert x.finish_s - x.start_s == pytest.approx(steps * HW.step_s)
 
 
 def test_fcfs_mode_preempts_the_latest_arrival() -> None:
@@ -340,3 +340,96 @@ def test_cli_writes_the_report_and_plots(tmp_path: Path) -> None:
         "two-institutions-served.png",
         "two-institutions-waits.png",
     ]
+
+
+# -- steps in vLLM v1's order: free the finished, grow the running, then admit ----------
+
+# One step a second, no prefill time, one KV block of 16 tokens per slot: step k starts at
+# k seconds while the instance is busy.
+STEPS = Hardware(
+    prefill_s_per_token=0.0, decode_s_per_token=1.0, block_tokens=16, kv_blocks_per_slot=1
+)
+ROOMY = dataclasses.replace(STEPS, kv_blocks_per_slot=8)
+"""STEPS with room for the requests' growth: no preemption."""
+
+
+def _starts(requests: list[Request]) -> dict[str, float | None]:
+    return {r.team: r.first_start_s for r in requests}
+
+
+def test_requests_sent_at_one_instant_start_by_priority_not_by_arrival() -> None:
+    sim = _sim({"low": 10, "high": 1}, capacity=1, hardware=ROOMY)
+    sim.send("low", Class.BATCH, 16, 3)
+    sim.send("high", Class.INTERACTIVE, 16, 3)
+    # Both are queued before the step at 0 runs: high starts, low once it has finished.
+    assert _starts(sim.run().requests) == {"low": 3.0, "high": 0.0}
+
+
+def test_a_busy_instance_admits_at_its_next_step_by_priority() -> None:
+    sim = _sim({"hold": 0, "low": 10, "high": 1}, capacity=2, hardware=ROOMY)
+    sim.send("hold", Class.BATCH, 16, 10)
+    sim.at(0.2, lambda: sim.send("low", Class.BATCH, 16, 3))
+    sim.at(0.7, lambda: sim.send("high", Class.INTERACTIVE, 16, 3))
+    # One slot is free from 0.2 s, but admission happens at the step at 1 s, where high
+    # (priority 1) is ahead of low (priority 10), which arrived first.
+    assert _starts(sim.run().requests) == {"hold": 0.0, "low": 4.0, "high": 1.0}
+
+
+def test_a_step_that_preempted_admits_nothing() -> None:
+    # Three blocks: a and b start at 0 with one block each; at step 1 both need a second
+    # one. a takes the last, b (the largest priority) preempts itself, freeing its block.
+    sim = _sim({"a": 0, "b": 10, "c": 0}, capacity=3, hardware=STEPS)
+    sim.send("a", Class.INTERACTIVE, 16, 8)
+    sim.send("b", Class.INTERACTIVE, 16, 8)
+    sim.at(0.5, lambda: sim.send("c", Class.INTERACTIVE, 16, 1))
+    starts = _starts(sim.run().requests)
+    assert sim.victims == ["b"]
+    # c fits in b's freed block at step 1, but that step preempted: it starts at step 2.
+    assert starts["c"] == 2.0
+
+
+def test_requests_that_finished_free_their_blocks_before_running_ones_grow() -> None:
+    # Two blocks. b (admitted first) needs its second block at step 1, the step at which
+    # a's last token (it has one) has been produced: a leaves first, b takes its block.
+    sim = _sim({"b": 0, "a": 10}, capacity=2, hardware=STEPS)
+    sim.send("b", Class.INTERACTIVE, 16, 5)
+    sim.send("a", Class.INTERACTIVE, 16, 1)
+    result = sim.run()
+    assert sim.victims == []
+    a, b = sorted(result.requests, key=lambda r: r.team)
+    assert (a.finish_s, b.finish_s) == (1.0, 5.0)
+    assert a.preemptions == b.preemptions == 0
+
+
+def test_the_watermark_is_vllm_v1s_default_none() -> None:
+    assert Hardware().watermark == 0.0
+
+
+@pytest.mark.parametrize(
+    ("watermark", "second_starts_at"),
+    [
+        pytest.param(0.0, 0.0, id="default-fills-the-cache"),
+        pytest.param(0.01, 1.0, id="one-percent-kept-free-while-a-request-runs"),
+    ],
+)
+def test_admission_keeps_the_watermark_free_only_while_a_request_runs(
+    watermark: float, second_starts_at: float
+) -> None:
+    # 100 blocks; each request needs 50 for its 800-token prompt and ends with its first
+    # token, so neither ever grows.
+    hw = dataclasses.replace(STEPS, kv_blocks_per_slot=50, watermark=watermark)
+    sim = _sim({"first": 0, "second": 1}, capacity=2, hardware=hw)
+    sim.send("first", Class.BATCH, 800, 1)
+    sim.send("second", Class.BATCH, 800, 1)
+    assert _starts(sim.run().requests) == {"first": 0.0, "second": second_starts_at}
+
+
+def test_a_request_larger_than_the_whole_cache_is_refused_and_blocks_no_one() -> None:
+    hw = dataclasses.replace(STEPS, kv_blocks_per_slot=4)  # 64 tokens on one slot
+    sim = _sim({"huge": 0, "next": 10}, capacity=1, hardware=hw)
+    huge = sim.send("huge", Class.BATCH, 60, 10)
+    sim.send("next", Class.BATCH, 16, 3)
+    result = sim.run()
+    assert huge.refused and huge.first_start_s is None and huge.finish_s is None
+    assert _starts(result.requests) == {"huge": None, "next": 0.0}
+    assert sim.in_flight() == []
