@@ -174,39 +174,53 @@ class Calls:
         attempt = itertools.count()
         owner = self._owners.get(pool) if self._route_to_owner and pool else None
 
+        async def one() -> T:
+            """One attempt: at the owner first, then the targets in turn."""
+            number = next(attempt)
+            held = 0.0
+            if held_until is not None:
+                held = max(held_until - time.monotonic(), 0.0)
+                request.wait_s = held  # type: ignore[attr-defined]
+            left = max(deadline_s - (time.monotonic() - start), 0.001)
+            # One attempt may take a third of the deadline: a replica that hangs (paused,
+            # partitioned) must leave time to try another one.
+            if len(self._targets) > 1 or owner is not None:
+                left = min(left, max(deadline_s / 3, 0.05))
+            if owner is not None and number == 0:
+                try:
+                    return await self._attempt(owner, method, request, left, held)  # type: ignore[no-any-return]
+                except aio.AioRpcError as e:
+                    if e.code() in RETRYABLE and self._owners.get(pool) == owner:
+                        del self._owners[pool]  # learnt again at the next epoch
+                    raise
+            index = self._preferred + number - (1 if owner is not None else 0)
+            target = self._targets[index % len(self._targets)]
+            response: T = await self._attempt(target, method, request, left, held)
+            self._preferred = index % len(self._targets)
+            return response
+
+        # The first attempt outside the retrying machinery: almost every call ends there,
+        # and the machinery cost a gateway a fifth of a millisecond per call.
+        try:
+            return await one()
+        except Exception as e:
+            if not retryable(e) or time.monotonic() - start >= deadline_s:
+                raise
+        # The pause the retrying machinery would have made after a first failure.
+        await asyncio.sleep(random.uniform(0, deadline_s / 20))
+
         def log_retry(state: RetryCallState) -> None:
-            logger.debug("%s: attempt %d failed; retrying", method, state.attempt_number)
+            logger.debug("%s: attempt %d failed; retrying", method, state.attempt_number + 1)
 
         async for trying in AsyncRetrying(
-            stop=stop_after_delay(deadline_s),
+            stop=stop_after_delay(max(deadline_s - (time.monotonic() - start), 0.0)),
             wait=wait_random_exponential(multiplier=deadline_s / 20, max=deadline_s / 4),
             retry=retry_if_exception(retryable),
             before_sleep=log_retry,
             reraise=True,
         ):
             with trying:
-                number = next(attempt)
-                held = 0.0
-                if held_until is not None:
-                    held = max(held_until - time.monotonic(), 0.0)
-                    request.wait_s = held  # type: ignore[attr-defined]
-                left = max(deadline_s - (time.monotonic() - start), 0.001)
-                # One attempt may take a third of the deadline: a replica that hangs
-                # (paused, partitioned) must leave time to try another one.
-                if len(self._targets) > 1 or owner is not None:
-                    left = min(left, max(deadline_s / 3, 0.05))
-                if owner is not None and number == 0:
-                    try:
-                        return await self._attempt(owner, method, request, left, held)  # type: ignore[no-any-return]
-                    except aio.AioRpcError as e:
-                        if e.code() in RETRYABLE and self._owners.get(pool) == owner:
-                            del self._owners[pool]  # learnt again at the next epoch
-                        raise
-                index = self._preferred + number - (1 if owner is not None else 0)
-                target = self._targets[index % len(self._targets)]
-                response: T = await self._attempt(target, method, request, left, held)
-                self._preferred = index % len(self._targets)
-                return response
+                return await one()
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
     async def _attempt(
