@@ -129,7 +129,7 @@ def section(
     on_preempted = sum(len(s[2]) for r in on["results"] for s in r["log"]["steps"])
     listed = "" if not violations else " Violations: " + "; ".join(violations[:10])
     diff_text = (
-        "Every log is identical."
+        ""
         if not differences
         else "Traces whose logs differ (first differing step, simulator then vLLM):\n\n"
         + "\n".join(f"- {d}" for d in differences)
