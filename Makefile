@@ -9,7 +9,7 @@ CONFIG ?= examples/pools.yaml
 LOCK := requirements.lock
 LOCK_VENV := build/lock-venv
 
-.PHONY: help venv lock etcd chromium run test check deploy-check lint typecheck imports unit pytest bench proto simulate drill soak demo clean
+.PHONY: help venv lock etcd chromium run test check deploy-check lint typecheck imports unit pytest bench proto simulate fidelity drill soak demo clean
 
 help:
 	@echo "make run       set up and start a single-node allocator on $(CONFIG)"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench     run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make proto     regenerate the gRPC stubs from proto/"
 	@echo "make lock      rewrite $(LOCK) after a change of dependencies (UPGRADE=1: newest)"
+	@echo "make fidelity  traces through vLLM's own scheduler and the simulator, compared"
 	@echo "make drill     randomized failover drill on a three-member etcd (MINUTES=5 SEED=1)"
 	@echo "make soak      three replicas at half their maximum rate, etcd's db size (MINUTES=10)"
 	@echo "make demo      allocator, two stand-in vLLM servers, the gateway, three teams (SECONDS=30)"
@@ -178,6 +179,12 @@ proto: venv
 # Runs every scenario of the vLLM scheduling simulator; writes docs/simulation.md and its plots.
 simulate: venv
 	$(PY) -m fairshare.sim --scenario all --out docs/simulation
+
+# 200 seeded traces through vLLM's own v1 scheduler (on CPU, in build/fidelity/venv, made from
+# bench/fidelity-requirements.txt when that file changed) and through the simulator; writes
+# the Fidelity section of docs/simulation.md.
+fidelity: venv
+	$(PY) -m bench.fidelity --traces 200
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

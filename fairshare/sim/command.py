@@ -155,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c in result.comparisons:
             print(f"       {c.text}: {c.value:.3f} here, {c.other:.3f} there")
     markdown.parent.mkdir(parents=True, exist_ok=True)
-    markdown.write_text(report.document(sections, _command(args)), encoding="utf-8")
+    kept = report.kept_sections(markdown.read_text(encoding="utf-8")) if markdown.exists() else ""
+    markdown.write_text(report.document(sections, _command(args)) + kept, encoding="utf-8")
     print(f"wrote {markdown} and {plots} plots in {out}")
     if args.check and not all(r.ok for r in results):
         return 1

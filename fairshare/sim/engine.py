@@ -255,6 +255,10 @@ class Simulator:
         (``token`` tells which)."""
         heapq.heappush(self._events, (time_s, _STEP, next(self._seq), inst, token))
 
+    def started(self, req: Request) -> None:
+        """``req`` was admitted now (first start or resume); nothing is recorded here (a
+        replay that logs every step overrides it)."""
+
     def preempted(self, req: Request) -> None:
         """Records that ``req``'s run (started at ``req.start_s``) was preempted now.
 

@@ -239,6 +239,7 @@ class Instance:
         self.blocks_used += blocks
         self.running[req.rid] = req
         self._order[req.rid] = next(self._admitted)
+        self._sim.started(req)
         # One token a step from start_step on: the last at the end of start_step + left - 1.
         first, left = req.start_step, req.output_tokens - req.generated
         heapq.heappush(self._due, (first + left, _FINISH, self._order[req.rid], req.run, req))

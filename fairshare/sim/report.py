@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -165,6 +166,18 @@ instances: gateways see their own requests exactly and at once (no latency, no \
 instance failures), and each request goes through one of three gateways drawn at random.
 """
 """The report's section on the scheduler model: which rule comes from which file."""
+
+
+KEPT_TITLE = "## Fidelity"
+"""Sections that start so are written by another command (``make fidelity``) and kept."""
+
+
+def kept_sections(current: str) -> str:
+    """The sections of ``current`` that another command wrote, to append after a rewrite."""
+    found = re.findall(
+        rf"^{re.escape(KEPT_TITLE)}.*?(?=^## |\Z)", current, flags=re.MULTILINE | re.DOTALL
+    )
+    return "".join("\n" + text.rstrip("\n") + "\n" for text in found)
 
 
 def document(sections: Sequence[str], command: str) -> str:
