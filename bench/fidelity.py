@@ -131,7 +131,7 @@ def section(
     diff_text = (
         ""
         if not differences
-        else "Traces whose logs differ (first differing step, simulator then vLLM):\n\n"
+        else " Traces whose logs differ (first differing step, simulator then vLLM):\n\n"
         + "\n".join(f"- {d}" for d in differences)
     )
     return f"""{TITLE}
@@ -152,7 +152,7 @@ request one token, as vLLM's own scheduler tests do. Each replay logs, per step,
 requests admitted (in order), preempted and finished (a step's preemptions as a set: vLLM
 reports them so).
 
-**{same} of {count} event logs are identical.** {diff_text}
+**{same} of {count} event logs are identical.**{diff_text}
 
 Waits are in steps, from arrival to first admission; *within share* is priority 0 or 1,
 *borrowing* 10 and above.

@@ -49,17 +49,7 @@ async def test_a_flood_of_one_team_does_not_delay_another_teams_share(tmp_path: 
         standins={"a": {"max_running": 2, "tokens_per_s": 100.0}},
         models=models,
     ) as stack:
-        flood_client = stack.client("team-a")
-        flood = {
-            f"flood {i}": asyncio.ensure_future(
-                flood_client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": f"flood {i}"}],
-                    max_tokens=5000,  # 50 s: ended by the test, not by the stand-in
-                )
-            )
-            for i in range(8)
-        }
+        flood = _flood(stack, "team-a", 8)
         try:
             await eventually(lambda: _arrived(stack, "a", 8))
             await eventually(lambda: _started(stack, 2))
@@ -113,6 +103,22 @@ async def test_a_flood_of_one_team_does_not_delay_another_teams_share(tmp_path: 
                 task.cancel()
             await asyncio.wait(flood.values())
         await eventually(lambda: _idle_pool(stack, "gpu-a"))
+
+
+def _flood(stack: Stack, team: str, count: int) -> dict[str, asyncio.Future[object]]:
+    """``count`` long requests of ``team`` (50 s each: ended by the test, not by the
+    stand-in), by what they ask ("flood <i>")."""
+    client = stack.client(team)
+    return {
+        f"flood {i}": asyncio.ensure_future(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": f"flood {i}"}],
+                max_tokens=5000,
+            )
+        )
+        for i in range(count)
+    }
 
 
 def _running(record: dict[str, object]) -> bool:
@@ -242,17 +248,7 @@ async def test_a_team_that_lends_nothing_finds_its_slots_free_under_a_flood(
         standins={"a": {"models": (MODEL, "strict"), "max_running": 4, "tokens_per_s": 100.0}},
         models=models,
     ) as stack:
-        flood_client = stack.client("team-b")
-        flood = {
-            f"flood {i}": asyncio.ensure_future(
-                flood_client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": f"flood {i}"}],
-                    max_tokens=5000,  # 50 s: ended by the test, not by the stand-in
-                )
-            )
-            for i in range(5)
-        }
+        flood = _flood(stack, "team-b", 5)
         try:
             await eventually(lambda: _started(stack, 2))
             await eventually(

@@ -32,10 +32,12 @@ def pool(**kwargs: object) -> tuple[OwnedPool, FakeClock]:
     return owned_pool(config, 1, clock, MemoryLog()), clock
 
 
-async def acquire(owned: OwnedPool, team: str = "x", wait_s: float = 0.0) -> Decision:
+async def acquire(
+    owned: OwnedPool, team: str = "x", wait_s: float = 0.0, cls: Class = Class.INTERACTIVE
+) -> Decision:
     return await owned.acquire(
         team=team,
-        cls=Class.INTERACTIVE,
+        cls=cls,
         est_tokens=0,
         holder="gw",
         request_id="",
@@ -129,17 +131,7 @@ async def test_a_caller_gone_leaves_the_queue_and_takes_no_slot() -> None:
 async def test_held_requests_go_in_priority_then_arrival_order() -> None:
     owned, _ = pool()
     first = [await acquire(owned, wait_s=10) for _ in range(2)]
-    batch = asyncio.ensure_future(
-        owned.acquire(
-            team="y",
-            cls=Class.BATCH,
-            est_tokens=0,
-            holder="gw",
-            request_id="",
-            try_only=False,
-            wait_s=10,
-        )
-    )
+    batch = asyncio.ensure_future(acquire(owned, "y", wait_s=10, cls=Class.BATCH))
     await settle()
     interactive = asyncio.ensure_future(acquire(owned, "z", wait_s=10))
     await settle()
