@@ -12,7 +12,26 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-ACQUIRE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+# A grant comes in milliseconds; a borrower held by its pool's lending limit waits up to
+# limits.borrow_wait_s (60 s by default).
+ACQUIRE_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+)
 # A first token comes in tens of milliseconds on an idle server and minutes behind a queue.
 FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -98,7 +117,9 @@ class GatewayMetrics:
         )
         self.acquire_seconds = Histogram(
             "fairshare_gateway_acquire_seconds",
-            "Time to obtain a grant (fallbacks included).",
+            "Time to obtain a grant, by the model's pool (fallbacks included; a borrower "
+            "held by the pool's lending limit waits here).",
+            ["pool"],
             buckets=ACQUIRE_BUCKETS,
             registry=r,
         )
@@ -172,6 +193,7 @@ class GatewayMetrics:
         self.requests_by = Children(self.requests)
         self.in_flight_by = Children(self.in_flight)
         self.acquiring_by = Children(self.acquiring)
+        self.acquire_seconds_by = Children(self.acquire_seconds)
         self.grants_by = Children(self.grants)
         self.fallbacks_by = Children(self.fallbacks)
         self.upstream_in_flight_by = Children(self.upstream_in_flight)

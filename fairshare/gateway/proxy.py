@@ -382,7 +382,7 @@ class Proxy:
         finally:
             acquiring.dec()
         waited = time.monotonic() - started
-        self.metrics.acquire_seconds.observe(waited)
+        self.metrics.acquire_seconds_by(model.primary.pool).observe(waited)
         return placement, waited
 
     def _release(self, grant: ClientGrant, outcome: Outcome, entry: Entry) -> None:
