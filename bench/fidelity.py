@@ -8,6 +8,8 @@ instance, their event logs compared; writes the "Fidelity" section of docs/simul
   (``bench/fidelity_vllm.py``, run by that virtualenv's python) as JSON, twice: with the
   features the simulator leaves out turned off (the logs compared), and on (chunked
   prefill, prefix caching, asynchronous scheduling: only the priority invariants checked).
+- One trace of each shipped scenario (``bench.fidelity_scenarios``) goes through both sides
+  too, features off, its logs compared.
 
 Run from the repository root: ``python -m bench.fidelity [--traces 200]``.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import ROOT, percentile, write_section
+from bench.fidelity_scenarios import WINDOW_S, scenario_traces
 from fairshare.sim.fidelity.replay import replay
 from fairshare.sim.fidelity.trace import EventLog, Figures, Trace, compare, figures, generate
 
@@ -103,6 +106,33 @@ def _pooled(items: list[Figures]) -> dict[str, float]:
     }
 
 
+def compared(traces: list[Trace], results: list[dict[str, Any]]) -> list[str | None]:
+    """For each trace, None when its replay through the simulator logs what vLLM's did,
+    else where they first differ."""
+    differences: list[str | None] = []
+    for trace, result in zip(traces, results, strict=True):
+        diff = compare(replay(trace), EventLog.from_json(result["log"]))
+        differences.append(
+            None if diff is None else f"step {diff.step}: {diff.left} / {diff.right}"
+        )
+    return differences
+
+
+def scenario_table(traces: list[Trace], differences: list[str | None]) -> str:
+    """One row per scenario trace: its size and whether both logs are the same."""
+    lines = [
+        "| scenario | requests | slots | KV blocks | identical |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for trace, diff in zip(traces, differences, strict=True):
+        same = "yes" if diff is None else f"no, {diff}"
+        lines.append(
+            f"| `{trace.name}` | {len(trace.requests)} | {trace.max_num_seqs} | "
+            f"{trace.kv_blocks} | {same} |"
+        )
+    return "\n".join(lines)
+
+
 def section(
     count: int,
     version: str,
@@ -111,6 +141,7 @@ def section(
     sim: dict[str, float],
     real: dict[str, float],
     on: dict[str, Any],
+    scenarios: str,
 ) -> str:
     rows = [
         ("within-share mean wait", "within mean", "steps"),
@@ -170,9 +201,14 @@ priority 0 or 1 preempted while one of 10 or more runs; every victim has the lar
 (priority, arrival) of the requests running when the step began and not preempted with
 it), {unfinished} traces not run to the end.{listed}
 
-Not compared: the shipped scenarios' workloads. Their floods send a request when one ends,
-so a trace recorded from the simulator would not be the workload vLLM's side sees; and at
-the scenarios' 20 ms steps a run of 1800 s is 90,000 scheduler steps per scenario.
+One trace of each shipped scenario (`bench/fidelity_scenarios.py`): what the first vLLM
+instance of the scenario's first run received in its first {WINDOW_S:g} s (its 20 ms steps,
+arrivals rounded up to the next one; priorities and lengths as the scenario gave them),
+replayed the same way. A scenario's floods send a request when one ends, so the trace is a
+fixed workload cut from the scenario, not the scenario itself; a scenario without a KV
+budget gets one that never binds.
+
+{scenarios}
 """
 
 
@@ -191,15 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     sim_figures: list[Figures] = []
     real_figures: list[Figures] = []
     for trace, result in zip(traces, off["results"], strict=True):
-        simulated = replay(trace)
-        real = EventLog.from_json(result["log"])
-        sim_figures.append(figures(trace, simulated))
-        real_figures.append(figures(trace, real))
-        diff = compare(simulated, real)
+        sim_figures.append(figures(trace, replay(trace)))
+        real_figures.append(figures(trace, EventLog.from_json(result["log"])))
+    for trace, diff in zip(traces, compared(traces, off["results"]), strict=True):
         if diff is None:
             same += 1
         else:
-            differences.append(f"`{trace.name}`, step {diff.step}: {diff.left} / {diff.right}")
+            differences.append(f"`{trace.name}`, {diff}")
+    scenarios = scenario_traces()
+    scenario_diffs = compared(scenarios, run_vllm(python, scenarios, features=False)["results"])
     text = section(
         args.traces,
         str(off["vllm"]),
@@ -208,9 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         _pooled(sim_figures),
         _pooled(real_figures),
         on,
+        scenario_table(scenarios, scenario_diffs),
     )
     write_section(TITLE, text, args.doc)
     print(f"{same} of {args.traces} event logs identical (vLLM {off['vllm']})")
+    alike = sum(diff is None for diff in scenario_diffs)
+    print(f"scenarios: {alike} of {len(scenarios)} event logs identical")
     violations = sum(len(r["violations"]) for r in on["results"])
     print(f"features on: {violations} invariant violations ({time.perf_counter() - started:.0f} s)")
     return 0 if violations == 0 else 1
