@@ -59,9 +59,6 @@ class Waiting:
         self.lending = any(fraction < 1.0 for fraction in config.lend.values())
         """Whether any team keeps slots back: only then is anybody held."""
 
-    def __len__(self) -> int:
-        return len(self._queue)
-
     def held_by_team(self) -> dict[str, int]:
         """How many requests each team has held now (teams with none left out)."""
         return self._queue.count_by_team()
