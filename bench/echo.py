@@ -5,11 +5,17 @@ SERVING once started, stopped by SIGTERM or SIGINT) with one proto-free unary me
 bytes in, the same bytes out, identity serializers through
 ``grpc.method_handlers_generic_handler``. It runs as a child process of the benchmark:
 ``python -m bench.echo PORT`` from the repository root (``echo_server`` builds it).
+
+With ``--sync FILE`` every call first appends what it received to ``FILE`` and fdatasyncs
+it, in the handler, before it answers: the least a durable decision over gRPC costs (one
+round trip, one synchronous write), which the gateway benchmark measures as a floor.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -26,10 +32,15 @@ ECHO_METHOD = "/bench.Echo/Echo"
 """The full name of the one method, for ``channel.unary_unary``."""
 
 
-async def serve_echo(port: int) -> None:
-    """Serves the echo on 127.0.0.1:``port`` until SIGTERM or SIGINT."""
+async def serve_echo(port: int, sync: Path | None = None) -> None:
+    """Serves the echo on 127.0.0.1:``port`` until SIGTERM or SIGINT; with ``sync``, each
+    call appends its bytes to that file durably before it answers."""
+    log = None if sync is None else os.open(sync, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     async def echo(request: bytes, context: aio.ServicerContext) -> bytes:
+        if log is not None:
+            os.write(log, request)
+            os.fdatasync(log)
         return request
 
     handler = grpc.method_handlers_generic_handler(
@@ -53,15 +64,28 @@ async def serve_echo(port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop(1.0)
+    if log is not None:
+        os.close(log)
 
 
-def echo_server(work: Path) -> ServerProcess:
-    """The echo server as a child process on a free port, logging to ``work/echo.log``;
-    not started."""
+def echo_server(work: Path, *, sync: bool = False, name: str = "echo") -> ServerProcess:
+    """The echo server as a child process on a free port, logging to ``work/<name>.log``
+    (with ``sync``: appending durably to ``work/<name>.data``); not started."""
     address = f"{LOOPBACK}:{free_port()}"
     args = [sys.executable, "-m", "bench.echo", address.rpartition(":")[2]]
-    return ServerProcess(args, address=address, log=work / "echo.log")
+    if sync:
+        args += ["--sync", str(work / f"{name}.data")]
+    return ServerProcess(args, address=address, log=work / f"{name}.log")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("port", type=int, help="the loopback port to serve on")
+    parser.add_argument("--sync", type=Path, help="append each call here durably first")
+    args = parser.parse_args(argv)
+    asyncio.run(serve_echo(args.port, args.sync))
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(serve_echo(int(sys.argv[1])))
+    sys.exit(main())

@@ -459,10 +459,15 @@ def standin_process(work: Path, model: str, tokens_per_s: float) -> Standin:
     return Standin(work, models=(model,), max_running=1000, tokens_per_s=tokens_per_s, name=model)
 
 
-def passthrough_process(work: Path, upstream: str, name: str) -> ServerProcess:
-    """A pass-through proxy (bench/passthrough.py) in front of ``upstream``."""
+def passthrough_process(
+    work: Path, upstream: str, name: str, decide: str | None = None
+) -> ServerProcess:
+    """A pass-through proxy (bench/passthrough.py) in front of ``upstream``; with
+    ``decide``, calling the durable echo at that address before each forward."""
     address = f"127.0.0.1:{free_port()}"
     command = ["-m", "bench.passthrough", "--listen", address, "--upstream", upstream]
+    if decide is not None:
+        command += ["--decide", decide]
     return ServerProcess([sys.executable, *command], address=address, log=work / f"{name}.log")
 
 

@@ -15,12 +15,18 @@ Processes on loopback, each a child of this one:
   asks the allocator for each request's priority (the team from the same header);
 - bench/passthrough.py in front of it: an aiohttp server that forwards each request to the
   stand-in with an aiohttp client and does nothing else, the HTTP hop every Python proxy
-  makes (the gateway is built on the same two parts).
+  makes (the gateway is built on the same two parts);
+- the same hop once more, but making first one gRPC call to a server that appends the
+  call's bytes to a file and fdatasyncs it before answering (bench/echo.py ``--sync``):
+  the floor of a gateway that decides every request durably over gRPC, with none of the
+  deciding (no identity, no body, no pool, no signing, no log). It is measured one request
+  at a time only: under load an allocator shares one write among many requests, which this
+  floor does not.
 
 Every request is bench/gateway.py's short one: a non-streaming chat completion of one token.
-Five paths: the stand-in directly, through the hop, through the gateway, through LiteLLM,
-through LiteLLM with the callback (what the callback adds to LiteLLM is the difference of
-the last two, measured in the same rounds).
+Six paths: the stand-in directly, through the hop, through the hop with a durable call,
+through the gateway, through LiteLLM, through LiteLLM with the callback (what the callback
+adds to LiteLLM is the difference of the last two, measured in the same rounds).
 Each round runs every path once per measurement, in an order that rotates from round to
 round, so that other work on the machine hits them alike; each figure is the median over
 the rounds.
@@ -29,7 +35,9 @@ the rounds.
    ``SEQUENTIAL_PER_S`` (well below what one path serves one after another, so no request
    waits for the one before it). A path's added latency in a round is its median latency
    minus the direct median of the same round. Target: the gateway's added latency is at most
-   ``ADDED_LATENCY_TARGET`` of LiteLLM's.
+   ``ADDED_LATENCY_TARGET`` of LiteLLM's. The hop with a durable call is that target's
+   floor, reported beside it: what is left between the two is what the gateway may spend
+   on everything else.
 2. **Throughput at 32 in flight** (bench/gateway.py's closed loop of short requests), with
    the CPU each process spends per request. Target: the gateway serves at least
    ``THROUGHPUT_TARGET`` of the requests per second the stand-in serves directly. The hop
@@ -62,6 +70,7 @@ from bench._common import (
     workdir,
     write_section,
 )
+from bench.echo import echo_server
 from bench.gateway import (
     FAST_MODEL,
     FAST_TOKENS_PER_S,
@@ -87,10 +96,13 @@ from harness.serve import wait_serving
 from harness.standin import wait_standin
 
 SECTION = "## The gateway against LiteLLM's proxy"
-PATHS = ("direct", "hop", "gateway", "litellm", "litellm+fairshare")
+PATHS = ("direct", "hop", "floor", "gateway", "litellm", "litellm+fairshare")
+LOADED = tuple(name for name in PATHS if name != "floor")
+"""The paths measured at 32 in flight too (the floor is a floor one request at a time)."""
 LABELS = {
     "direct": "stand-in directly",
     "hop": "pass-through hop (does nothing)",
+    "floor": "hop + one durable gRPC call (does nothing else)",
     "gateway": "fairshare gateway",
     "litellm": "LiteLLM proxy",
     "litellm+fairshare": "LiteLLM proxy with fairshare's callback",
@@ -168,8 +180,8 @@ async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults
             for _ in range(WARM_REQUESTS):
                 await load.short(targets.bases[name], Samples(), targets.bearer[name])
         sequential: dict[str, list[LoadResult]] = {name: [] for name in PATHS}
-        loaded: dict[str, list[LoadResult]] = {name: [] for name in PATHS}
-        cpu: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
+        loaded: dict[str, list[LoadResult]] = {name: [] for name in LOADED}
+        cpu: dict[str, list[dict[str, float]]] = {name: [] for name in LOADED}
         count = SEQUENTIAL_WARMUP + SEQUENTIAL_RECORDED
         for round_no in range(args.rounds):
             for name in order_of(round_no):
@@ -190,7 +202,7 @@ async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults
                     f"  round {round_no + 1} sequential {name:>17}: p50 {ms(p50(result))} ms",
                     flush=True,
                 )
-            for name in order_of(round_no):
+            for name in (name for name in order_of(round_no) if name in LOADED):
                 result, spent = await short_loop(
                     load, targets.bases[name], targets.pids, args, targets.bearer[name]
                 )
@@ -222,6 +234,19 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
     rate_ratio = gateway / direct if direct > 0 else 0.0
     rate_ok = rate_ratio >= THROUGHPUT_TARGET
     hop_ratio = hop / direct if direct > 0 else 0.0
+    least = added_latency(res, "floor")
+    least_ratio = least / theirs if theirs > 0 else float("inf")
+    latency_floor = (
+        f"The hop with one durable gRPC call and nothing else adds {ms(least)} ms, "
+        f"{least_ratio:.2f} of LiteLLM's: "
+        + (
+            "the target is below that floor; "
+            if least_ratio > ADDED_LATENCY_TARGET
+            else f"the target leaves {ms(ADDED_LATENCY_TARGET * theirs - least)} ms above it "
+            "for everything else a gateway does (identify, parse, decide, sign, log), "
+        )
+        + f"where the gateway spends {ms(ours - least)} ms."
+    )
     floor = (
         f"The hop alone serves {hop:,.0f}/s, {hop_ratio:.0%} of direct: "
         + (
@@ -235,7 +260,8 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
     text = (
         f"Targets: one request at a time, the gateway adds {ms(ours)} ms to the direct median "
         f"and LiteLLM's proxy {ms(theirs)} ms: the gateway's is {latency_ratio:.2f} of "
-        f"LiteLLM's, target ≤ {ADDED_LATENCY_TARGET:.2f}: {met(latency_ok)}. At "
+        f"LiteLLM's, target ≤ {ADDED_LATENCY_TARGET:.2f}: {met(latency_ok)}. "
+        f"{latency_floor} At "
         f"{SHORT_IN_FLIGHT} in flight the gateway serves {gateway:,.0f} requests/s, "
         f"{rate_ratio:.0%} of the {direct:,.0f}/s served directly, target ≥ "
         f"{THROUGHPUT_TARGET:.0%}: {met(rate_ok)} (LiteLLM's proxy: {litellm:,.0f}/s, "
@@ -256,20 +282,25 @@ def tables(res: PeerResults) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name in PATHS:
-        seq, loaded = res.sequential[name], res.loaded[name]
+        seq = res.sequential[name]
         added = "—" if name == "direct" else ms(added_latency(res, name))
-        rate = median_rate(loaded)
+        loaded_cells = "— | — | — | —"
+        if name in res.loaded:
+            loaded, rate = res.loaded[name], median_rate(res.loaded[name])
+            loaded_cells = (
+                f"{rate:,.0f} | {rate / direct if direct > 0 else 0.0:.2f} | "
+                f"{ms(median_of(loaded, 50))} | {ms(median_of(loaded, 99))}"
+            )
         lines.append(
             f"| {LABELS[name]} | {ms(median_of(seq, 50))} | {ms(median_of(seq, 99))} | "
-            f"{added} | {rate:,.0f} | {rate / direct if direct > 0 else 0.0:.2f} | "
-            f"{ms(median_of(loaded, 50))} | {ms(median_of(loaded, 99))} |"
+            f"{added} | {loaded_cells} |"
         )
     return "\n".join(lines)
 
 
 def cpu_table(res: PeerResults) -> str:
     """CPU per request at 32 in flight of each process, on each path (medians of rounds)."""
-    rows = [(name, LABELS[name]) for name in PATHS]
+    rows = [(name, LABELS[name]) for name in LOADED]
     return cpu_rows(res.cpu, rows, f"{SHORT_IN_FLIGHT} in flight: ms of CPU per request")
 
 
@@ -283,9 +314,11 @@ def section(
             SECTION,
             "",
             "`fairshare gateway` and LiteLLM's proxy in front of the same stand-in vLLM "
-            "server, that server called directly, and a pass-through hop that does nothing "
-            "(the floor of any Python proxy), measured side by side in one run "
-            "(bench/gateway_peer.py). The rounds interleave the four paths, in an order "
+            "server, that server called directly, a pass-through hop that does nothing "
+            "(the floor of any Python proxy) and the same hop making one durable gRPC call "
+            "before it forwards (the floor of a gateway that decides each request durably "
+            "over gRPC), measured side by side in one run "
+            "(bench/gateway_peer.py). The rounds interleave the paths, in an order "
             "that rotates from round to round, so that other work on the machine hits them "
             "alike; every figure is the median over the rounds. Figures vary from run to run "
             "and from round to round with the machine's load (the load average below was "
@@ -320,7 +353,8 @@ def section(
             "package, telemetry vetoed). The gateway runs with its defaults: its access log "
             "writes one line per request (to a file). The pass-through hop: bench/"
             "passthrough.py (an aiohttp server and client, as the gateway is built). The "
-            "load generator, the allocator, the stand-in and the three proxies share the "
+            "load generator, the allocator, the stand-in, the proxies and the durable echo "
+            "behind the floor share the "
             "machine's cores; "
             f"{WARM_REQUESTS} requests went through each path before the first round.",
             "",
@@ -340,21 +374,24 @@ def section(
 def rounds_table(res: PeerResults) -> str:
     """Each round's own figures, in the order its paths ran."""
     lines = [
-        "| round | order | gateway adds, ms | LiteLLM adds, ms | gateway ÷ LiteLLM | "
+        "| round | order | gateway adds, ms | floor adds, ms | LiteLLM adds, ms | "
+        "gateway ÷ LiteLLM | floor ÷ LiteLLM | "
         "the callback adds to LiteLLM, ms | "
         f"{SHORT_IN_FLIGHT} in flight, requests/s: direct, hop, gateway, LiteLLM, "
         "LiteLLM with the callback | hop ÷ direct | gateway ÷ direct |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for i in range(len(res.sequential["direct"])):
         direct = p50(res.sequential["direct"][i])
         ours = p50(res.sequential["gateway"][i]) - direct
+        least = p50(res.sequential["floor"][i]) - direct
         theirs = p50(res.sequential["litellm"][i]) - direct
         callback = p50(res.sequential["litellm+fairshare"][i]) - direct - theirs
-        rates = [res.loaded[name][i].rate for name in PATHS]
+        rates = [res.loaded[name][i].rate for name in LOADED]
         lines.append(
-            f"| {i + 1} | {', '.join(order_of(i))} | {ms(ours)} | {ms(theirs)} | "
-            f"{ours / theirs if theirs > 0 else float('inf'):.2f} | {ms(callback)} | "
+            f"| {i + 1} | {', '.join(order_of(i))} | {ms(ours)} | {ms(least)} | {ms(theirs)} | "
+            f"{ours / theirs if theirs > 0 else float('inf'):.2f} | "
+            f"{least / theirs if theirs > 0 else float('inf'):.2f} | {ms(callback)} | "
             f"{', '.join(f'{r:,.0f}' for r in rates)} | "
             f"{rates[1] / rates[0] if rates[0] > 0 else 0.0:.2f} | "
             f"{rates[2] / rates[0] if rates[0] > 0 else 0.0:.2f} |"
@@ -417,7 +454,9 @@ async def run(args: argparse.Namespace) -> PeerResults:
         name="litellm-fairshare",
     )
     hop = passthrough_process(work, upstream, "passthrough")
-    processes = (allocator, fast, gateway, litellm, callback, hop)
+    echo = echo_server(work, sync=True, name="durable-echo")
+    floor = passthrough_process(work, upstream, "floor", decide=echo.address)
+    processes = (allocator, fast, gateway, litellm, callback, hop, echo, floor)
     try:
         allocator.start()
         fast.start()
@@ -427,20 +466,25 @@ async def run(args: argparse.Namespace) -> PeerResults:
         litellm.start()
         callback.start()
         hop.start()
+        echo.start()
+        await wait_serving(echo.address, process=echo)
+        floor.start()
         await wait_http(f"http://{gateway.address}/readyz", process=gateway)
-        # The hop has no health path: it is up once it forwards a request.
-        await wait_http(
-            f"http://{hop.address}/v1/chat/completions",
-            process=hop,
-            post_json={"model": FAST_MODEL, "messages": [], "max_tokens": 1},
-            any_status=True,
-        )
+        # The hops have no health path: each is up once it forwards a request.
+        for forwarding in (hop, floor):
+            await wait_http(
+                f"http://{forwarding.address}/v1/chat/completions",
+                process=forwarding,
+                post_json={"model": FAST_MODEL, "messages": [], "max_tokens": 1},
+                any_status=True,
+            )
         for proxy in (litellm, callback):
             await wait_http(proxy.health_url, process=proxy, timeout_s=litellm_peer.START_TIMEOUT_S)
         targets = PeerTargets(
             bases={
                 "direct": upstream,
                 "hop": f"http://{hop.address}",
+                "floor": f"http://{floor.address}",
                 "gateway": f"http://{gateway.address}",
                 "litellm": litellm.url,
                 "litellm+fairshare": callback.url,
@@ -448,6 +492,7 @@ async def run(args: argparse.Namespace) -> PeerResults:
             bearer={
                 "direct": "unused",
                 "hop": "unused",
+                "floor": "unused",
                 "gateway": "unused",
                 "litellm": litellm.master_key,
                 "litellm+fairshare": callback.master_key,

@@ -5,6 +5,11 @@ baseline: what forwarding alone costs, with no allocator and no body rewriting.
 the same path on ``URL`` with its body and content type, and streams the answer back as it
 arrives (status, content type and body). One aiohttp server and one client session, as in
 ``fairshare/gateway/``. Not shipped; bench/gateway.py starts it.
+
+With ``--decide ADDRESS`` it first makes one call to a durable echo server
+(``bench/echo.py --sync``) at ``ADDRESS`` over gRPC, with the request's first bytes, and
+forwards once that call has answered: the floor of a gateway that decides every request
+durably over gRPC (the hop, a round trip, an fdatasync) with none of the deciding itself.
 """
 
 from __future__ import annotations
@@ -16,25 +21,42 @@ import sys
 
 import aiohttp
 from aiohttp import web
+from grpc import aio
+
+from bench.echo import ECHO_METHOD
 
 CHUNK_BYTES = 64 * 1024
 
 
-def make_app(upstream: str, session_limit: int = 1000) -> web.Application:
-    """The proxy's application: every POST goes to ``upstream`` + its path."""
+DECIDE_BYTES = 64
+"""What the ``--decide`` call carries of each request: about an Acquire's size."""
+
+
+def make_app(
+    upstream: str, session_limit: int = 1000, decide: str | None = None
+) -> web.Application:
+    """The proxy's application: every POST goes to ``upstream`` + its path (after a call
+    to the durable echo at ``decide``, if given)."""
     app = web.Application()
     base = upstream.rstrip("/")
 
     async def start_session(app: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=session_limit)
         app["session"] = aiohttp.ClientSession(connector=connector)
+        if decide is not None:
+            app["channel"] = aio.insecure_channel(decide)
+            app["decide"] = app["channel"].unary_unary(ECHO_METHOD)
 
     async def close_session(app: web.Application) -> None:
         await app["session"].close()
+        if decide is not None:
+            await app["channel"].close()
 
     async def forward(request: web.Request) -> web.StreamResponse:
         session: aiohttp.ClientSession = request.app["session"]
         body = await request.read()
+        if decide is not None:
+            await request.app["decide"](body[:DECIDE_BYTES])
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
         async with session.post(base + request.path, data=body, headers=headers) as reply:
             answer = web.StreamResponse(status=reply.status)
@@ -51,10 +73,10 @@ def make_app(upstream: str, session_limit: int = 1000) -> web.Application:
     return app
 
 
-async def serve(listen: str, upstream: str) -> None:
+async def serve(listen: str, upstream: str, decide: str | None = None) -> None:
     """Serves until SIGTERM or SIGINT."""
     host, _, port = listen.rpartition(":")
-    runner = web.AppRunner(make_app(upstream), access_log=None)
+    runner = web.AppRunner(make_app(upstream, decide=decide), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, int(port))
     await site.start()
@@ -73,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--listen", required=True, help="HOST:PORT to serve on")
     parser.add_argument("--upstream", required=True, help="base URL of the upstream server")
+    parser.add_argument("--decide", help="HOST:PORT of a durable echo to call first")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.listen, args.upstream))
+    asyncio.run(serve(args.listen, args.upstream, args.decide))
     return 0
 
 
