@@ -264,7 +264,9 @@ class Fairshare:
         service_class = class_of(key, data, classes.metadata, classes.default)
         prompt, bound = estimate(endpoint, data)
         try:
-            grant = await self.client.acquire(pool, team, service_class, prompt + bound)
+            grant = await self.client.acquire(
+                pool, team, service_class, prompt + bound, wait_s=self.settings.borrow_wait_s
+            )
         except AllocatorError as e:
             raise _refusal(e) from e
         options = data.get("stream_options")

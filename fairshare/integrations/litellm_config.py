@@ -87,6 +87,10 @@ class Settings:
         default_pool: the pool of a model group not in ``pools``; None passes its requests
             on undecided (no ``priority``).
         headers: add the ``x-fairshare-*`` headers to answers.
+        borrow_wait_s: how long a request that would borrow past its pool's lending limit
+            (``lend``) may be held at the allocator for a slot (0: not held; the pool's
+            ``on_wait_end`` says what happens then), as the gateway's
+            ``limits.borrow_wait_s``.
     """
 
     allocator: AllocatorSettings
@@ -96,6 +100,7 @@ class Settings:
     service_class: ClassSettings = field(default_factory=ClassSettings)
     cost: CostSettings = field(default_factory=CostSettings)
     headers: bool = True
+    borrow_wait_s: float = 60.0
 
     def pool_of(self, model_group: str) -> str | None:
         """The pool of ``model_group``, or None (not decided)."""
@@ -197,6 +202,7 @@ def _pools(value: object) -> dict[str, str]:
 
 TOP_KEYS: Final = (
     "allocator", "pools", "default_pool", "team", "class", "cost", "headers",
+    "borrow_wait_s",
 )  # fmt: skip
 
 
@@ -221,6 +227,7 @@ def parse(document: object) -> Settings:
         service_class=_service_class(raw.get("class")),
         cost=_cost(raw.get("cost")),
         headers=headers,
+        borrow_wait_s=_number("borrow_wait_s", raw.get("borrow_wait_s", 60.0), positive=False),
     )
 
 

@@ -43,6 +43,7 @@ MINIMAL = {"allocator": {"endpoints": ["127.0.0.1:50051"]}}
         pytest.param({**MINIMAL, "pools": {"m": 3}}, "pools.m", id="pool"),
         pytest.param({**MINIMAL, "colour": 1}, "(top).colour", id="unknown-key"),
         pytest.param({**MINIMAL, "headers": "yes"}, "headers", id="headers"),
+        pytest.param({**MINIMAL, "borrow_wait_s": -1}, "borrow_wait_s", id="wait"),
     ],
 )
 def test_a_wrong_setting_is_named(document: object, key: str) -> None:
@@ -100,10 +101,12 @@ class FakeGrant(ClientGrant):
 class FakeClient:
     def __init__(self) -> None:
         self.grants: list[FakeGrant] = []
+        self.waits: list[float] = []
 
     async def acquire(
-        self, pool: str, team: str, service_class: Class, est_tokens: int
+        self, pool: str, team: str, service_class: Class, est_tokens: int, *, wait_s: float = 0.0
     ) -> ClientGrant:
+        self.waits.append(wait_s)
         grant = FakeGrant(
             pool, team, service_class, est_tokens, "id", 12, True, False, False, "", 1
         )
@@ -153,6 +156,9 @@ async def test_the_priority_goes_into_extra_body_and_the_headers_into_metadata()
     other = _request("c2", model="unmapped")
     await fairshare.before({}, other, "acompletion")
     assert "extra_body" not in other and fairshare.in_flight == 1
+    # A borrower past a lending limit may be held, as long as the gateway holds one.
+    assert fake.waits == [60.0]
+    assert parse({**MINIMAL, "borrow_wait_s": 0}).borrow_wait_s == 0.0
 
 
 async def test_no_team_is_refused() -> None:
