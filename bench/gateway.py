@@ -157,11 +157,13 @@ class Load:
             if first:
                 raise RuntimeError(f"{base}: a stream without events")
 
-    async def short(self, base: str, samples: Samples, bearer: str = "unused") -> None:
+    async def short(
+        self, base: str, samples: Samples, bearer: str = "unused", model: str = FAST_MODEL
+    ) -> None:
         """One non-streaming completion of one token (``bearer``: the key the server asks
         for, if any)."""
         body = {
-            "model": FAST_MODEL,
+            "model": model,
             "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 1,
         }

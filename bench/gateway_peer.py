@@ -12,7 +12,9 @@ Processes on loopback, each a child of this one:
 - LiteLLM's proxy in front of it (bench/litellm_peer.py: the pinned version in its own
   virtualenv under build/, one uvicorn worker, a master key, no database, offline);
 - a second LiteLLM proxy, the same but for fairshare's callback (docs/litellm.md), which
-  asks the allocator for each request's priority (the team from the same header);
+  asks the allocator for each request's priority (the team from the same header); it
+  serves the model under a second model group too, which the callback maps to no pool and
+  so does not decide (``UNDECIDED_GROUP``);
 - bench/passthrough.py in front of it: an aiohttp server that forwards each request to the
   stand-in with an aiohttp client and does nothing else, the HTTP hop every Python proxy
   makes (the gateway is built on the same two parts);
@@ -24,9 +26,13 @@ Processes on loopback, each a child of this one:
   floor does not.
 
 Every request is bench/gateway.py's short one: a non-streaming chat completion of one token.
-Six paths: the stand-in directly, through the hop, through the hop with a durable call,
-through the gateway, through LiteLLM, through LiteLLM with the callback (what the callback
-adds to LiteLLM is the difference of the last two, measured in the same rounds).
+Seven paths: the stand-in directly, through the hop, through the hop with a durable call,
+through the gateway, through LiteLLM, through LiteLLM with the callback, and through that
+same proxy on the model group the callback does not decide. What the callback adds is the
+second LiteLLM's difference from the first, round by round. The undecided path splits it:
+the decision (the callback's proxy deciding against itself not deciding, one process) and
+the rest (its proxy not deciding against LiteLLM alone: what a live client costs the
+process, within the half millisecond or so by which two LiteLLM processes alike differ).
 Each round runs every path once per measurement, in an order that rotates from round to
 round, so that other work on the machine hits them alike; each figure is the median over
 the rounds.
@@ -38,7 +44,7 @@ the rounds.
    ``ADDED_LATENCY_TARGET`` of LiteLLM's. The hop with a durable call is that target's
    floor, reported beside it: what is left between the two is what the gateway may spend
    on everything else. Target of the callback: it adds less than ``CALLBACK_TARGET`` of
-   LiteLLM's own added latency (the two proxies' difference, round by round).
+   LiteLLM's own added latency (round by round).
 2. **Throughput at 32 in flight** (bench/gateway.py's closed loop of short requests), with
    the CPU each process spends per request. Target: the gateway serves at least
    ``THROUGHPUT_TARGET`` of the requests per second the stand-in serves directly. The hop
@@ -97,9 +103,12 @@ from harness.serve import wait_serving
 from harness.standin import wait_standin
 
 SECTION = "## The gateway against LiteLLM's proxy"
-PATHS = ("direct", "hop", "floor", "gateway", "litellm", "litellm+fairshare")
-LOADED = tuple(name for name in PATHS if name != "floor")
-"""The paths measured at 32 in flight too (the floor is a floor one request at a time)."""
+PATHS = ("direct", "hop", "floor", "gateway", "litellm", "litellm+fairshare", "undecided")
+LOADED = tuple(name for name in PATHS if name not in ("floor", "undecided"))
+"""The paths measured at 32 in flight too (the floor is a floor one request at a time,
+and the undecided path is there to pair the callback's decision with)."""
+UNDECIDED_GROUP = FAST_MODEL + "-undecided"
+"""The callback's proxy's second model group: the same model, no pool."""
 LABELS = {
     "direct": "stand-in directly",
     "hop": "pass-through hop (does nothing)",
@@ -107,6 +116,7 @@ LABELS = {
     "gateway": "fairshare gateway",
     "litellm": "LiteLLM proxy",
     "litellm+fairshare": "LiteLLM proxy with fairshare's callback",
+    "undecided": "the same, a model group the callback does not decide",
 }
 SEQUENTIAL_PER_S = 5.0
 """The pace of the sequential requests: one every 200 ms, where one takes from a few ms
@@ -132,6 +142,8 @@ class PeerTargets:
     """The base URL of each path."""
     bearer: dict[str, str]
     """The key each path asks for (LiteLLM's master key; unused by the others)."""
+    models: dict[str, str]
+    """The model each path's requests name."""
     pids: dict[str, int]
     """The process of each part, for its CPU time."""
 
@@ -182,7 +194,9 @@ async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults
         load = Load(session)
         for name in PATHS:
             for _ in range(WARM_REQUESTS):
-                await load.short(targets.bases[name], Samples(), targets.bearer[name])
+                await load.short(
+                    targets.bases[name], Samples(), targets.bearer[name], targets.models[name]
+                )
         sequential: dict[str, list[LoadResult]] = {name: [] for name in PATHS}
         loaded: dict[str, list[LoadResult]] = {name: [] for name in LOADED}
         cpu: dict[str, list[dict[str, float]]] = {name: [] for name in LOADED}
@@ -191,8 +205,13 @@ async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults
             for name in order_of(round_no):
                 base, bearer = targets.bases[name], targets.bearer[name]
 
-                async def one(samples: Samples, base: str = base, bearer: str = bearer) -> None:
-                    await load.short(base, samples, bearer)
+                async def one(
+                    samples: Samples,
+                    base: str = base,
+                    bearer: str = bearer,
+                    model: str = targets.models[name],
+                ) -> None:
+                    await load.short(base, samples, bearer, model)
 
                 result = await paced_loop(
                     one,
@@ -231,6 +250,18 @@ def callback_added(res: PeerResults) -> float:
     """What fairshare's callback adds to LiteLLM's proxy one request at a time: the two
     proxies' difference in each round, the median over the rounds."""
     return paired(res, "litellm+fairshare", "litellm")
+
+
+def callback_decision(res: PeerResults) -> float:
+    """What the callback's decision adds, one request at a time: its proxy on a decided
+    model group against the same proxy on the undecided one, round by round."""
+    return paired(res, "litellm+fairshare", "undecided")
+
+
+def callback_present(res: PeerResults) -> float:
+    """The callback's proxy not deciding against LiteLLM alone, round by round: what the
+    callback costs a request it does not decide, within two processes' noise."""
+    return paired(res, "undecided", "litellm")
 
 
 def durable_call(res: PeerResults) -> float:
@@ -288,9 +319,12 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
         f"{gateway / litellm if litellm > 0 else 0.0:.1f}× LiteLLM's). {floor} "
         f"fairshare's callback adds {ms(added)} ms to LiteLLM's proxy one request at a "
         f"time, {added / theirs if theirs > 0 else float('inf'):.1%} of LiteLLM's own added "
-        f"latency, target < {CALLBACK_TARGET:.0%}: {met(added < CALLBACK_TARGET * theirs)} "
-        f"(one durable gRPC call alone, the floor minus the hop, adds {ms(durable_call(res))} "
-        f"ms), and serves {median_rate(res.loaded['litellm+fairshare']):,.0f} requests/s at "
+        f"latency, target < {CALLBACK_TARGET:.0%}: {met(added < CALLBACK_TARGET * theirs)}: "
+        f"its decision {ms(callback_decision(res))} ms (its proxy deciding against itself "
+        f"not deciding; one durable gRPC call alone, the floor minus the hop, adds "
+        f"{ms(durable_call(res))} ms), and its proxy not deciding differs from LiteLLM alone "
+        f"by {ms(callback_present(res))} ms. The callback's proxy serves "
+        f"{median_rate(res.loaded['litellm+fairshare']):,.0f} requests/s at "
         f"{SHORT_IN_FLIGHT} in flight."
     )
     return text, latency_ok, rate_ok
@@ -339,7 +373,9 @@ def section(
             "server, that server called directly, a pass-through hop that does nothing "
             "(the floor of any Python proxy) and the same hop making one durable gRPC call "
             "before it forwards (the floor of a gateway that decides each request durably "
-            "over gRPC), measured side by side in one run "
+            "over gRPC), and the proxy with fairshare's callback on a model group the "
+            "callback does not decide (to pair its decision with), measured side by side "
+            "in one run "
             "(bench/gateway_peer.py). The rounds interleave the paths, in an order "
             "that rotates from round to round, so that other work on the machine hits them "
             "alike; every figure is the median over the rounds. Figures vary from run to run "
@@ -398,22 +434,25 @@ def rounds_table(res: PeerResults) -> str:
     lines = [
         "| round | order | gateway adds, ms | floor adds, ms | LiteLLM adds, ms | "
         "gateway ÷ LiteLLM | floor ÷ LiteLLM | "
-        "the callback adds to LiteLLM, ms | "
+        "the callback adds, ms | of which its decision, ms | "
         f"{SHORT_IN_FLIGHT} in flight, requests/s: direct, hop, gateway, LiteLLM, "
         "LiteLLM with the callback | hop ÷ direct | gateway ÷ direct |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for i in range(len(res.sequential["direct"])):
         direct = p50(res.sequential["direct"][i])
         ours = p50(res.sequential["gateway"][i]) - direct
         least = p50(res.sequential["floor"][i]) - direct
         theirs = p50(res.sequential["litellm"][i]) - direct
-        callback = p50(res.sequential["litellm+fairshare"][i]) - direct - theirs
+        decided = p50(res.sequential["litellm+fairshare"][i])
+        callback = decided - direct - theirs
+        decision = decided - p50(res.sequential["undecided"][i])
         rates = [res.loaded[name][i].rate for name in LOADED]
         lines.append(
             f"| {i + 1} | {', '.join(order_of(i))} | {ms(ours)} | {ms(least)} | {ms(theirs)} | "
             f"{ours / theirs if theirs > 0 else float('inf'):.2f} | "
             f"{least / theirs if theirs > 0 else float('inf'):.2f} | {ms(callback)} | "
+            f"{ms(decision)} | "
             f"{', '.join(f'{r:,.0f}' for r in rates)} | "
             f"{rates[1] / rates[0] if rates[0] > 0 else 0.0:.2f} | "
             f"{rates[2] / rates[0] if rates[0] > 0 else 0.0:.2f} |"
@@ -474,6 +513,7 @@ async def run(args: argparse.Namespace) -> PeerResults:
         upstream,
         fairshare=callback_settings(allocator.address),
         name="litellm-fairshare",
+        aliases=(UNDECIDED_GROUP,),
     )
     hop = passthrough_process(work, upstream, "passthrough")
     echo = echo_server(work, sync=True, name="durable-echo")
@@ -510,6 +550,7 @@ async def run(args: argparse.Namespace) -> PeerResults:
                 "gateway": f"http://{gateway.address}",
                 "litellm": litellm.url,
                 "litellm+fairshare": callback.url,
+                "undecided": callback.url,
             },
             bearer={
                 "direct": "unused",
@@ -518,7 +559,9 @@ async def run(args: argparse.Namespace) -> PeerResults:
                 "gateway": "unused",
                 "litellm": litellm.master_key,
                 "litellm+fairshare": callback.master_key,
+                "undecided": callback.master_key,
             },
+            models={name: UNDECIDED_GROUP if name == "undecided" else FAST_MODEL for name in PATHS},
             pids=pids_of(
                 {
                     "allocator": allocator,

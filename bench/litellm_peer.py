@@ -29,7 +29,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -158,20 +158,29 @@ def new_master_key() -> str:
     return "sk-" + secrets.token_hex(24)
 
 
-def config_yaml(model: str, upstream: str, master_key: str, *, callback: bool = False) -> str:
+def config_yaml(
+    model: str,
+    upstream: str,
+    master_key: str,
+    *,
+    callback: bool = False,
+    aliases: Sequence[str] = (),
+) -> str:
     """The proxy's config: ``model`` routed to ``upstream`` (a base URL such as
     ``http://127.0.0.1:PORT``; the OpenAI-compatible API is under its ``/v1``), the master
-    key, no database; fairshare's callback alone when ``callback``, else none."""
+    key, no database; fairshare's callback alone when ``callback``, else none. Each of
+    ``aliases`` is one more model group of the same model on the same upstream."""
     doc: dict[str, object] = {
         "model_list": [
             {
-                "model_name": model,
+                "model_name": name,
                 "litellm_params": {
                     "model": f"openai/{model}",
                     "api_base": upstream.rstrip("/") + "/v1",
                     "api_key": "unused",
                 },
             }
+            for name in (model, *aliases)
         ],
         "general_settings": {"master_key": master_key},
     }
@@ -201,7 +210,8 @@ class LiteLLM(ServerProcess):
     """LiteLLM's proxy on a free loopback port, serving ``model`` from ``upstream``. Writes
     its config file into ``work`` and runs there; its log is ``work/<name>.log``. With
     ``fairshare`` (the callback's settings, docs/litellm.md), the proxy runs fairshare's
-    callback with them. Not started: ``start`` it, then
+    callback with them; ``aliases`` are more model groups of ``model`` (``config_yaml``).
+    Not started: ``start`` it, then
     ``await wait_http(proxy.health_url, ...)``."""
 
     def __init__(
@@ -213,12 +223,14 @@ class LiteLLM(ServerProcess):
         *,
         fairshare: Mapping[str, object] | None = None,
         name: str = "litellm",
+        aliases: Sequence[str] = (),
     ) -> None:
         self.master_key = new_master_key()
         config = work / f"{name}.yaml"
         callback = fairshare is not None
         config.write_text(
-            config_yaml(model, upstream, self.master_key, callback=callback), encoding="utf-8"
+            config_yaml(model, upstream, self.master_key, callback=callback, aliases=aliases),
+            encoding="utf-8",
         )
         settings: Path | None = None
         if fairshare is not None:
