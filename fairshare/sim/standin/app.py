@@ -13,6 +13,14 @@ Guarantees: every request received is recorded before anything else happens to i
 record's times are on this process's monotonic clock; every slot taken is given back on
 every path. Not guaranteed: the records survive a restart (they are in memory).
 
+Stored responses (``--store-responses``, vLLM's ``VLLM_ENABLE_RESPONSES_API_STORE=1``): a
+Responses answer whose request did not say ``store: false`` is kept in this process's memory
+once complete, and ``GET /v1/responses/{id}`` returns it; ``POST /v1/responses/{id}/cancel``
+answers 400 for it, as vLLM does for a response that is not running in the background.
+Both answer vLLM's 404 for an id this process does not hold, and 404 ``Not Found`` without
+the flag (vLLM serves them always, its store empty). Answer ids carry a tag of this
+process, so two stand-ins never make the same id.
+
 Headers: a record keeps the request's headers (names in lower case). Every answer echoes
 the request's ``x-request-id``, as vLLM does with ``--enable-request-id-headers``, and
 carries the headers the body's ``standin_headers`` asks for.
@@ -23,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Final
@@ -34,7 +43,6 @@ from fairshare.sim.standin.shapes import (
     Ask,
     BadRequest,
     Kind,
-    Shapes,
     StreamShapes,
     error_body,
     parse,
@@ -55,6 +63,7 @@ class Settings:
     policy: Policy = "priority"
     max_tokens_default: int = 16
     dev_mode: bool = False
+    store_responses: bool = False
 
 
 class Standin:
@@ -65,6 +74,8 @@ class Standin:
         self.scheduler = Scheduler(settings.max_running, settings.policy)
         self.records: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
+        self._tag = secrets.token_hex(4)
+        self.stored: dict[str, dict[str, Any]] = {}
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -73,6 +84,9 @@ class Standin:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/responses", self.responses)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        if self.settings.store_responses:
+            app.router.add_get("/v1/responses/{id}", self.retrieve)
+            app.router.add_post("/v1/responses/{id}/cancel", self.cancel)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/server_info", self.server_info)
@@ -132,6 +146,28 @@ class Standin:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "responses")
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        stored = self.stored.get(request.match_info["id"])
+        if stored is None:
+            return self._not_stored(request)
+        return web.json_response(stored)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        if request.match_info["id"] not in self.stored:
+            return self._not_stored(request)
+        message = "Cannot cancel a synchronous response."
+        return web.json_response(error_body(400, message), status=400)
+
+    def _not_stored(self, request: web.Request) -> web.Response:
+        message = f"Response with id '{request.match_info['id']}' not found."
+        return web.json_response(error_body(404, message), status=404)
+
+    def _store(self, ask: Ask, body: Any, answer: dict[str, Any]) -> None:
+        """Keeps a complete Responses answer when this server stores them (the module doc)."""
+        stores = self.settings.store_responses and ask.kind == "responses"
+        if stores and body.get("store") is not False:
+            self.stored[answer["id"]] = answer
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         """Embeddings take a slot like generation (vLLM schedules pooling requests with
@@ -196,8 +232,8 @@ class Standin:
             try:
                 record["start_s"] = time.monotonic()
                 if ask.stream:
-                    return await self._stream(request, ask, record)
-                return await self._whole(ask, record)
+                    return await self._stream(request, ask, record, body)
+                return await self._whole(ask, record, body)
             finally:
                 self.scheduler.release()
         except (asyncio.CancelledError, ConnectionResetError):
@@ -225,19 +261,25 @@ class Standin:
             record["first_token_s"] = time.monotonic()
         record["completion_tokens"] = index + 1
 
-    async def _whole(self, ask: Ask, record: dict[str, Any]) -> web.Response:
+    def _shapes(self, ask: Ask, record: dict[str, Any]) -> StreamShapes:
+        """The answer's shapes, its id tagged with this process's tag."""
+        return StreamShapes(ask, f"{self._tag}{record['id']}")
+
+    async def _whole(self, ask: Ask, record: dict[str, Any], body: Any) -> web.Response:
         if ask.kind == "embeddings":
             await self._token_due(record, 0)  # the prefill
         for index in range(ask.max_tokens):
             await self._token_due(record, index)
             self._produced(record, index)
         record["status"] = 200
-        return web.json_response(Shapes(ask, record["id"]).whole())
+        answer = self._shapes(ask, record).whole()
+        self._store(ask, body, answer)
+        return web.json_response(answer)
 
     async def _stream(
-        self, request: web.Request, ask: Ask, record: dict[str, Any]
+        self, request: web.Request, ask: Ask, record: dict[str, Any], body: Any
     ) -> web.StreamResponse:
-        shapes = StreamShapes(ask, record["id"])
+        shapes = self._shapes(ask, record)
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         record["status"] = 200
@@ -255,5 +297,7 @@ class Standin:
             await response.write(shapes.token(index))
         for event in shapes.tail(ask.max_tokens):
             await response.write(event)
+        if ask.kind == "responses":
+            self._store(ask, body, shapes.response(ask.max_tokens))
         await response.write_eof()
         return response

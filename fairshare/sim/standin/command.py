@@ -54,6 +54,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve GET /server_info, as vLLM does with VLLM_SERVER_DEV_MODE=1",
     )
+    p.add_argument(
+        "--store-responses",
+        action="store_true",
+        help="keep Responses answers for GET and cancel, as vLLM does with "
+        "VLLM_ENABLE_RESPONSES_API_STORE=1",
+    )
     return p
 
 
@@ -87,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy=args.scheduling_policy,
         max_tokens_default=args.max_tokens_default,
         dev_mode=args.dev_mode,
+        store_responses=args.store_responses,
     )
     host, port = args.listen
     with contextlib.suppress(KeyboardInterrupt):
