@@ -30,6 +30,11 @@ as it is, unread, so a stream that never frames its events still flows and the f
 memory stays bounded. A Responses stream's events (``event: response.…`` then ``data:``)
 are read the same way: the usage is the ``response.usage`` of ``response.completed``, and
 every event counts toward the tokens seen (a few more than the text deltas).
+
+Stored responses: a Responses request's ``previous_response_id`` (a string, or null) and
+``store`` (a boolean, true when absent, as in OpenAI's API) are read; the answer's ``id``
+is read from a whole answer (``response_id_of``), and from a stream's event that carries
+the response's usage (``response.completed``; the filter's ``response_id``).
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ class Request:
     max_tokens: int
     raw: bytes = b""
     """The body as the client sent it (empty: unknown, ``upstream_body`` encodes anew)."""
+    previous_response_id: str | None = None
+    """A Responses request's stored response to continue (None: none, or not Responses)."""
+    store: bool = False
+    """Whether a Responses request asks its answer to be stored (see the module doc)."""
 
     @property
     def est_tokens(self) -> int:
@@ -142,6 +151,12 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Request:
         raise BadRequest("'stream_options' must be an object")
     # A Responses stream carries its usage in an event the client reads as any other.
     wants_usage = endpoint == "responses" or bool(options and options.get("include_usage"))
+    previous, store = None, False
+    if endpoint == "responses":
+        previous = body.get("previous_response_id")
+        if previous is not None and (not isinstance(previous, str) or not previous):
+            raise BadRequest(f"'previous_response_id' must be a string, got {previous!r}")
+        store = body.get("store", True) is not False
     return Request(
         endpoint=endpoint,
         body=body,
@@ -151,6 +166,8 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Request:
         prompt_tokens=estimate_prompt_tokens(endpoint, body),
         max_tokens=_max_tokens(body, endpoint),
         raw=raw,
+        previous_response_id=previous,
+        store=store,
     )
 
 
@@ -214,6 +231,20 @@ def usage_of_body(raw: bytes) -> Usage | None:
         return None
 
 
+def response_id_of(raw: bytes) -> str | None:
+    """The ``id`` of a whole Responses answer, or None (not JSON, or none)."""
+    try:
+        answer = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return _id_of(answer)
+
+
+def _id_of(response: object) -> str | None:
+    value = response.get("id") if isinstance(response, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
 class StreamFilter:
     """Passes a stream's SSE events through, reading and maybe dropping the usage chunk.
 
@@ -225,6 +256,8 @@ class StreamFilter:
     def __init__(self, *, keep_usage: bool) -> None:
         self.keep_usage = keep_usage
         self.usage: Usage | None = None
+        self.response_id: str | None = None
+        """A Responses stream's response id, from the event with its usage."""
         self.events = 0  # content events passed (an estimate of completion tokens)
         self._partial = b""
         self._unread = False  # passing on the rest of an over-long event
@@ -286,6 +319,8 @@ class StreamFilter:
             self.events += 1
             return kept
         self.usage = usage
+        if isinstance(chunk, Mapping) and self.response_id is None:
+            self.response_id = _id_of(chunk.get("response"))
         usage_only = isinstance(chunk, Mapping) and not chunk.get("choices")
         if usage_only and not self.keep_usage:
             return b""

@@ -122,6 +122,10 @@ class Limits:
             limit (the pool's ``lend``) may wait at the allocator for a slot, sent as its
             Acquire's ``wait_s``; 0: never (it is answered at once). A pool whose teams
             all lend everything holds nobody, whatever this says.
+        stored_responses: most ids of Responses answers remembered with the vLLM server
+            that made them, for the retrieval, the cancel and ``previous_response_id`` of
+            a stored response (``fairshare.gateway.stored``); the least recently used is
+            forgotten first.
 
     A request's total time is not bounded: its grant lives as long as the gateway's
     holder session, which the client library renews.
@@ -136,6 +140,7 @@ class Limits:
     header_timeout_s: float = 10.0
     shutdown_grace_s: float = 30.0
     borrow_wait_s: float = 60.0
+    stored_responses: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -376,6 +381,7 @@ def _limits(value: object) -> Limits:
         header_timeout_s=seconds("header_timeout_s"),
         shutdown_grace_s=seconds("shutdown_grace_s", positive=False),
         borrow_wait_s=seconds("borrow_wait_s", positive=False),
+        stored_responses=count("stored_responses"),
     )
 
 

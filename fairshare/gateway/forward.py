@@ -15,6 +15,10 @@ Guaranteed:
 - a connection that cannot be opened goes to another upstream of the route, and one the
   upstream closed before its status line (a pooled connection closed as idle) is sent
   again once, to any; no other failure is retried;
+- a ``prefer``-red upstream (the server holding the stored response a request continues)
+  gets the first attempt unless it is ejected; the route's router chooses the others;
+- ``relay`` passes a request that needs no grant (a stored response's retrieval or
+  cancel) to one upstream, under the same timeouts, and its answer back, streamed or not;
 - an upstream ejected by ``fairshare.gateway.health`` is not chosen; what each attempt
   saw (failed, answered) is told to it;
 - the timeouts of ``limits``: ``upstream_connect_s`` to open a connection (then another
@@ -38,7 +42,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -48,7 +52,7 @@ from fairshare.client import ClientGrant
 from fairshare.cost import Usage
 from fairshare.gateway.body import Request, StreamFilter
 from fairshare.gateway.config import Limits, Route
-from fairshare.gateway.errors import Refusal, sse_error_event
+from fairshare.gateway.errors import Refusal, error_response, sse_error_event
 from fairshare.gateway.health import Health
 from fairshare.gateway.metrics import GatewayMetrics
 from fairshare.gateway.placement import Placement
@@ -81,6 +85,8 @@ class Outcome:
     """When a streamed answer's first chunk came (monotonic); None when not streamed."""
     upstream: str = ""
     """The upstream of the last attempt ("" before one)."""
+    response_id: str | None = None
+    """The id of a Responses answer passed on whole, or of a stream that reached its usage."""
     cut: str = ""
     """Why the attempt ended short (``fairshare.gateway.accesslog.ENDINGS``: a stream cut
     here, a failure or a 5xx answer in ``fairshare.gateway.proxy``); "" when it did not."""
@@ -124,6 +130,7 @@ class Forwarder:
         headers: Mapping[str, str],
         parsed: Request,
         outcome: Outcome,
+        prefer: str | None = None,
     ) -> tuple[tuple[str, aiohttp.ClientResponse], bytes]:
         """Everything up to the first byte the client may see: the whole answer when not
         streaming (or on an error status), else the first chunk of the stream, within
@@ -142,7 +149,7 @@ class Forwarder:
         deadline = asyncio.timeout(self.limits.upstream_first_byte_s)
         try:
             async with deadline:
-                opened = await self._open(placement, path, data, headers, outcome, deadline)
+                opened = await self._open(placement, path, data, headers, outcome, deadline, prefer)
                 upstream = opened[1]
                 if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
                     head = await upstream.content.readany()
@@ -237,6 +244,7 @@ class Forwarder:
             await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
         finally:
             outcome.usage = filtered.counted(parsed)
+            outcome.response_id = filtered.response_id
         with contextlib.suppress(ConnectionResetError):
             await answer.write_eof()
         return answer
@@ -249,6 +257,7 @@ class Forwarder:
         headers: Mapping[str, str],
         outcome: Outcome,
         deadline: asyncio.Timeout,
+        prefer: str | None = None,
     ) -> tuple[str, aiohttp.ClientResponse]:
         """Sends the request to the upstream the route's router chooses for the grant's
         priority, among those not ejected that accept a connection.
@@ -272,7 +281,7 @@ class Forwarder:
         tried: set[str] = set()
         disconnected = False
         while True:
-            url = upstreams.choose(grant.priority, tried | health.ejected)
+            url = _choose(upstreams, grant.priority, tried | health.ejected, prefer)
             if url is None:
                 if not tried:
                     raise UpstreamFailed(
@@ -328,6 +337,75 @@ class Forwarder:
                 upstreams.ended(url, grant.priority)
                 raise
             return url, response
+
+    async def relay(
+        self,
+        request: web.Request,
+        url: str,
+        headers: Mapping[str, str],
+        answer_headers: Callable[[Mapping[str, str]], Mapping[str, str]],
+    ) -> web.StreamResponse:
+        """Sends ``request`` (its method, path and query, no body) to the upstream ``url``
+        with ``headers``, and its answer back with ``answer_headers`` of the upstream's: a
+        Server-Sent Events answer event by event, any other whole. A failure before the
+        status line is the OpenAI error of ``fairshare.gateway.errors``; one mid-stream is
+        an error event."""
+        opened: aiohttp.ClientResponse | None = None
+        target = url + request.path_qs
+        try:
+            async with asyncio.timeout(self.limits.upstream_first_byte_s):
+                opened = await self.session.request(
+                    request.method, target, headers=headers, timeout=self._timeout
+                )
+                streamed = opened.content_type == "text/event-stream"
+                head = await (opened.content.readany() if streamed else opened.read())
+        except TimeoutError:
+            if opened is not None:
+                opened.close()
+            self.metrics.upstream_errors.labels(url, "timeout").inc()
+            why = f"the upstream sent nothing within {self.limits.upstream_first_byte_s:g}s"
+            return error_response(Refusal.UPSTREAM_TIMEOUT, why)
+        except (aiohttp.ClientError, OSError) as e:
+            if opened is not None:
+                opened.close()
+            self.metrics.upstream_errors.labels(url, "broken").inc()
+            return error_response(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}")
+        try:
+            passed = answer_headers(opened.headers)
+            if not streamed:
+                return web.Response(status=opened.status, body=head, headers=passed)
+            answer = web.StreamResponse(status=opened.status, headers=passed)
+            await answer.prepare(request)
+            try:
+                chunk = head
+                while chunk:
+                    await answer.write(chunk)
+                    async with asyncio.timeout(self.limits.upstream_idle_s):
+                        chunk = await opened.content.readany()
+            except TimeoutError:
+                stalled = f"the upstream sent nothing for {self.limits.upstream_idle_s:g}s"
+                await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, stalled))
+            except ConnectionResetError:
+                return answer  # the client went away
+            except aiohttp.ClientError as e:
+                await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
+            with contextlib.suppress(ConnectionResetError):
+                await answer.write_eof()
+            return answer
+        finally:
+            if opened.content.is_eof():
+                opened.release()
+            else:
+                opened.close()
+
+
+def _choose(
+    upstreams: Upstreams, priority: int, excluded: set[str], prefer: str | None
+) -> str | None:
+    """``prefer`` unless it is excluded (or not of the route), else the router's choice."""
+    if prefer is not None and prefer not in excluded and prefer in upstreams.urls:
+        return prefer
+    return upstreams.choose(priority, excluded)
 
 
 async def _write_quietly(answer: web.StreamResponse, data: bytes) -> None:

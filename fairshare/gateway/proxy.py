@@ -4,9 +4,12 @@
 ``POST /v1/responses`` (streaming and not), ``POST /v1/embeddings`` (vLLM schedules pooling
 requests by ``priority`` too, so they are decided and charged like the rest: by their
 prompt tokens), ``GET /v1/models`` and ``GET /v1/models/{id}`` (the configured models; 404
-``model_not_found`` for another). Any other path is 404 ``not_found``, a known path with
-another method 405, both in OpenAI's error shape (``fairshare.gateway.middleware``). For
-one request:
+``model_not_found`` for another), ``GET /v1/responses/{id}`` and ``POST
+/v1/responses/{id}/cancel`` (a stored response's, sent with no grant to the server that
+made it, for the team it was made for: ``fairshare.gateway.stored``; 404 ``not_found``
+for an id this gateway did not pass on, or another team's). Any other path is 404
+``not_found``, a known path with another method 405, both in OpenAI's error shape
+(``fairshare.gateway.middleware``). For one request:
 
 1. the team and class (``fairshare.gateway.identity``; 401 without), the body
    (``fairshare.gateway.body``; 400, 413), the model (404 when not configured);
@@ -18,7 +21,9 @@ one request:
 3. the body with the grant's ``priority``, and the client's headers that pass
    (``fairshare.gateway.headers``, with the request's ``x-request-id``), go to the upstream
    the route's router chooses for that priority (``fairshare.gateway.upstreams``;
-   ``fewest-ahead`` unless configured otherwise), through ``fairshare.gateway.forward``,
+   ``fewest-ahead`` unless configured otherwise; a request continuing a stored response,
+   ``previous_response_id``, to the server holding it when it is on the placement's
+   route; another team's id is 404 before any grant), through ``fairshare.gateway.forward``,
    which does the HTTP side of each attempt; a connection that cannot be opened goes to
    another one;
 4. the answer goes back with the upstream's headers that pass and ``x-fairshare-priority``,
@@ -72,6 +77,7 @@ from fairshare.gateway.middleware import entry_of, install
 from fairshare.gateway.placement import Placement, place
 from fairshare.gateway.redecide import Redecide, Redecider, Watched, unless_signalled
 from fairshare.gateway.releases import Releases
+from fairshare.gateway.stored import Stored, StoredResponses
 from fairshare.gateway.upstreams import Upstreams
 
 logger = logging.getLogger(__name__)
@@ -181,6 +187,7 @@ class Proxy:
         self.draining = False
         self.handlers: set[asyncio.Task[object]] = set()
         self.releases = Releases()
+        self.stored = StoredResponses(config.limits.stored_responses)
         self.health = Health(
             config.health, [u for r in self.upstreams for u in r.upstreams], metrics=metrics
         )
@@ -203,6 +210,8 @@ class Proxy:
         app.router.add_get("/v1/models", self.models)
         # A model's name may hold a slash (org/name), which clients send as %2F.
         app.router.add_get("/v1/models/{model:.+}", self.model)
+        app.router.add_get(PATHS["responses"] + "/{id}", self.stored_response)
+        app.router.add_post(PATHS["responses"] + "/{id}/cancel", self.stored_response)
 
     def _handler(
         self, endpoint: Endpoint
@@ -231,6 +240,31 @@ class Proxy:
         if model is None:
             return _refuse(request, Refusal.UNKNOWN_MODEL, f"the model {name!r} does not exist")
         return web.json_response(_model_object(model))
+
+    async def stored_response(self, request: web.Request) -> web.StreamResponse:
+        """A stored response's retrieval or cancel, at the server that made it."""
+        if self.draining:
+            return _refuse(request, Refusal.SHUTTING_DOWN, "the gateway is stopping")
+        try:
+            identity = self._identity(request)
+        except Refused as e:
+            return _refuse(request, e.refusal, str(e))
+        response_id = request.match_info["id"]
+        stored = self.stored.find(response_id, identity.team)
+        if stored is None:
+            return _refuse(request, Refusal.NOT_FOUND, _not_stored(response_id))
+        entry = entry_of(request)
+        entry.model, entry.pool, entry.upstream = stored.model, stored.route.pool, stored.url
+        sent = self.header_policy.to_upstream(request.headers, entry.request_id)
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        try:
+            return await self.forwarder.relay(
+                request, stored.url, sent, self.header_policy.to_client
+            )
+        finally:
+            self.handlers.discard(task)
 
     # -- one request -------------------------------------------------------------------------
 
@@ -312,11 +346,17 @@ class Proxy:
         redone = False
         arrived = time.monotonic()  # a re-decided request keeps its first arrival
         entry = entry_of(request)
+        previous = parsed.previous_response_id
+        if previous is not None and self.stored.known_to_another(previous, identity.team):
+            return _refuse(request, Refusal.NOT_FOUND, _not_stored(previous))
+        continued = None if previous is None else self.stored.find(previous, identity.team)
         while True:
             placed = await self._place(request, parsed, model, identity)
             if isinstance(placed, web.Response):
                 return placed
             placement, waited = placed
+            on_route = continued is not None and continued.route == placement.route
+            prefer = continued.url if on_route and continued is not None else None
             grant = placement.grant
             kind = "degraded" if grant.degraded else "borrowing" if grant.borrowing else "within"
             self.metrics.grants_by(grant.pool, kind).inc()
@@ -330,7 +370,7 @@ class Proxy:
             redecided = False
             try:
                 response = await self._forward(
-                    request, parsed, placement, watched, outcome, acquire_s=waited
+                    request, parsed, placement, watched, outcome, acquire_s=waited, prefer=prefer
                 )
             except Redecide:
                 redecided = True
@@ -350,6 +390,9 @@ class Proxy:
                 await asyncio.shield(self.releases.start(grant, 0.0))
                 continue
             self.metrics.requests_by(model.name, grant.pool, str(outcome.status)).inc()
+            if parsed.store and outcome.response_id is not None and outcome.status == 200:  # noqa: PLR2004 (HTTP OK)
+                where = Stored(model.name, placement.route, outcome.upstream, identity.team)
+                self.stored.note(outcome.response_id, where)
             if outcome.first_chunk is not None:
                 waited = outcome.first_chunk - arrived
                 self.metrics.first_token_by(grant.pool, kind).observe(waited)
@@ -419,9 +462,10 @@ class Proxy:
         outcome: Outcome,
         *,
         acquire_s: float,
+        prefer: str | None = None,
     ) -> web.StreamResponse:
         """One attempt at the upstream; fills ``outcome``; ``acquire_s``: the time its grant
-        took (an answer header).
+        took (an answer header); ``prefer``: the upstream to try first (``Forwarder.first``).
 
         Raises:
             Redecide: ``watched`` was signalled before the first byte went to the client.
@@ -435,7 +479,7 @@ class Proxy:
         answered_error = False  # the upstream answered with an error status
         try:
             try:
-                first = self.forwarder.first(placement, path, data, sent, parsed, outcome)
+                first = self.forwarder.first(placement, path, data, sent, parsed, outcome, prefer)
                 attempt = await unless_signalled(first, watched, self._closer(placement))
                 opened, head = attempt
             except UpstreamFailed as e:
@@ -455,8 +499,10 @@ class Proxy:
             if parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
                 outcome.first_chunk = time.monotonic()
                 return await self.forwarder.stream(request, parsed, upstream, head, answer, outcome)
-            if not parsed.stream:
-                outcome.usage = bodies.usage_of_body(head) if upstream.status == 200 else None  # noqa: PLR2004
+            if not parsed.stream and upstream.status == 200:  # noqa: PLR2004 (HTTP OK)
+                outcome.usage = bodies.usage_of_body(head)
+                if parsed.endpoint == "responses":
+                    outcome.response_id = bodies.response_id_of(head)
             return web.Response(status=upstream.status, body=head, headers=answer)
         except asyncio.CancelledError:
             if not self.draining:  # else cancelled by the stop, after the grace
@@ -494,6 +540,13 @@ def _refuse(
     """The answer of a refusal by the gateway (or the allocator) before any upstream."""
     entry_of(request).ended = "refused"
     return error_response(refusal, message, headers=headers)
+
+
+def _not_stored(response_id: str) -> str:
+    return (
+        f"no stored response {response_id!r} is known to this gateway (one made through "
+        "another gateway replica is known only there)"
+    )
 
 
 def _too_large(limit: int) -> Refused:

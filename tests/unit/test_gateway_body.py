@@ -15,6 +15,7 @@ from fairshare.gateway.body import (
     Usage,
     estimate_prompt_tokens,
     parse_request,
+    response_id_of,
     upstream_body,
     usage_of,
 )
@@ -54,6 +55,8 @@ def test_parse_and_estimate() -> None:
         (b'{"model": "m"}', "embeddings", BadRequest),
         (b'{"input": "x"}', "responses", BadRequest),
         (b'{"model": "m", "max_output_tokens": -1}', "responses", BadRequest),
+        (b'{"model": "m", "previous_response_id": 7}', "responses", BadRequest),
+        (b'{"model": "m", "previous_response_id": ""}', "responses", BadRequest),
         (chat(stream="yes"), "chat", BadRequest),
         (chat(stream_options=3), "chat", BadRequest),
         (chat(max_tokens=-1), "chat", BadRequest),
@@ -205,9 +208,18 @@ def test_embeddings_and_responses_bodies() -> None:
     assert sent.startswith(raw[:-1])  # no stream_options: the Responses stream has its usage
     assert json.loads(sent) == dict(json.loads(raw), priority=5)
     assert parse_request(b'{"model": "m", "input": "zzzz"}', "responses").prompt_tokens == 1
-    assert (
-        parse_request(b'{"model": "m", "previous_response_id": "r"}', "responses").est_tokens == 0
-    )
+    continued = parse_request(b'{"model": "m", "previous_response_id": "r"}', "responses")
+    assert (continued.est_tokens, continued.previous_response_id, continued.store) == (0, "r", True)
+    unstored = parse_request(b'{"model": "m", "input": "x", "store": false}', "responses")
+    assert (unstored.previous_response_id, unstored.store) == (None, False)
+    assert not parse_request(chat(), "chat").store  # only a Responses request is stored
+
+
+def test_the_id_of_a_responses_answer() -> None:
+    assert response_id_of(b'{"id": "resp_1", "object": "response"}') == "resp_1"
+    assert response_id_of(b'{"id": 3}') is None
+    assert response_id_of(b"not json") is None
+    assert response_id_of(b"[1]") is None
 
 
 def test_the_usage_of_every_answer() -> None:
@@ -236,3 +248,16 @@ def test_a_responses_stream_passes_whole_and_its_usage_is_read() -> None:
     out = b"".join(filtered.feed(stream[i : i + 5]) for i in range(0, len(stream), 5))
     assert out + filtered.finish() == stream
     assert filtered.usage == Usage(3, 2)
+    assert filtered.response_id is None  # the events above carry no id
+
+
+def test_a_responses_streams_id_is_read_with_its_usage() -> None:
+    usage = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}
+    stream = (
+        typed("response.created", response={"id": "resp_9", "usage": None})
+        + typed("response.output_text.delta", delta="tok")
+        + typed("response.completed", response={"id": "resp_9", "usage": usage})
+    )
+    filtered = StreamFilter(keep_usage=True)
+    assert filtered.feed(stream) == stream
+    assert (filtered.response_id, filtered.usage) == ("resp_9", Usage(1, 1))

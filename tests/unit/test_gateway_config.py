@@ -67,6 +67,7 @@ def test_defaults() -> None:
     assert (limits.upstream_connect_s, limits.upstream_first_byte_s) == (5.0, 300.0)
     assert limits.upstream_idle_s == 60.0
     assert (limits.header_timeout_s, limits.max_client_connections) == (10.0, 4096)
+    assert limits.stored_responses == 10_000
     health = config.health
     assert (health.interval_s, health.timeout_s) == (5.0, 2.0)
     assert (health.unhealthy_after, health.eject_after) == (2, 5)
@@ -188,6 +189,7 @@ def test_auth_trusts_headers_from_loopback_unless_told() -> None:
         ({"limits": {"upstream_idle_s": "1m"}}, "limits.upstream_idle_s"),
         ({"limits": {"header_timeout_s": -1}}, "limits.header_timeout_s"),
         ({"limits": {"max_client_connections": 0}}, "limits.max_client_connections"),
+        ({"limits": {"stored_responses": 0}}, "limits.stored_responses"),
         ({"limits": {"upstream_timeout_s": 600}}, "limits.upstream_timeout_s"),
         ({"health": {"interval_s": 0}}, "health.interval_s"),
         ({"health": {"unhealthy_after": 1.5}}, "health.unhealthy_after"),
