@@ -32,9 +32,11 @@ are read the same way: the usage is the ``response.usage`` of ``response.complet
 every event counts toward the tokens seen (a few more than the text deltas).
 
 Stored responses: a Responses request's ``previous_response_id`` (a string, or null) and
-``store`` (a boolean, true when absent, as in OpenAI's API) are read; the answer's ``id``
-is read from a whole answer (``response_id_of``), and from a stream's event that carries
-the response's usage (``response.completed``; the filter's ``response_id``).
+``store`` (a boolean, true when absent, as in OpenAI's API) are read, and its
+``request_id`` is not sent upstream: vLLM makes it the answer's id, and a client choosing
+ids could take another team's. The answer's ``id`` is read from a whole answer
+(``response_id_of``), and from a stream's ``response.created`` event, or else the first
+event that carries the response's usage (the filter's ``response_id``, with ``read_id``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ USAGE_FIELDS: Final = (
     ("input_tokens", "output_tokens"),
 )
 """The names of a usage's two counts: chat, completions and embeddings; Responses."""
+CLIENT_ID_FIELD: Final = "request_id"
+"""A Responses request's field that vLLM makes the answer's id: not sent upstream."""
+CREATED_EVENT: Final = b"response.created"
+"""The first event of a Responses stream, which names the response."""
 KEPT_TAIL: Final = 3
 """Bytes kept back when an over-long event is passed on: a part of its end (``\r\n\r``)."""
 
@@ -182,6 +188,8 @@ def upstream_body(request: Request, priority: int) -> bytes:
         return request.raw.rstrip()[:-1] + b',"priority":%d}' % priority
     body = dict(request.body)
     body["priority"] = priority
+    if request.endpoint == "responses":
+        body.pop(CLIENT_ID_FIELD, None)
     if request.asks_usage:
         options = dict(body.get("stream_options") or {})  # type: ignore[call-overload]
         options["include_usage"] = True
@@ -198,6 +206,7 @@ def _appendable(request: Request) -> bool:
         bool(request.raw)
         and not request.asks_usage
         and "priority" not in request.body
+        and not (request.endpoint == "responses" and CLIENT_ID_FIELD in request.body)
         and json.detect_encoding(request.raw) == "utf-8"
     )
 
@@ -253,11 +262,12 @@ class StreamFilter:
     left at the end of the stream.
     """
 
-    def __init__(self, *, keep_usage: bool) -> None:
+    def __init__(self, *, keep_usage: bool, read_id: bool = False) -> None:
         self.keep_usage = keep_usage
+        self.read_id = read_id
         self.usage: Usage | None = None
         self.response_id: str | None = None
-        """A Responses stream's response id, from the event with its usage."""
+        """With ``read_id``: a Responses stream's response id (see the module doc)."""
         self.events = 0  # content events passed (an estimate of completion tokens)
         self._partial = b""
         self._unread = False  # passing on the rest of an over-long event
@@ -279,11 +289,15 @@ class StreamFilter:
         self._partial = rest
         tail = self._pass_unread(rest) if len(rest) > MAX_EVENT_BYTES else b""
         whole = data[: len(data) - len(rest)]
-        if b'"usage"' not in whole:  # the common case: no event to look into
+        if b'"usage"' not in whole and not self._id_in(whole):  # the common case
             self.events += len(parts) // 2 - whole.count(DONE_EVENT)
             return passed + whole + tail
         out = [self._event(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
         return passed + b"".join(out) + tail
+
+    def _id_in(self, data: bytes) -> bool:
+        """Whether ``data`` may hold the response id still to be read."""
+        return self.read_id and self.response_id is None and CREATED_EVENT in data
 
     def _pass_unread(self, data: bytes) -> bytes:
         """Passes on an event too long to keep, but for its last bytes (they may begin its
@@ -306,7 +320,8 @@ class StreamFilter:
             return kept
         if event.startswith(EVENT_FIELD):  # a typed event: its data on the next line
             event = event[event.find(b"\n") + 1 :] if b"\n" in event else b""
-        if not event.startswith(b"data:") or b'"usage"' not in event:
+        readable = b'"usage"' in event or self._id_in(event)
+        if not event.startswith(b"data:") or not readable:
             self.events += 1
             return kept
         try:
@@ -314,13 +329,13 @@ class StreamFilter:
         except (UnicodeDecodeError, json.JSONDecodeError):
             self.events += 1
             return kept
+        if self.read_id and self.response_id is None and isinstance(chunk, Mapping):
+            self.response_id = _id_of(chunk.get("response"))
         usage = usage_of(chunk)
         if usage is None:
             self.events += 1
             return kept
         self.usage = usage
-        if isinstance(chunk, Mapping) and self.response_id is None:
-            self.response_id = _id_of(chunk.get("response"))
         usage_only = isinstance(chunk, Mapping) and not chunk.get("choices")
         if usage_only and not self.keep_usage:
             return b""

@@ -205,7 +205,9 @@ class Forwarder:
         outcome: Outcome,
     ) -> web.StreamResponse:
         """Passes a stream on event by event, from its first chunk ``head``."""
-        filtered = StreamFilter(keep_usage=parsed.client_wants_usage)
+        filtered = StreamFilter(
+            keep_usage=parsed.client_wants_usage, read_id=parsed.endpoint == "responses"
+        )
         headers["Content-Type"] = "text/event-stream"
         headers["Cache-Control"] = "no-cache"
         answer = web.StreamResponse(status=200, headers=headers)
@@ -344,59 +346,82 @@ class Forwarder:
         url: str,
         headers: Mapping[str, str],
         answer_headers: Callable[[Mapping[str, str]], Mapping[str, str]],
+        outcome: Outcome,
     ) -> web.StreamResponse:
-        """Sends ``request`` (its method, path and query, no body) to the upstream ``url``
-        with ``headers``, and its answer back with ``answer_headers`` of the upstream's: a
-        Server-Sent Events answer event by event, any other whole. A failure before the
-        status line is the OpenAI error of ``fairshare.gateway.errors``; one mid-stream is
-        an error event."""
+        """Sends ``request`` (its method and query, with no body) to ``url`` (the
+        upstream's URL with its path) with ``headers``, and its answer back with ``answer_headers``
+        of the upstream's: a Server-Sent Events answer event by event, any other whole.
+        A failure before the status line is the OpenAI error of
+        ``fairshare.gateway.errors``; one mid-stream is an error event. ``outcome`` gets
+        the status, the upstream and why it ended short. The upstream's answer is closed
+        on every path, the handler's cancellation (the client gone) included."""
+        upstream = outcome.upstream
         opened: aiohttp.ClientResponse | None = None
-        target = url + request.path_qs
         try:
-            async with asyncio.timeout(self.limits.upstream_first_byte_s):
-                opened = await self.session.request(
-                    request.method, target, headers=headers, timeout=self._timeout
-                )
-                streamed = opened.content_type == "text/event-stream"
-                head = await (opened.content.readany() if streamed else opened.read())
-        except TimeoutError:
-            if opened is not None:
-                opened.close()
-            self.metrics.upstream_errors.labels(url, "timeout").inc()
-            why = f"the upstream sent nothing within {self.limits.upstream_first_byte_s:g}s"
-            return error_response(Refusal.UPSTREAM_TIMEOUT, why)
-        except (aiohttp.ClientError, OSError) as e:
-            if opened is not None:
-                opened.close()
-            self.metrics.upstream_errors.labels(url, "broken").inc()
-            return error_response(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}")
-        try:
+            try:
+                async with asyncio.timeout(self.limits.upstream_first_byte_s):
+                    opened = await self.session.request(
+                        request.method,
+                        url,
+                        params=request.query,
+                        headers=headers,
+                        timeout=self._timeout,
+                    )
+                    streamed = opened.content_type == "text/event-stream"
+                    head = await (opened.content.readany() if streamed else opened.read())
+            except TimeoutError:
+                outcome.cut = "timeout"
+                self.metrics.upstream_errors.labels(upstream, "timeout").inc()
+                why = f"the upstream sent nothing within {self.limits.upstream_first_byte_s:g}s"
+                return error_response(Refusal.UPSTREAM_TIMEOUT, why)
+            except (aiohttp.ClientError, OSError) as e:
+                outcome.cut = "upstream_error"
+                self.metrics.upstream_errors.labels(upstream, "broken").inc()
+                self.health.request_failed(upstream)
+                return error_response(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}")
+            outcome.status = opened.status
             passed = answer_headers(opened.headers)
             if not streamed:
                 return web.Response(status=opened.status, body=head, headers=passed)
-            answer = web.StreamResponse(status=opened.status, headers=passed)
-            await answer.prepare(request)
-            try:
-                chunk = head
-                while chunk:
-                    await answer.write(chunk)
-                    async with asyncio.timeout(self.limits.upstream_idle_s):
-                        chunk = await opened.content.readany()
-            except TimeoutError:
-                stalled = f"the upstream sent nothing for {self.limits.upstream_idle_s:g}s"
-                await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, stalled))
-            except ConnectionResetError:
-                return answer  # the client went away
-            except aiohttp.ClientError as e:
-                await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
-            with contextlib.suppress(ConnectionResetError):
-                await answer.write_eof()
-            return answer
+            return await self._relay_stream(request, opened, head, passed, outcome)
         finally:
-            if opened.content.is_eof():
-                opened.release()
-            else:
-                opened.close()
+            if opened is not None:
+                if opened.content.is_eof():
+                    opened.release()
+                else:
+                    opened.close()
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        opened: aiohttp.ClientResponse,
+        head: bytes,
+        headers: Mapping[str, str],
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        answer = web.StreamResponse(status=opened.status, headers=headers)
+        await answer.prepare(request)
+        try:
+            chunk = head
+            while chunk:
+                await answer.write(chunk)
+                async with asyncio.timeout(self.limits.upstream_idle_s):
+                    chunk = await opened.content.readany()
+        except TimeoutError:
+            outcome.cut = "timeout"
+            self.metrics.upstream_errors.labels(outcome.upstream, "timeout").inc()
+            stalled = f"the upstream sent nothing for {self.limits.upstream_idle_s:g}s"
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, stalled))
+        except ConnectionResetError:
+            outcome.cut = "client_gone"
+            return answer
+        except aiohttp.ClientError as e:
+            outcome.cut = "upstream_error"
+            self.metrics.upstream_errors.labels(outcome.upstream, "broken").inc()
+            await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_BROKEN, repr(e)))
+        with contextlib.suppress(ConnectionResetError):
+            await answer.write_eof()
+        return answer
 
 
 def _choose(

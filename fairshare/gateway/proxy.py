@@ -7,7 +7,7 @@ prompt tokens), ``GET /v1/models`` and ``GET /v1/models/{id}`` (the configured m
 ``model_not_found`` for another), ``GET /v1/responses/{id}`` and ``POST
 /v1/responses/{id}/cancel`` (a stored response's, sent with no grant to the server that
 made it, for the team it was made for: ``fairshare.gateway.stored``; 404 ``not_found``
-for an id this gateway did not pass on, or another team's). Any other path is 404
+for an id this gateway did not pass on for the team). Any other path is 404
 ``not_found``, a known path with another method 405, both in OpenAI's error shape
 (``fairshare.gateway.middleware``). For one request:
 
@@ -23,7 +23,8 @@ for an id this gateway did not pass on, or another team's). Any other path is 40
    the route's router chooses for that priority (``fairshare.gateway.upstreams``;
    ``fewest-ahead`` unless configured otherwise; a request continuing a stored response,
    ``previous_response_id``, to the server holding it when it is on the placement's
-   route; another team's id is 404 before any grant), through ``fairshare.gateway.forward``,
+   route; an id not passed on for the team is 404 before any grant), through
+   ``fairshare.gateway.forward``,
    which does the HTTP side of each attempt; a connection that cannot be opened goes to
    another one;
 4. the answer goes back with the upstream's headers that pass and ``x-fairshare-priority``,
@@ -210,7 +211,7 @@ class Proxy:
         app.router.add_get("/v1/models", self.models)
         # A model's name may hold a slash (org/name), which clients send as %2F.
         app.router.add_get("/v1/models/{model:.+}", self.model)
-        app.router.add_get(PATHS["responses"] + "/{id}", self.stored_response)
+        app.router.add_get(PATHS["responses"] + "/{id}", self.stored_response, allow_head=False)
         app.router.add_post(PATHS["responses"] + "/{id}/cancel", self.stored_response)
 
     def _handler(
@@ -256,15 +257,23 @@ class Proxy:
         entry = entry_of(request)
         entry.model, entry.pool, entry.upstream = stored.model, stored.route.pool, stored.url
         sent = self.header_policy.to_upstream(request.headers, entry.request_id)
+        del sent["Content-Type"]  # no body
+        # The path is made here from the checked id, never from the client's path.
+        path = f"{PATHS['responses']}/{response_id}"
+        if request.path.endswith("/cancel"):
+            path += "/cancel"
+        outcome = Outcome(upstream=stored.url)
         task = asyncio.current_task()
         assert task is not None
         self.handlers.add(task)
         try:
             return await self.forwarder.relay(
-                request, stored.url, sent, self.header_policy.to_client
+                request, stored.url + path, sent, self.header_policy.to_client, outcome
             )
         finally:
             self.handlers.discard(task)
+            if outcome.cut:
+                entry.ended = outcome.cut
 
     # -- one request -------------------------------------------------------------------------
 
@@ -347,9 +356,9 @@ class Proxy:
         arrived = time.monotonic()  # a re-decided request keeps its first arrival
         entry = entry_of(request)
         previous = parsed.previous_response_id
-        if previous is not None and self.stored.known_to_another(previous, identity.team):
-            return _refuse(request, Refusal.NOT_FOUND, _not_stored(previous))
         continued = None if previous is None else self.stored.find(previous, identity.team)
+        if previous is not None and continued is None:
+            return _refuse(request, Refusal.NOT_FOUND, _not_stored(previous))
         while True:
             placed = await self._place(request, parsed, model, identity)
             if isinstance(placed, web.Response):
@@ -544,8 +553,8 @@ def _refuse(
 
 def _not_stored(response_id: str) -> str:
     return (
-        f"no stored response {response_id!r} is known to this gateway (one made through "
-        "another gateway replica is known only there)"
+        f"no stored response {response_id!r} is known to this gateway for this team (one "
+        "made through another gateway replica is known only there)"
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from harness.standin import Standin
 
-from .conftest import MODEL, Stack, start_stack
+from .conftest import MODEL, TEAM_HEADER, Stack, start_stack
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,9 +107,17 @@ async def test_another_teams_or_an_unknown_id_is_not_found(stack: Stack) -> None
         )
     with pytest.raises(openai.NotFoundError) as unknown:
         await other.responses.retrieve("resp_never_made")
-    for refused in (read, cancel, continued, unknown):
+    with pytest.raises(openai.NotFoundError) as unknown_continued:
+        await stack.client("team-a").responses.create(
+            model=MODEL, input="x", max_output_tokens=1, previous_response_id="resp_never_made"
+        )
+    for refused in (read, cancel, continued, unknown, unknown_continued):
         assert refused.value.code == "not_found"
         assert "known to this gateway" in refused.value.message
+    async with aiohttp.ClientSession(headers={TEAM_HEADER: "team-a"}) as session:
+        for escape in ("%2E%2E/cancel", "a%2Fb", "..%2Fhealth"):  # no other upstream path
+            async with session.get(f"{stack.gateway.url}/v1/responses/{escape}") as r:
+                assert r.status == 404, escape
     assert {n: len(r) for n, r in (await made_on(stack)).items()} == requests_before
     assert await stack.in_flight("gpu-a") == {}, "no grant was taken for them"
     with pytest.raises(openai.AuthenticationError):

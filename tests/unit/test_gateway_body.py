@@ -251,13 +251,26 @@ def test_a_responses_stream_passes_whole_and_its_usage_is_read() -> None:
     assert filtered.response_id is None  # the events above carry no id
 
 
-def test_a_responses_streams_id_is_read_with_its_usage() -> None:
+def test_a_responses_streams_id_is_read_from_its_first_event() -> None:
     usage = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}
     stream = (
-        typed("response.created", response={"id": "resp_9", "usage": None})
+        typed("response.created", response={"id": "resp_9", "status": "in_progress"})
         + typed("response.output_text.delta", delta="tok")
         + typed("response.completed", response={"id": "resp_9", "usage": usage})
     )
-    filtered = StreamFilter(keep_usage=True)
-    assert filtered.feed(stream) == stream
+    filtered = StreamFilter(keep_usage=True, read_id=True)
+    assert filtered.feed(stream[:40]) + filtered.feed(stream[40:]) == stream
     assert (filtered.response_id, filtered.usage) == ("resp_9", Usage(1, 1))
+    # Without its first event (too long to read, say), from the one with the usage.
+    late = StreamFilter(keep_usage=True, read_id=True)
+    late.feed(typed("response.completed", response={"id": "resp_8", "usage": usage}))
+    assert late.response_id == "resp_8"
+    assert StreamFilter(keep_usage=True).feed(stream) == stream  # read_id off: not read
+
+
+def test_a_clients_request_id_is_not_sent_with_a_responses_request() -> None:
+    raw = b'{"model": "m", "input": "x", "request_id": "resp_theirs"}'
+    sent = json.loads(upstream_body(parse_request(raw, "responses"), 2))
+    assert sent == {"model": "m", "input": "x", "priority": 2}
+    chat_raw = chat(request_id="r")  # vLLM's chat request_id makes no stored id: kept
+    assert json.loads(upstream_body(parse_request(chat_raw, "chat"), 2))["request_id"] == "r"
