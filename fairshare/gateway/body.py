@@ -5,12 +5,13 @@ and, by endpoint, ``messages`` (a list: ``/v1/chat/completions``), ``prompt``
 (``/v1/completions``) or ``input`` (``/v1/embeddings``); ``/v1/responses`` needs nothing
 more (a stored conversation may continue without ``input``). ``stream`` and
 ``stream_options`` are checked when present; an embeddings request never streams. The
-rest of the body is forwarded as is (``upstream_body``) but for two fields the gateway
-owns: ``priority`` (the grant's, overwriting any value the client sent) and, on a chat or
-completions stream, ``stream_options.include_usage: true`` (so the upstream reports what
-to charge; a Responses stream always ends with its usage, in ``response.completed``). When
-only ``priority`` is to be added (no ``priority`` sent, a UTF-8 body, no usage to ask
-for), it is appended to the client's bytes, which are not serialized again (a large
+rest of the body is forwarded as is (``upstream_body``) but for the fields the gateway
+owns: ``priority`` (the grant's, overwriting any value the client sent), on a chat or
+completions stream ``stream_options.include_usage: true`` (so the upstream reports what
+to charge; a Responses stream always ends with its usage, in ``response.completed``), and
+a Responses request's ``request_id``, left out (see below). When only ``priority`` is to
+be added (no ``priority`` sent, a UTF-8 body, no usage to ask for, no Responses
+``request_id``), it is appended to the client's bytes, which are not serialized again (a large
 prompt would cost more to encode than to parse); otherwise the body is encoded anew from
 the parsed object.
 
@@ -179,10 +180,11 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Request:
 
 def upstream_body(request: Request, priority: int) -> bytes:
     """The body sent upstream: the client's, with the grant's ``priority`` (overwriting the
-    client's) and, on a chat or completions stream, ``stream_options.include_usage: true``.
+    client's), on a chat or completions stream ``stream_options.include_usage: true``, and
+    without a Responses request's ``request_id``.
 
-    Guaranteed: it decodes to the parsed body with those fields set (see the module doc
-    for when the client's bytes are kept).
+    Guaranteed: it decodes to the parsed body with those fields set and that one left out
+    (see the module doc for when the client's bytes are kept).
     """
     if _appendable(request):
         return request.raw.rstrip()[:-1] + b',"priority":%d}' % priority

@@ -86,7 +86,8 @@ class Outcome:
     upstream: str = ""
     """The upstream of the last attempt ("" before one)."""
     response_id: str | None = None
-    """The id of a Responses answer passed on whole, or of a stream that reached its usage."""
+    """The id of a Responses answer passed on whole, or of a stream (from its
+    ``response.created``, else from the event with its usage)."""
     cut: str = ""
     """Why the attempt ended short (``fairshare.gateway.accesslog.ENDINGS``: a stream cut
     here, a failure or a 5xx answer in ``fairshare.gateway.proxy``); "" when it did not."""
@@ -377,7 +378,6 @@ class Forwarder:
             except (aiohttp.ClientError, OSError) as e:
                 outcome.cut = "upstream_error"
                 self.metrics.upstream_errors.labels(upstream, "broken").inc()
-                self.health.request_failed(upstream)
                 return error_response(Refusal.UPSTREAM_BROKEN, f"the upstream failed: {e!r}")
             outcome.status = opened.status
             passed = answer_headers(opened.headers)
@@ -414,6 +414,7 @@ class Forwarder:
             await _write_quietly(answer, sse_error_event(Refusal.UPSTREAM_TIMEOUT, stalled))
         except ConnectionResetError:
             outcome.cut = "client_gone"
+            self.metrics.disconnects.inc()
             return answer
         except aiohttp.ClientError as e:
             outcome.cut = "upstream_error"

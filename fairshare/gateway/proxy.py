@@ -260,7 +260,7 @@ class Proxy:
         del sent["Content-Type"]  # no body
         # The path is made here from the checked id, never from the client's path.
         path = f"{PATHS['responses']}/{response_id}"
-        if request.path.endswith("/cancel"):
+        if request.method == "POST":  # the cancel: the only POST of this handler
             path += "/cancel"
         outcome = Outcome(upstream=stored.url)
         task = asyncio.current_task()
