@@ -76,6 +76,14 @@ async def test_a_stored_response_is_retrieved_and_continued_where_it_lives(stack
     for response_id in made_ids:  # each from the one server that holds it
         retrieved = await client.responses.retrieve(response_id)
         assert (retrieved.id, retrieved.output_text) == (response_id, "tok tok")
+    # A retrieval as a stream comes back event by event, its query passed on.
+    replayed = [e async for e in await client.responses.retrieve(made_ids[2], stream=True)]
+    assert [(e.type, e.response.id) for e in replayed] == [  # type: ignore[union-attr]
+        ("response.created", made_ids[2]),
+        ("response.completed", made_ids[2]),
+    ]
+    rest = await client.responses.retrieve(made_ids[2], stream=True, starting_after=0)
+    assert [e.type async for e in rest] == ["response.completed"]
 
     continued = await client.responses.create(
         model=MODEL, input="and then", max_output_tokens=1, previous_response_id=made_ids[1]

@@ -15,7 +15,9 @@ every path. Not guaranteed: the records survive a restart (they are in memory).
 
 Stored responses (``--store-responses``, vLLM's ``VLLM_ENABLE_RESPONSES_API_STORE=1``): a
 Responses answer whose request did not say ``store: false`` is kept in this process's memory
-once complete, and ``GET /v1/responses/{id}`` returns it; ``POST /v1/responses/{id}/cancel``
+once complete, and ``GET /v1/responses/{id}`` returns it (with ``stream=true``, as a
+stream of its ``response.created`` and ``response.completed`` events, those numbered after
+``starting_after`` only); ``POST /v1/responses/{id}/cancel``
 answers 400 for it, as vLLM does for a response that is not running in the background.
 Both answer vLLM's 404 for an id this process does not hold, and 404 ``Not Found`` without
 the flag (vLLM serves them always, its store empty). Answer ids carry a tag of this
@@ -46,6 +48,7 @@ from fairshare.sim.standin.shapes import (
     StreamShapes,
     error_body,
     parse,
+    sse,
 )
 
 ANSWER_HEADERS: Final = "standin.headers"
@@ -147,11 +150,23 @@ class Standin:
     async def responses(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "responses")
 
-    async def retrieve(self, request: web.Request) -> web.Response:
+    async def retrieve(self, request: web.Request) -> web.StreamResponse:
         stored = self.stored.get(request.match_info["id"])
         if stored is None:
             return self._not_stored(request)
-        return web.json_response(stored)
+        if request.query.get("stream") != "true":
+            return web.json_response(stored)
+        after = int(request.query.get("starting_after", "-1"))
+        events = [("response.created", stored | {"status": "in_progress", "output": []})]
+        events.append(("response.completed", stored))
+        answer = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await answer.prepare(request)
+        for number, (kind, response) in enumerate(events):
+            if number > after:
+                data = {"type": kind, "sequence_number": number, "response": response}
+                await answer.write(f"event: {kind}\n".encode() + sse(data))
+        await answer.write_eof()
+        return answer
 
     async def cancel(self, request: web.Request) -> web.Response:
         if request.match_info["id"] not in self.stored:
