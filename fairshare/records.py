@@ -109,3 +109,5 @@ class PoolInfo:
     owner: NodeId
     owner_address: str
     epoch: Epoch
+    lends_all: bool = False
+    """No team lends less than all: the owner holds no borrower (``ha.owned.waiting``)."""

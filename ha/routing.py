@@ -306,6 +306,7 @@ class CallRouter:
                     route.node if route else NodeId(""),
                     route.address if route else "",
                     route.epoch if route else NO_EPOCH,
+                    lends_all=config.lends_all(),
                 )
             )
         return result

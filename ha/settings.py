@@ -125,6 +125,10 @@ class PoolConfig:
         """The most one release may charge: what a grant could consume in its life."""
         return self.max_charge_per_s * self.max_request_s
 
+    def lends_all(self) -> bool:
+        """Whether no team keeps slots back (no ``lend`` below 1): then nobody is held."""
+        return all(fraction >= 1.0 for fraction in self.lend.values())
+
     unknown_teams: UnknownTeams = UnknownTeams.ALLOW
     max_teams: int = DEFAULT_MAX_TEAMS
     max_in_flight: int | None = None

@@ -47,9 +47,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import grpc
 from grpc import aio
@@ -71,6 +73,11 @@ from fairshare.wire.metadata import session_entry
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
 logger = logging.getLogger(__name__)
+
+LIST_EVERY_S: Final = 10.0
+"""Least time between two background ListPools started to learn whether a pool's owner
+holds nobody (``AllocatorClient.acquire``): an Acquire of a pool not listed, or not
+known to the replicas yet, lists at most this often."""
 
 
 class AllocatorClient:
@@ -154,6 +161,8 @@ class AllocatorClient:
         self._state = ClientState(holder)
         self.deadline_s = deadline_s
         self._modes: dict[str, DegradedMode] = {}  # pool -> its degraded mode, from ListPools
+        self._lends_all: dict[str, bool] = {}  # pool -> its owner holds nobody, from ListPools
+        self._listed_at = -math.inf  # when the last background ListPools started
         # Its text is a secret, sent with every call: never logged (its id may be).
         session = new_session()
         self._calls = Calls(
@@ -287,6 +296,7 @@ class AllocatorClient:
         )
         for info in listing.pools:
             self._modes[info.pool] = degraded_mode(info.degraded_mode)
+            self._lends_all[info.pool] = info.lends_all
             self._adoption.saw_capacity(info.pool, info.capacity)
             self._calls.learn_owner(info.pool, info.owner_address)
             self._saw_epoch(info.pool, info.epoch)
@@ -308,7 +318,11 @@ class AllocatorClient:
         long (then, per the pool's ``on_wait_end``, it borrows anyway or is refused with
         ``LimitExceeded``). Such a call goes alone (not in a batch), may last ``wait_s``
         beyond the client's deadline, and is sent again with the wait it has left when its
-        replica fails. Cancelling the call leaves the owner's queue at once.
+        replica fails. Cancelling the call leaves the owner's queue at once. A pool that
+        ListPools says lends all (``lends_all``: its owner holds nobody) gets the call as
+        one without ``wait_s``, batched with others; a pool the client has not listed yet
+        is listed in the background (at most every ``LIST_EVERY_S``), its calls sent as
+        ones that may be held until then.
 
         Returns:
             The grant; call ``release`` on it when the request ends.
@@ -345,6 +359,7 @@ class AllocatorClient:
         try_only: bool,
         wait_s: float = 0.0,
     ) -> ClientGrant | None:
+        held = wait_s > 0 and not self._holds_nobody(pool)
         request = acquire_request(
             pool=pool,
             team=team,
@@ -353,10 +368,10 @@ class AllocatorClient:
             holder=self.holder,
             request_id=uuid.uuid4().hex,
             try_only=try_only,
-            wait_s=wait_s,
+            wait_s=wait_s if held else 0.0,
         )
         try:
-            r = await (self._decide(request) if wait_s <= 0 else self._held(request))
+            r = await (self._held(request) if held else self._decide(request))
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise to_allocator_error(e, address="", pool=pool) from e
@@ -392,6 +407,24 @@ class AllocatorClient:
         self._adoption.decided(grant, known)
         self._keeper.keep()
         return grant
+
+    def _holds_nobody(self, pool: str) -> bool:
+        """Whether ListPools said that ``pool``'s owner holds nobody; a pool not listed yet
+        is listed in the background (see ``acquire``)."""
+        lends_all = self._lends_all.get(pool)
+        if lends_all is None:
+            now = time.monotonic()
+            if now - self._listed_at >= LIST_EVERY_S:
+                self._listed_at = now
+                self._state.spawn(self._list_quietly(), "list pools")
+            return False
+        return lends_all
+
+    async def _list_quietly(self) -> None:
+        try:
+            await self.refresh_pools()
+        except aio.AioRpcError as e:
+            logger.debug("ListPools failed: %s; pools not listed are sent as held", e.code())
 
     async def _decide(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
         """One Acquire, batched with others of its pool, answered within ``deadline_s``.

@@ -290,4 +290,5 @@ def pool_info_pb(info: PoolInfo, mode: DegradedMode) -> pb.PoolInfo:
         owner_address=info.owner_address,
         epoch=info.epoch,
         degraded_mode=DEGRADED_MODE_PB[mode],
+        lends_all=info.lends_all,
     )

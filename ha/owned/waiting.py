@@ -56,7 +56,7 @@ class Waiting:
         self._clock = clock
         self._queue: HeldQueue[asyncio.Future[Grant]] = HeldQueue(config.held_bound(pool.capacity))
         self._stopped = False
-        self.lending = any(fraction < 1.0 for fraction in config.lend.values())
+        self.lending = not config.lends_all()
         """Whether any team keeps slots back: only then is anybody held."""
 
     def held_by_team(self) -> dict[str, int]:

@@ -39,6 +39,9 @@ pools:
     shares: {a: 0.5, b: 0.5}
     lend: {a: 0.0}
     on_wait_end: refuse
+  - name: open
+    capacity: 4
+    shares: {a: 0.5, b: 0.5}
 """
 
 
@@ -140,3 +143,26 @@ async def test_a_held_borrower_is_sent_again_with_its_wait_left_across_a_sigkill
         assert (await asyncio.wait_for(waiting, 10)).borrowing
         await lent[1].release(1.0)
         await waiting.result().release(1.0)
+
+
+async def test_a_pool_that_lends_all_gets_its_acquires_batched_whatever_their_wait(
+    tmp_path: Path,
+) -> None:
+    # ``open`` has no lend key: its owner holds nobody, so a wait_s changes nothing there
+    # and the client batches its Acquires like any others; ``lent`` may hold: one call each.
+    async with serving(tmp_path, CONFIG) as (server, _), client_of(server) as client:
+        acquires = client._calls._acquires
+        first = await borrow(client, "open")  # not listed yet: sent as one that may be held
+        assert acquires.items == 0
+        for _ in range(100):  # the pools are listed in the background meanwhile
+            if "open" in client._lends_all:
+                break
+            await asyncio.sleep(0.02)
+        assert client._lends_all == {"lent": False, "refusing": False, "open": True}
+        grants = await asyncio.gather(*(borrow(client, "open") for _ in range(30)))
+        assert acquires.items == 30 and acquires.calls < 30, "sent in batches"
+        assert all(g.borrowing for g in grants)  # x has no share: answered at once
+        lent = await asyncio.gather(*(borrow(client, "lent") for _ in range(2)))
+        assert acquires.items == 30, "a pool that may hold: each Acquire alone"
+        for grant in [first, *grants, *lent]:
+            await grant.release(0.0)

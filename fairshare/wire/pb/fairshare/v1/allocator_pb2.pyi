@@ -246,20 +246,22 @@ class ListPoolsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolInfo(_message.Message):
-    __slots__ = ("pool", "capacity", "owner", "owner_address", "epoch", "degraded_mode")
+    __slots__ = ("pool", "capacity", "owner", "owner_address", "epoch", "degraded_mode", "lends_all")
     POOL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     OWNER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_MODE_FIELD_NUMBER: _ClassVar[int]
+    LENDS_ALL_FIELD_NUMBER: _ClassVar[int]
     pool: str
     capacity: int
     owner: str
     owner_address: str
     epoch: int
     degraded_mode: DegradedMode
-    def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ..., owner: _Optional[str] = ..., owner_address: _Optional[str] = ..., epoch: _Optional[int] = ..., degraded_mode: _Optional[_Union[DegradedMode, str]] = ...) -> None: ...
+    lends_all: bool
+    def __init__(self, pool: _Optional[str] = ..., capacity: _Optional[int] = ..., owner: _Optional[str] = ..., owner_address: _Optional[str] = ..., epoch: _Optional[int] = ..., degraded_mode: _Optional[_Union[DegradedMode, str]] = ..., lends_all: _Optional[bool] = ...) -> None: ...
 
 class ListPoolsResponse(_message.Message):
     __slots__ = ("pools",)
