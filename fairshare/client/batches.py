@@ -4,14 +4,19 @@
 lists: at most ``in_flight`` lists of one key are being sent at once, and the items that
 arrive meanwhile wait and leave together in the next list (at most ``max_items`` each).
 A lone item therefore goes out at once, alone, as it would without batching; under load
-one call carries many items, which is what saves a busy gateway its per-call cost.
+one call carries many items, which is what saves a busy gateway its per-call cost. With
+``inline``, an item that finds its key idle (nothing being sent, nothing waiting) is sent
+from its caller's own task, counted as one list being sent: no task of its own, the cost
+of a call without batching.
 
 Guarantees:
 - Each submitted item is sent at most once by this object, and its caller gets the
   result ``send`` returned in its place, or the exception ``send`` raised for its list.
 - Items of one key leave in the order they were submitted.
 - A caller that stops waiting (cancelled) before its item left takes the item out: it is
-  not sent. Once sent, the item's result is dropped.
+  not sent. Once sent, the item's result is dropped; an item sent inline is sent in its
+  caller's task, so cancelling the caller cancels its call (its result is then unknown,
+  as that of a call that timed out).
 
 Non-guarantees: no deadline of its own (the caller bounds its wait); no retry (``send``
 retries, or the caller does).
@@ -41,11 +46,14 @@ class _Key(Generic[Item, Result]):
 class Batches(Generic[Item, Result]):
     """See the module doc."""
 
-    def __init__(self, send: Send[Item, Result], *, in_flight: int, max_items: int) -> None:
+    def __init__(
+        self, send: Send[Item, Result], *, in_flight: int, max_items: int, inline: bool = False
+    ) -> None:
         """Args:
         send: sends one list of items of a key.
         in_flight: most lists of one key being sent at once (>= 1).
         max_items: most items in one list (>= 1).
+        inline: send an item that finds its key idle from its caller's task.
 
         Raises:
             ValueError: a bound < 1.
@@ -55,6 +63,7 @@ class Batches(Generic[Item, Result]):
         self._send = send
         self._in_flight = in_flight
         self._max_items = max_items
+        self._inline = inline
         self._keys: dict[str, _Key[Item, Result]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.calls = 0
@@ -71,11 +80,31 @@ class Batches(Generic[Item, Result]):
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _Key()
+        if self._inline and state.sending == 0 and not state.waiting:
+            return await self._send_inline(key, state, item)
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         state.waiting.append((item, future))
         if state.sending < self._in_flight:
             self._start(key, state)
         return await future
+
+    async def _send_inline(self, key: str, state: _Key[Item, Result], item: Item) -> Result:
+        """Sends ``item`` alone from the caller's task, counted as a list being sent; what
+        arrived meanwhile is sent after it."""
+        state.sending += 1
+        self.calls += 1
+        self.items += 1
+        try:
+            [result] = await self._send(key, [item])
+        finally:
+            state.sending -= 1
+            if state.waiting and state.sending < self._in_flight:
+                self._start(key, state)
+            elif state.sending == 0 and not state.waiting and self._keys.get(key) is state:
+                del self._keys[key]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def _start(self, key: str, state: _Key[Item, Result]) -> None:
         state.sending += 1

@@ -11,7 +11,8 @@ Acquires and releases of one pool go through ``fairshare.client.batches`` (``acq
 ``release``): while ``calls_in_flight`` calls of a kind are out for the pool, the ones that
 arrive meanwhile leave together in one ``AcquireMany`` or ``ReleaseMany`` call, each item
 answered as it would be alone (a refused item comes back as the failed call it stands for,
-``fairshare.wire.errors.item_failure``). A lone call goes out at once as the plain call. A replica
+``fairshare.wire.errors.item_failure``). A lone call goes out at once as the plain call; a
+lone Acquire from its caller's own task (``Batches``' ``inline``). A replica
 that lacks the batched methods (an older version, ``UNIMPLEMENTED``) gets plain calls side
 by side for ``UNBATCHED_FOR_S``.
 
@@ -105,8 +106,10 @@ class Calls:
         self._route_to_owner = route_to_owner
         self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
         self._unbatched_until = -math.inf
+        # A lone Acquire goes from its caller's task (a cancelled caller's acquire is
+        # settled by the client's backlog); a lone Release from a task of its own.
         self._acquires = Batches(
-            self._acquire_many, in_flight=calls_in_flight, max_items=MAX_BATCH_ITEMS
+            self._acquire_many, in_flight=calls_in_flight, max_items=MAX_BATCH_ITEMS, inline=True
         )
         self._releases = Batches(
             self._release_many, in_flight=calls_in_flight, max_items=MAX_BATCH_ITEMS
@@ -238,6 +241,8 @@ class Calls:
         self, pool: str, requests: list[pb.AcquireRequest]
     ) -> list[pb.AcquireResponse | BaseException]:
         """Sends one list of ``pool``'s Acquires: one alone as Acquire, else as AcquireMany."""
+        if len(requests) == 1:
+            return await self._each("Acquire", requests, pool)
         batch = pb.AcquireManyRequest(holder=self._holder, requests=requests)
         answer = await self._batched("AcquireMany", batch, len(requests), pool)
         if answer is None:
@@ -273,6 +278,13 @@ class Calls:
     async def _each(self, method: str, requests: Sequence[object], pool: str) -> list[Any]:
         """``method`` called once per request, side by side; each result or error in its
         place."""
+        if len(requests) == 1:  # most calls: awaited here, without a task of their own
+            try:
+                return [
+                    await self.call(method, requests[0], deadline_s=self._deadline_s, pool=pool)
+                ]
+            except Exception as e:
+                return [e]
         calls = [
             self.call(method, r, deadline_s=self._deadline_s, pool=pool)  # type: ignore[var-annotated]
             for r in requests

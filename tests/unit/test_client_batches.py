@@ -126,3 +126,36 @@ def test_bounds_below_one_are_refused() -> None:
         Batches(send, in_flight=0, max_items=8)
     with pytest.raises(ValueError, match="max_items"):
         Batches(send, in_flight=1, max_items=0)
+
+
+async def test_inline_a_lone_item_is_sent_from_its_callers_task() -> None:
+    send = Sender()
+    batches = Batches(send, in_flight=1, max_items=8, inline=True)
+    first = asyncio.create_task(batches.submit("p", 1))
+    await settle()
+    assert send.lists == [("p", [1])] and not batches._tasks  # no task of its own
+    # Meanwhile the key is busy: the next ones wait, and leave together after it.
+    rest = [asyncio.create_task(batches.submit("p", n)) for n in (2, 3, -4)]
+    await settle()
+    assert len(send.lists) == 1
+    send.gate.set()
+    assert await first == 10
+    assert await asyncio.gather(*rest[:2]) == [20, 30]
+    with pytest.raises(ValueError, match="-4"):
+        await rest[2]
+    assert send.lists == [("p", [1]), ("p", [2, 3, -4])]
+    assert (batches.calls, batches.items) == (2, 4)
+    assert batches._keys == {}  # an idle key is forgotten
+
+
+async def test_inline_a_cancelled_caller_cancels_its_call_and_frees_the_key() -> None:
+    send = Sender()
+    batches = Batches(send, in_flight=1, max_items=8, inline=True)
+    call = asyncio.create_task(batches.submit("p", 1))
+    await settle()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert send.out == 0 and batches._keys == {}
+    send.gate.set()
+    assert await batches.submit("p", 2) == 20  # inline again
