@@ -88,9 +88,9 @@ class Settings:
             on undecided (no ``priority``).
         headers: add the ``x-fairshare-*`` headers to answers.
         borrow_wait_s: how long a request that would borrow past its pool's lending limit
-            (``lend``) may be held at the allocator for a slot (0: not held; the pool's
-            ``on_wait_end`` says what happens then), as the gateway's
-            ``limits.borrow_wait_s``.
+            (``lend``) may be held at the allocator for a slot, as the gateway's
+            ``limits.borrow_wait_s``; 0: never held, answered at once as a borrower (the
+            pool's ``on_wait_end`` does not apply).
     """
 
     allocator: AllocatorSettings
