@@ -67,6 +67,10 @@ OFFLINE_ENV = {
     "LITELLM_LOG": "WARNING",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
+    # The stand-in streams one token over and over, which LiteLLM takes for a model stuck
+    # in a loop after 100 identical chunks and cuts (a MidStreamFallbackError): a stream
+    # of the tests would end after half a second at the stand-in's 200 tokens/s.
+    "REPEATED_STREAMING_CHUNK_LIMIT": "1000000",
 }
 """The proxy's environment, besides PATH, HOME and the locale."""
 

@@ -175,10 +175,11 @@ async def test_the_class_comes_from_the_request_metadata(clean: Stack) -> None:
 
 
 async def test_a_borrower_is_ranked_below_the_teams_within_share(clean: Stack) -> None:
-    """team-a holds its one slot with a stream; its next request borrows (10 or more)."""
+    """team-a holds its one slot with a stream (of 5 s, closed early); its next request
+    borrows (10 or more)."""
     async with clean.client("team-a") as client:
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=200, stream=True
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1000, stream=True
         )
         first = await anext(aiter(stream))
         assert first is not None
