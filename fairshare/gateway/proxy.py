@@ -211,14 +211,34 @@ class Proxy:
         app.router.add_get("/v1/models", self.models)
         # A model's name may hold a slash (org/name), which clients send as %2F.
         app.router.add_get("/v1/models/{model:.+}", self.model)
-        app.router.add_get(PATHS["responses"] + "/{id}", self.stored_response, allow_head=False)
-        app.router.add_post(PATHS["responses"] + "/{id}/cancel", self.stored_response)
+        stored = self._tracking(self._relay_stored)
+        app.router.add_get(PATHS["responses"] + "/{id}", stored, allow_head=False)
+        app.router.add_post(PATHS["responses"] + "/{id}/cancel", stored)
 
     def _handler(
         self, endpoint: Endpoint
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def serve(request: web.Request) -> web.StreamResponse:
+            return await self._serve(request, endpoint)
+
+        return self._tracking(serve)
+
+    def _tracking(
+        self, serve: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """``serve`` refused while the gateway stops, and its task kept in ``handlers``
+        while it runs (the stop waits for them, then cancels them)."""
+
         async def handle(request: web.Request) -> web.StreamResponse:
-            return await self._tracked(request, endpoint)
+            if self.draining:
+                return _refuse(request, Refusal.SHUTTING_DOWN, "the gateway is stopping")
+            task = asyncio.current_task()
+            assert task is not None
+            self.handlers.add(task)
+            try:
+                return await serve(request)
+            finally:
+                self.handlers.discard(task)
 
         return handle
 
@@ -242,10 +262,8 @@ class Proxy:
             return _refuse(request, Refusal.UNKNOWN_MODEL, f"the model {name!r} does not exist")
         return web.json_response(_model_object(model))
 
-    async def stored_response(self, request: web.Request) -> web.StreamResponse:
+    async def _relay_stored(self, request: web.Request) -> web.StreamResponse:
         """A stored response's retrieval or cancel, at the server that made it."""
-        if self.draining:
-            return _refuse(request, Refusal.SHUTTING_DOWN, "the gateway is stopping")
         try:
             identity = self._identity(request)
         except Refused as e:
@@ -263,30 +281,15 @@ class Proxy:
         if request.method == "POST":  # the cancel: the only POST of this handler
             path += "/cancel"
         outcome = Outcome(upstream=stored.url)
-        task = asyncio.current_task()
-        assert task is not None
-        self.handlers.add(task)
         try:
             return await self.forwarder.relay(
                 request, stored.url + path, sent, self.header_policy.to_client, outcome
             )
         finally:
-            self.handlers.discard(task)
             if outcome.cut:
                 entry.ended = outcome.cut
 
     # -- one request -------------------------------------------------------------------------
-
-    async def _tracked(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        if self.draining:
-            return _refuse(request, Refusal.SHUTTING_DOWN, "the gateway is stopping")
-        task = asyncio.current_task()
-        assert task is not None
-        self.handlers.add(task)
-        try:
-            return await self._serve(request, endpoint)
-        finally:
-            self.handlers.discard(task)
 
     def _identity(self, request: web.Request) -> Identity:
         """Who the request is for (``fairshare.gateway.identity``), noted in the request's
@@ -364,8 +367,9 @@ class Proxy:
             if isinstance(placed, web.Response):
                 return placed
             placement, waited = placed
-            on_route = continued is not None and continued.route == placement.route
-            prefer = continued.url if on_route and continued is not None else None
+            prefer = None
+            if continued is not None and continued.route == placement.route:
+                prefer = continued.url
             grant = placement.grant
             kind = "degraded" if grant.degraded else "borrowing" if grant.borrowing else "within"
             self.metrics.grants_by(grant.pool, kind).inc()
