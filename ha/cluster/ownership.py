@@ -14,6 +14,11 @@ Guarantees:
 - An ownerless pool that its target does not take is campaigned for by every other replica
   at the latest ``lease_ttl_s + campaign_delay_s`` after it became ownerless, however many
   other pools are being taken meanwhile.
+- For ``campaign_delay_s`` after joining, a node campaigns only for pools it has seen owned
+  and then ownerless (a handover or a failover): a pool no replica has owned since it joined
+  waits, so a cluster that starts one replica after another does not give every pool to
+  the first; a pool handed over while its target has just joined (a rolling restart) is
+  taken at once.
 - Failed campaigns for a pool back off and are logged sparingly (``ha.cluster.backoff``).
 - A node has at most ``IN_FLIGHT`` campaigns (each ends once its first snapshot is written)
   and ``IN_FLIGHT`` rebalancing handovers under way at a time: with a thousand ownerless
@@ -110,6 +115,9 @@ class Ownership:
         # their targets are at work and a node that is not a pool's target waits for it.
         self._taken_at = -math.inf
         self._started = 0.0
+        # Pools this node has seen owned: one of them without an owner lost it (a handover,
+        # a failover), so settling after the join does not hold its campaign back.
+        self._seen_owned: set[PoolName] = set()
 
     # -- what the node asks --------------------------------------------------------------
 
@@ -215,6 +223,7 @@ class Ownership:
         """The pool's owner key changed: drops the pool if it is no longer ours."""
         if route is not None:
             self._taken_at = self._clock.monotonic()
+            self._seen_owned.add(pool)
         if route is not None and route.node != self.node_id:
             self._store.clear(pool)  # another node wrote its owner key: not our disk's
         owned = self.owned.get(pool)
@@ -258,7 +267,8 @@ class Ownership:
         back and forth); an ownerless pool is campaigned for by the pin's target, a fresh
         hint's target, or the preferred replica at once, by the others after
         ``campaign_delay_s`` in which no pool was taken, and at the latest
-        ``lease_ttl_s + campaign_delay_s`` after the pool became ownerless.
+        ``lease_ttl_s + campaign_delay_s`` after the pool became ownerless. For
+        ``campaign_delay_s`` after the join, only pools seen owned are campaigned for.
         """
         now = self._clock.monotonic()
         self._give_up_unfenced()
@@ -282,7 +292,11 @@ class Ownership:
             elif route is not None:
                 self._absent_since.pop(name, None)
                 self._let_go_if_stale(name, route)
-            elif name not in self._campaigns and not settling and self._room():
+            elif (
+                name not in self._campaigns
+                and (not settling or name in self._seen_owned)
+                and self._room()
+            ):
                 self._campaign_when_due(name, members, now)
 
     def _give_up_unfenced(self) -> None:
