@@ -46,6 +46,10 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.etcd_cluster import EtcdCluster
 from harness.proxy import TcpProxy
 
+NOTABLE_MARKS = (" WARNING ", " ERROR ", " CRITICAL ", "ha.cluster.")
+"""What ``notable_logs`` keeps: warnings and worse, and the cluster's ownership lines."""
+NOTABLE_LINES = 60
+
 
 class DrillCluster:
     """A three-member etcd, three replicas, and gateways; the nemeses act on them."""
@@ -403,3 +407,17 @@ class DrillCluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {r.node}\n{r.log_text()[-3000:]}" for r in self.replicas)
+
+    def notable_logs(self, per_replica: int = NOTABLE_LINES) -> str:
+        """Each replica's warnings, errors and ownership changes over the whole drill
+        (the last ``per_replica`` of them): what explains a failed drill's transitions
+        or unavailability, which the end of a log (``logs``) may not reach back to."""
+        parts = []
+        for replica in self.replicas:
+            lines = [
+                line
+                for line in replica.log_text().splitlines()
+                if any(mark in line for mark in NOTABLE_MARKS)
+            ]
+            parts.append(f"--- {replica.node}\n" + "\n".join(lines[-per_replica:]))
+        return "\n".join(parts)

@@ -26,8 +26,10 @@ Drill = Callable[[str], Awaitable[tuple[DrillCluster, DrillResult]]]
 
 
 @pytest.fixture
-async def drill(report: list[DrillResult]) -> AsyncIterator[Drill]:
-    clusters: list[DrillCluster] = []
+async def drill(
+    report: list[DrillResult], drill_clusters: list[DrillCluster]
+) -> AsyncIterator[Drill]:
+    clusters = drill_clusters
 
     async def run(name: str) -> tuple[DrillCluster, DrillResult]:
         cluster = DrillCluster(name)

@@ -122,9 +122,10 @@ async def wait_no_phantoms(cluster: DrillCluster) -> None:
 
 
 async def test_a_team_over_its_reservation_keeps_its_reserved_slots_across_a_sigkill(
-    report: list[DrillResult],
+    report: list[DrillResult], drill_clusters: list[DrillCluster]
 ) -> None:
     cluster = DrillCluster("sustained-overload", gateways=0, max_request_s=MAX_REQUEST_S)
+    drill_clusters.append(cluster)
     try:
         await cluster.start()
         every = workers()
