@@ -87,7 +87,9 @@ class GroupCommitter:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._request(self._lazy_s if lazy else self._window_s)
         self._waiters.append((self._requested, future))
-        await asyncio.shield(future)
+        # Not shielded: a caller that gives up cancels its own future, which no write
+        # then settles (a failure set on it would never be read).
+        await future
 
     def nudge(self) -> None:
         """Asks for a write soon without waiting for it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -139,3 +140,26 @@ async def test_a_write_cancelled_midway_fails_the_committer_for_good() -> None:
     with pytest.raises(CommitFailed):
         await c.sync()
     assert len(disk.starts) == 1
+
+
+async def test_a_waiter_that_gave_up_leaves_no_failure_unretrieved() -> None:
+    # A caller cancelled while its write is under way (a client's deadline) must not
+    # leave a future whose failure nobody reads: asyncio logs each as an ERROR.
+    clock, disk, c = committer(takes_s=1.0)
+    disk.fail = True
+    unread: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unread.append(context))
+    try:
+        waiter = asyncio.create_task(c.sync())
+        await clock.advance(0.5)
+        waiter.cancel()
+        await settle()
+        await clock.advance(1.0)
+        assert c.failed
+        del waiter
+        gc.collect()
+        await settle()
+    finally:
+        loop.set_exception_handler(None)
+    assert not unread, unread
