@@ -20,8 +20,11 @@ end when its holder session lapses, sooner than max_request_s; the least a confi
 with these timings is 3 x forward_deadline_s = 3 s."""
 FENCE_MARGIN_S = 0.5
 RPC_TIMEOUT_S = 0.25
-STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - RPC_TIMEOUT_S
-"""The etcd stall an owner must survive with the same epoch (docs/ha.md)."""
+KEEPALIVE_INTERVAL_S = 0.5
+STALL_BUDGET_S = LEASE_TTL_S - FENCE_MARGIN_S - KEEPALIVE_INTERVAL_S
+"""The etcd stall an owner must survive with the same epoch whatever its phase (docs/ha.md,
+"Stall budget"): the last acknowledged renewal was sent up to one renewal interval before
+the stall began, and the owner may decide for ``T - margin`` after that."""
 
 """The replicas' test-only wall-clock hook: a file holding seconds added to wall time."""
 
@@ -46,7 +49,7 @@ def drill_config(
         "grants": {"key_file": str(key_file)},
         "timing": {
             "lease_ttl_s": LEASE_TTL_S,
-            "keepalive_interval_s": 0.5,
+            "keepalive_interval_s": KEEPALIVE_INTERVAL_S,
             "rpc_timeout_s": RPC_TIMEOUT_S,
             "fence_margin_s": FENCE_MARGIN_S,
             "snapshot_interval_s": 0.5,
