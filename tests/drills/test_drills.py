@@ -29,11 +29,9 @@ Drill = Callable[[str], Awaitable[tuple[DrillCluster, DrillResult]]]
 async def drill(
     report: list[DrillResult], drill_clusters: list[DrillCluster]
 ) -> AsyncIterator[Drill]:
-    clusters = drill_clusters
-
     async def run(name: str) -> tuple[DrillCluster, DrillResult]:
         cluster = DrillCluster(name)
-        clusters.append(cluster)
+        drill_clusters.append(cluster)
         await cluster.start()
         await asyncio.sleep(WARMUP_S)
         at, end = await nemeses.NEMESES[name](cluster)
@@ -45,7 +43,7 @@ async def drill(
         return cluster, result
 
     yield run
-    for cluster in clusters:
+    for cluster in drill_clusters:
         await cluster.close()
 
 
