@@ -159,6 +159,7 @@ class RunningServer:
     """A started replica: its gRPC server, node and metrics."""
 
     server: aio.Server
+    servicer: AllocatorServicer
     port: int
     node: Node
     health: grpc_health.aio.HealthServicer
@@ -180,7 +181,8 @@ class RunningServer:
         """Stops in the fixed order of docs/design.md §16; safe to call twice.
 
         Health NOT_SERVING first, so load balancers and clients move away while the node
-        can still answer; then the node stops deciding, writes its final snapshot and
+        can still answer, and the acquire streams end (their clients send their next
+        Acquires elsewhere); then the node stops deciding, writes its final snapshot and
         releases ownership; then the server stops, letting in-flight calls finish for
         ``grace_s``.
         """
@@ -191,6 +193,7 @@ class RunningServer:
         if self.health_task is not None:
             self.health_task.cancel()  # it must not turn a pool SERVING again
         await self.health.enter_graceful_shutdown()
+        self.servicer.end_streams()
         try:
             await self.node.stop_deciding()
             logger.info("shutting down: stopped deciding; writing final snapshots")
@@ -338,15 +341,14 @@ async def start_server(
     auth = AdminAuth(
         token=token, identities=config.tls.admin_identities, token_file=config.admin.token_file
     )
-    pb_grpc.add_AllocatorServicer_to_server(
-        AllocatorServicer(
-            node,
-            pools=config.pools,
-            metrics=metrics,
-            peer_identities=config.tls.peer_identities,
-        ),
-        server,
+    servicer = AllocatorServicer(
+        node,
+        pools=config.pools,
+        metrics=metrics,
+        peer_identities=config.tls.peer_identities,
+        refuse_malformed=intake.refuse_malformed,
     )
+    pb_grpc.add_AllocatorServicer_to_server(servicer, server)
     pb_grpc.add_AdminServicer_to_server(AdminServicer(node, auth=auth), server)
     health = grpc_health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -355,6 +357,7 @@ async def start_server(
     )
     running = RunningServer(
         server=server,
+        servicer=servicer,
         port=port,
         node=node,
         health=health,

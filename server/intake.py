@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import grpc
 from grpc import aio
@@ -127,17 +127,25 @@ class Intake(Wrapping):
         return len(self._clients)
 
     def takes(self, handler: grpc.RpcMethodHandler) -> bool:
-        """Every unary-unary handler (``Wrapping.takes``)."""
-        return handler.unary_unary is not None
+        """Every unary-unary handler, and every stream-stream one (``Wrapping.takes``)."""
+        return handler.unary_unary is not None or handler.stream_stream is not None
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """``handler`` with the malformed-message check and the per-client limit."""
+        """``handler`` with the malformed-message check and the per-client limit; a
+        stream-stream handler with a deserializer that never raises (its behavior meets
+        each ``Malformed`` message itself: ``refuse_malformed``)."""
+        if handler.unary_unary is None:
+            return grpc.stream_stream_rpc_method_handler(
+                handler.stream_stream,
+                request_deserializer=_safe(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
         inner: _Behavior = handler.unary_unary
         limited = not method.startswith(UNLIMITED_PREFIXES)
 
         async def behavior(request: Any, context: aio.ServicerContext) -> Any:
             if isinstance(request, Malformed):
-                await self._refuse_malformed(method, request, context)
+                await self.refuse_malformed(method, request, context)
             if not limited:
                 return await inner(request, context)
             key = client_of(context, request)
@@ -153,9 +161,11 @@ class Intake(Wrapping):
             response_serializer=handler.response_serializer,
         )
 
-    async def _refuse_malformed(
+    async def refuse_malformed(
         self, method: str, request: Malformed, context: aio.ServicerContext
-    ) -> None:
+    ) -> NoReturn:
+        """Ends the call ``INVALID_ARGUMENT`` (field ``request``), counted and logged as the
+        module doc says."""
         if self._on_malformed is not None:
             self._on_malformed(method)
         now = time.monotonic()

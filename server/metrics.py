@@ -142,7 +142,8 @@ class Metrics:
         )
         self.open_streams = Gauge(
             "fairshare_open_streams",
-            "Streaming calls open now (health Watch, reflection), at most max_streams.",
+            "Streaming calls open now (health Watch, reflection, AcquireStream), at most "
+            "max_streams.",
             registry=self.registry,
         )
         # The labelled children of the two metrics every Acquire updates, kept so that a

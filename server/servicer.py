@@ -11,10 +11,11 @@ answered from this replica's own state (``forwarded=True``) and not counted agai
 the decision metrics. An Acquire that names an epoch is answered from this replica's
 own state too, whatever its metadata: it is decided at that epoch or refused.
 
-Acquire, AcquireMany, Adopt and KeepAlive read the caller's holder session from the
-metadata ``fairshare-session`` (``fairshare.sessions``; KeepAlive requires it), once per
-call, and pass it to the allocator: a malformed one is ``INVALID_ARGUMENT`` naming
-``fairshare-session``. The other calls ignore it. Its secret is never logged.
+Acquire, AcquireMany, AcquireStream, Adopt and KeepAlive read the caller's holder
+session from the metadata ``fairshare-session`` (``fairshare.sessions``; KeepAlive
+requires it), once per call (a stream's for every request on it), and pass it to the
+allocator: a malformed one is ``INVALID_ARGUMENT`` naming ``fairshare-session``. The other
+calls ignore it. Its secret is never logged.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Sequence
-from typing import NoReturn, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, NoReturn, TypeVar
 
 from grpc import aio
 
@@ -64,12 +65,21 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from ha import MAX_CAPACITY, PoolConfig
 from ha import Allocator as AllocatorApi
+from server.acquire_streams import AcquireStreams
 from server.auth import AdminAuth, peer_identities
+from server.intake import DEFAULT_MAX_CALLS, Malformed
 from server.metrics import Metrics, Outcome
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+RefuseMalformed = Callable[[str, Malformed, aio.ServicerContext], Awaitable[NoReturn]]
+"""Ends a call that sent a malformed message: (method, what was wrong, the call)."""
+ACQUIRE_STREAM: Final = "/fairshare.v1.Allocator/AcquireStream"
+STREAM_IN_FLIGHT: Final = DEFAULT_MAX_CALLS
+"""Requests of one ``AcquireStream`` decided at once, as many as one client's plain calls run
+(``server.intake``); the next is read when one ends."""
 
 
 async def _guard(context: aio.ServicerContext, call: Awaitable[T]) -> T:
@@ -167,6 +177,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         pools: Sequence[PoolConfig] = (),
         metrics: Metrics | None = None,
         peer_identities: Sequence[str] = (),
+        refuse_malformed: RefuseMalformed | None = None,
     ) -> None:
         """Creates the servicer.
 
@@ -176,8 +187,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             metrics: where decisions are counted; None counts nothing.
             peer_identities: client-certificate CNs/SANs of the replicas; empty: holders
                 are not bound to identities.
+            refuse_malformed: ends a stream that sent a message that does not parse
+                (``server.intake.Intake.refuse_malformed``, which counts and logs it);
+                None ends it without either.
         """
         self._allocator = allocator
+        self._refuse_malformed = refuse_malformed
+        self._streams = AcquireStreams(STREAM_IN_FLIGHT)
         self._modes = {p.name: p.degraded_mode for p in pools}
         self._metrics = metrics
         self._peers = frozenset(peer_identities)
@@ -240,17 +256,62 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
             await self._fail(context, e)
 
         async def one(item: pb.AcquireRequest) -> pb.AcquireOutcome:
-            try:
-                if item.holder != request.holder:
-                    raise InvalidArgument("holder", "differs from the batch's holder")
-                response = await self._acquire(item, forwarded, identities, session)
-            except AllocatorError as e:
-                self._limited(e)
-                return pb.AcquireOutcome(error=item_error(e))
-            return pb.AcquireOutcome(response=response)
+            if item.holder != request.holder:
+                return self._refused(InvalidArgument("holder", "differs from the batch's holder"))
+            return await self._outcome(item, forwarded, identities, session)
 
         outcomes = await asyncio.gather(*(one(item) for item in request.requests))
         return pb.AcquireManyResponse(outcomes=outcomes)
+
+    async def AcquireStream(  # noqa: N802 (gRPC method name)
+        self, requests: AsyncIterator[pb.AcquireRequest], context: aio.ServicerContext
+    ) -> None:
+        """Decides each request read from the stream as ``Acquire`` would, and writes its
+        answer, tagged with its ``request_id`` (required), when its decision ends
+        (``server.acquire_streams``).
+
+        The call fails as a whole (INVALID_ARGUMENT) only for a malformed session or a
+        malformed message; a request refused is answered with its error in its place.
+        """
+        try:
+            caller = self._caller(context, session=True)
+        except AllocatorError as e:
+            await self._fail(context, e)
+
+        async def decide(item: pb.AcquireRequest) -> pb.AcquireOutcome:
+            if not item.request_id:
+                return self._refused(InvalidArgument("request_id", "is required on a stream"))
+            return await self._outcome(item, *caller)
+
+        async def refuse(item: Malformed) -> NoReturn:
+            if self._refuse_malformed is not None:
+                await self._refuse_malformed(ACQUIRE_STREAM, item, context)
+            await abort(context, InvalidArgument("request", "malformed message"))
+
+        await self._streams.serve(context, decide, refuse)
+
+    def end_streams(self) -> None:
+        """Ends every open ``AcquireStream`` (the server is stopping): see
+        ``server.acquire_streams.AcquireStreams.end``."""
+        self._streams.end()
+
+    async def _outcome(
+        self,
+        request: pb.AcquireRequest,
+        forwarded: bool,
+        identities: list[str] | None,
+        session: Session | None,
+    ) -> pb.AcquireOutcome:
+        """One request of a batch or a stream decided: its answer, or its error in its place."""
+        try:
+            response = await self._acquire(request, forwarded, identities, session)
+        except AllocatorError as e:
+            return self._refused(e)
+        return pb.AcquireOutcome(response=response)
+
+    def _refused(self, error: AllocatorError) -> pb.AcquireOutcome:
+        self._limited(error)
+        return pb.AcquireOutcome(error=item_error(error))
 
     async def _acquire(
         self,

@@ -1,10 +1,11 @@
 """Open streams of the gRPC server, bounded per client and in total.
 
-A streaming call (``grpc.health.v1.Health/Watch``; server reflection) stays open as long as
-its client likes, and each costs the server memory (12 to 23 KiB for an idle health
-Watch, measured) and a task. The per-client call limit (``server.intake``) leaves them
-out: a Watch would hold one of the client's turns for ever. ``StreamLimit`` is a server
-interceptor that counts them instead:
+A streaming call (``grpc.health.v1.Health/Watch``; server reflection; ``AcquireStream``,
+which a gateway keeps open) stays open as long as its client likes, and each costs the
+server memory (12 to 23 KiB for an idle health Watch, measured) and a task. The
+per-client call limit (``server.intake``) leaves them out: a Watch would hold one of the
+client's turns for ever. ``StreamLimit`` is a server interceptor that counts them
+instead:
 
 - a client has at most ``max_per_client`` streams open at once; a new one past that is
   refused ``RESOURCE_EXHAUSTED`` with ``fairshare-limit: max_streams_per_client``;

@@ -12,9 +12,11 @@ Acquires and releases of one pool go through ``fairshare.client.batches`` (``acq
 arrive meanwhile leave together in one ``AcquireMany`` or ``ReleaseMany`` call, each item
 answered as it would be alone (a refused item comes back as the failed call it stands for,
 ``fairshare.wire.errors.item_failure``). A lone call goes out at once as the plain call; a
-lone Acquire from its caller's own task (``Batches``' ``inline``). A replica
-that lacks the batched methods (an older version, ``UNIMPLEMENTED``) gets plain calls side
-by side for ``UNBATCHED_FOR_S``.
+lone Acquire from its caller's own task (``Batches``' ``inline``), as a message on the
+``AcquireStream`` the client keeps open to that replica (``fairshare.client.streams``),
+unless the owner may hold it (``wait_s``: a plain call, with a time of its own). A replica
+that lacks the batched methods or the stream (an older version, ``UNIMPLEMENTED``), or has
+no room for one more stream, gets plain calls side by side for ``UNBATCHED_FOR_S``.
 
 Every call carries the metadata ``Calls`` is made with: the client's holder session
 (``fairshare.client.sessions``).
@@ -45,6 +47,7 @@ from tenacity import (
 )
 
 from fairshare.client.batches import Batches
+from fairshare.client.streams import AcquireStreams, Unstreamed
 from fairshare.limits import MAX_BATCH_ITEMS
 from fairshare.wire.channels import open_channel
 from fairshare.wire.errors import item_failure
@@ -106,6 +109,8 @@ class Calls:
         self._route_to_owner = route_to_owner
         self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
         self._unbatched_until = -math.inf
+        self._unstreamed_until = -math.inf
+        self._streams = AcquireStreams(metadata)
         # A lone Acquire goes from its caller's task (a cancelled caller's acquire is
         # settled by the client's backlog); a lone Release from a task of its own.
         self._acquires = Batches(
@@ -119,6 +124,7 @@ class Calls:
         """Cancels the calls that wait in a batch and closes the channels."""
         await self._acquires.close()
         await self._releases.close()
+        await self._streams.close()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -231,6 +237,11 @@ class Calls:
     ) -> Any:
         """One attempt at ``target``, given ``left`` seconds, plus ``held`` for an Acquire
         its owner may hold."""
+        if method == "Acquire" and not held and time.monotonic() >= self._unstreamed_until:
+            try:
+                return await self._streams.acquire(target, self._stub(target), request, left)  # type: ignore[arg-type]
+            except Unstreamed as e:
+                self._unstream(target, e)
         return await getattr(self._stub(target), method)(
             request, timeout=left + held, metadata=self._metadata
         )
@@ -290,6 +301,16 @@ class Calls:
             for r in requests
         ]
         return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    def _unstream(self, target: str, why: Unstreamed) -> None:
+        if time.monotonic() >= self._unstreamed_until:
+            logger.info(
+                "%s refused an AcquireStream (%s): plain Acquires for %gs",
+                target,
+                why,
+                UNBATCHED_FOR_S,
+            )
+        self._unstreamed_until = time.monotonic() + UNBATCHED_FOR_S
 
     def _unbatch(self, method: str) -> None:
         if time.monotonic() >= self._unbatched_until:

@@ -94,14 +94,15 @@ async def test_the_client_batches_a_burst_and_answers_each_as_alone(
         assert client.pending_releases == 0
 
 
+async def unimplemented(self: object, request: object, context: aio.ServicerContext) -> None:
+    """A servicer method as a replica of an older version answers it."""
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+
+
 async def test_a_server_without_batched_calls_gets_plain_ones(
     config: Config, fake: FakeAllocator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An older replica answers AcquireMany UNIMPLEMENTED: the client sends plain calls."""
-
-    async def unimplemented(self: object, request: object, context: aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
-
     monkeypatch.setattr(AllocatorServicer, "AcquireMany", unimplemented)
     monkeypatch.setattr(AllocatorServicer, "ReleaseMany", unimplemented)
     server = await start_server(config, node=fake, serve_metrics=False)

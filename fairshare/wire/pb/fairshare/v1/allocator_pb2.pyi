@@ -115,6 +115,14 @@ class AcquireManyResponse(_message.Message):
     outcomes: _containers.RepeatedCompositeFieldContainer[AcquireOutcome]
     def __init__(self, outcomes: _Optional[_Iterable[_Union[AcquireOutcome, _Mapping]]] = ...) -> None: ...
 
+class AcquireReply(_message.Message):
+    __slots__ = ("request_id", "outcome")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    outcome: AcquireOutcome
+    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[_Union[AcquireOutcome, _Mapping]] = ...) -> None: ...
+
 class ReleaseManyRequest(_message.Message):
     __slots__ = ("holder", "releases")
     HOLDER_FIELD_NUMBER: _ClassVar[int]

@@ -66,6 +66,11 @@ class AllocatorStub:
                 request_serializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseManyRequest.SerializeToString,
                 response_deserializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseManyResponse.FromString,
                 _registered_method=True)
+        self.AcquireStream = channel.stream_stream(
+                '/fairshare.v1.Allocator/AcquireStream',
+                request_serializer=fairshare_dot_v1_dot_allocator__pb2.AcquireRequest.SerializeToString,
+                response_deserializer=fairshare_dot_v1_dot_allocator__pb2.AcquireReply.FromString,
+                _registered_method=True)
         self.Adopt = channel.unary_unary(
                 '/fairshare.v1.Allocator/Adopt',
                 request_serializer=fairshare_dot_v1_dot_allocator__pb2.AdoptRequest.SerializeToString,
@@ -132,6 +137,15 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireStream(self, request_iterator, context):
+        """Acquires over one long-lived call: each request is decided and answered as Acquire
+        would answer it, tagged with its request_id (required here), in the order the decisions
+        end. Saves a gateway the cost of a call per request when they come one at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Adopt(self, request, context):
         """Re-reports a holder's live grants to a pool's new owner.
         """
@@ -182,6 +196,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.ReleaseMany,
                     request_deserializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseManyRequest.FromString,
                     response_serializer=fairshare_dot_v1_dot_allocator__pb2.ReleaseManyResponse.SerializeToString,
+            ),
+            'AcquireStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AcquireStream,
+                    request_deserializer=fairshare_dot_v1_dot_allocator__pb2.AcquireRequest.FromString,
+                    response_serializer=fairshare_dot_v1_dot_allocator__pb2.AcquireReply.SerializeToString,
             ),
             'Adopt': grpc.unary_unary_rpc_method_handler(
                     servicer.Adopt,
@@ -324,6 +343,33 @@ class Allocator:
             '/fairshare.v1.Allocator/ReleaseMany',
             fairshare_dot_v1_dot_allocator__pb2.ReleaseManyRequest.SerializeToString,
             fairshare_dot_v1_dot_allocator__pb2.ReleaseManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fairshare.v1.Allocator/AcquireStream',
+            fairshare_dot_v1_dot_allocator__pb2.AcquireRequest.SerializeToString,
+            fairshare_dot_v1_dot_allocator__pb2.AcquireReply.FromString,
             options,
             channel_credentials,
             insecure,

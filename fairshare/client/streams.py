@@ -1,0 +1,213 @@
+"""Acquires over one long-lived call per replica (``AcquireStream``).
+
+A unary call costs both processes its own setup (a call object, its metadata, the
+server's task for it); one request at a time that is most of a decision's round trip
+beside the decision itself. ``AcquireStreams`` keeps one ``AcquireStream`` call open to
+each replica it has sent to and writes each Acquire on it; the replica answers each one,
+tagged with its ``request_id``, as the plain call would have been answered.
+
+Guarantees:
+- ``acquire`` answers what the plain ``Acquire`` call to that replica would answer: the
+  response, or a refusal raised as the failed call it stands for
+  (``fairshare.wire.errors.item_failure``), so callers retry and map it as they do a
+  plain call's.
+- A stream that ends or fails fails every Acquire waiting on it with its status (a
+  stream that ends without one: ``UNAVAILABLE``); the next Acquire opens a new one.
+- An Acquire not answered within its ``timeout_s`` fails ``DEADLINE_EXCEEDED`` and is
+  forgotten; its answer, if it comes later, is dropped. The stream stays open.
+
+- A stream the replica refuses (an older version without the method, or no room for one
+  more stream) fails its Acquires ``Unstreamed``, undecided: ``fairshare.client.calls``
+  then sends them, and the next ones for a while, as plain calls.
+
+Not guaranteed: the order of answers (a borrower's answer does not wait for a durable
+write, a within-share one does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Final
+
+import grpc
+from grpc import aio
+
+from fairshare.wire.errors import item_failure
+from fairshare.wire.metadata import Metadata
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+
+ENDED: Final = "the replica ended the acquire stream"
+
+
+def _failed(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
+    return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details)
+
+
+class Unstreamed(Exception):
+    """The replica refused the stream itself: it has no such method (an older version,
+    ``UNIMPLEMENTED``) or no room for one more stream (``RESOURCE_EXHAUSTED``, its limit
+    on open streams). The Acquire was not decided: send it as a plain call."""
+
+
+_REFUSED: Final = frozenset({grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED})
+"""Statuses of a whole stream that say it was refused (``Unstreamed``): requests refused
+one by one come back as their own errors, never as the stream's status."""
+_KEPT: Final = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
+"""Statuses of a failed write that say why the call failed; any other (the call ended
+while the write was on its way) stands for a stream the replica ended: ``UNAVAILABLE``."""
+
+
+def _stream_failure(error: aio.AioRpcError) -> Exception:
+    """What the Acquires waiting on a stream that failed with ``error`` fail with."""
+    if error.code() in _REFUSED:
+        return Unstreamed(f"{error.code().name}: {error.details()}")
+    failure: Exception = error
+    return failure
+
+
+def _write_failure(error: BaseException) -> Exception:
+    if isinstance(error, aio.AioRpcError) and error.code() in _REFUSED | _KEPT:
+        return _stream_failure(error)
+    ended: Exception = _failed(grpc.StatusCode.UNAVAILABLE, ENDED)
+    return ended
+
+
+class _Stream:
+    """One open ``AcquireStream`` call and the Acquires that wait on it."""
+
+    def __init__(self, call: aio.StreamStreamCall) -> None:
+        self.call = call
+        self.waiting: dict[str, asyncio.Future[pb.AcquireOutcome]] = {}
+        self.writing = asyncio.Lock()
+        self.sending: set[asyncio.Task[None]] = set()  # writes under way
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+        self.ended = False
+
+    async def _read(self) -> None:
+        error: Exception = _failed(grpc.StatusCode.UNAVAILABLE, ENDED)
+        try:
+            while True:
+                reply = await self.call.read()
+                if reply is aio.EOF:
+                    break
+                future = self.waiting.get(reply.request_id)
+                if future is not None and not future.done():
+                    future.set_result(reply.outcome)
+        except aio.AioRpcError as e:
+            error = _stream_failure(e)
+        except asyncio.CancelledError:
+            error = _failed(grpc.StatusCode.CANCELLED, "the client closed the acquire stream")
+            raise
+        finally:
+            self.ended = True
+            for future in self.waiting.values():
+                if not future.done():
+                    future.set_exception(error)
+
+    def close(self) -> None:
+        """Cancels the call; every Acquire still waiting fails ``UNAVAILABLE``."""
+        if self.ended:
+            return
+        self.ended = True
+        self.call.cancel()
+        self.reader.cancel()
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_exception(_failed(grpc.StatusCode.UNAVAILABLE, ENDED))
+
+
+class AcquireStreams:
+    """The open ``AcquireStream`` calls of one client, one per replica (see the module doc)."""
+
+    def __init__(self, metadata: Metadata) -> None:
+        """``metadata`` goes with every stream (the client's holder session)."""
+        self._metadata = metadata
+        self._streams: dict[str, _Stream] = {}
+
+    async def acquire(
+        self, target: str, stub: pb_grpc.AllocatorStub, request: pb.AcquireRequest, timeout_s: float
+    ) -> pb.AcquireResponse:
+        """``request`` decided by ``target`` (``stub`` calls it); ``request.request_id``
+        must be set.
+
+        Raises:
+            aio.AioRpcError: the refusal, the stream's failure, or ``DEADLINE_EXCEEDED``.
+            Unstreamed: the replica refused the stream itself; nothing was decided.
+        """
+        stream = self._streams.get(target)
+        if stream is None or stream.ended:
+            call = stub.AcquireStream(metadata=self._metadata)
+            stream = self._streams[target] = _Stream(call)
+        key = request.request_id
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[pb.AcquireOutcome] = loop.create_future()
+        stream.waiting[key] = future
+        # The write runs in a task of its own, which no caller cancels: grpc.aio cancels the
+        # whole call when a write is cancelled half done, and every Acquire waiting on it.
+        sending = loop.create_task(self._send(target, stream, request, future))
+        stream.sending.add(sending)
+        sending.add_done_callback(stream.sending.discard)
+        try:
+            async with asyncio.timeout(timeout_s):
+                outcome = await future
+        except TimeoutError:
+            raise _failed(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout_s:g}s"
+            ) from None
+        finally:
+            if stream.waiting.get(key) is future:
+                del stream.waiting[key]
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()  # read: a failure raised by the write is the one reported
+        if outcome.HasField("error"):
+            raise item_failure(outcome.error)
+        return outcome.response
+
+    async def _send(
+        self,
+        target: str,
+        stream: _Stream,
+        request: pb.AcquireRequest,
+        future: asyncio.Future[pb.AcquireOutcome],
+    ) -> None:
+        """Writes ``request`` on ``stream``, unless its caller gave up before its turn came
+        (as a plain call cancelled before it is sent, it is never sent); a failed write
+        fails ``future`` (never raises)."""
+        try:
+            async with stream.writing:
+                if future.done():
+                    return
+                await stream.call.write(request)
+        except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as e:
+            # The call has ended or failed: a new one serves the next Acquire.
+            self._drop(target, stream)
+            if not future.done():
+                future.set_exception(_write_failure(e))
+
+    def _drop(self, target: str, stream: _Stream) -> None:
+        """Closes ``stream`` (its waiting Acquires fail) and forgets it."""
+        if self._streams.get(target) is stream:
+            del self._streams[target]
+        stream.close()
+
+    async def close(self) -> None:
+        """Closes every stream."""
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for stream in streams:
+            stream.close()
+        for stream in streams:
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(stream.reader, *stream.sending)

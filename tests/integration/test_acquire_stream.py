@@ -1,0 +1,232 @@
+"""AcquireStream over a real grpc.aio server, and the client that sends lone Acquires on it.
+
+Each request on the stream is answered as the plain Acquire would answer it, tagged with
+its request id; only a malformed message or session ends the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fairshare.client import AllocatorClient
+from fairshare.client.streams import AcquireStreams
+from fairshare.wire.errors import trailing
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
+from ha.api import UnknownPool
+from server.app import RunningServer, start_server
+from server.config import Config
+from server.servicer import AllocatorServicer
+from server.streams import DEFAULT_MAX_STREAMS_PER_CLIENT as MAX_PER_CLIENT
+
+from .fakes import FakeAllocator
+from .test_batched_calls import in_flight, unimplemented
+
+pytestmark = pytest.mark.timeout(20)
+
+STREAM = "/fairshare.v1.Allocator/AcquireStream"
+
+
+def acquire(request_id: str, pool: str = "gpu-a", holder: str = "gw") -> pb.AcquireRequest:
+    return pb.AcquireRequest(
+        pool=pool, team="inst-b", holder=holder, est_tokens=10, request_id=request_id
+    )
+
+
+async def test_each_request_is_answered_as_alone_under_its_id(
+    stub: pb_grpc.AllocatorStub, fake: FakeAllocator
+) -> None:
+    call = stub.AcquireStream()
+    items = [acquire("a"), acquire("b", pool="nope"), acquire("c", holder="x" * 300), acquire("")]
+    for item in items:
+        await call.write(item)
+    replies = {}
+    for _ in items:
+        reply = await call.read()
+        replies[reply.request_id] = reply.outcome
+    await call.done_writing()
+    assert await call.read() is aio.EOF
+    assert replies["a"].response.granted
+    assert replies["b"].error.code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert replies["c"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "holder" in replies["c"].error.message
+    # Without its request id an answer could not be told from another's.
+    assert replies[""].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "request_id" in replies[""].error.message
+    assert in_flight(fake) == {"inst-b": 1}
+
+
+async def test_a_malformed_message_ends_the_stream_invalid_argument(
+    channel: aio.Channel, running: RunningServer
+) -> None:
+    call = channel.stream_stream(STREAM)()  # bytes in and out, unchecked
+    await call.write(b"\xff\xff\xff garbage")
+    with pytest.raises(aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert trailing(info.value)["fairshare-field"] == "request"
+
+
+async def test_the_client_sends_lone_acquires_on_its_stream(
+    running: RunningServer, fake: FakeAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = 0
+    original = AllocatorServicer.Acquire
+
+    async def counted(self: AllocatorServicer, request: object, context: object) -> object:
+        nonlocal plain
+        plain += 1
+        return await original(self, request, context)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AllocatorServicer, "Acquire", counted)
+    async with AllocatorClient([running.address], holder="gw") as client:
+        grants = [await client.acquire("gpu-a", "inst-a") for _ in range(3)]
+        with pytest.raises(UnknownPool):
+            await client.acquire("nope", "inst-a")
+        assert all(not g.degraded for g in grants)
+        assert in_flight(fake) == {"inst-a": 3}
+        await asyncio.gather(*(g.release(1.0) for g in grants))
+        assert in_flight(fake) == {}
+    assert plain == 0
+
+
+async def test_a_server_without_the_stream_gets_plain_acquires(
+    config: Config, fake: FakeAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older replica answers AcquireStream UNIMPLEMENTED: the client sends plain calls."""
+    monkeypatch.setattr(AllocatorServicer, "AcquireStream", unimplemented)
+    server = await start_server(config, node=fake, serve_metrics=False)
+    try:
+        async with AllocatorClient([server.address], holder="gw") as client:
+            grants = [await client.acquire("gpu-a", "inst-a") for _ in range(3)]
+            assert all(not g.degraded for g in grants)
+            assert client._calls._unstreamed_until > time.monotonic()  # it did fall back
+            assert in_flight(fake) == {"inst-a": 3}
+            await asyncio.gather(*(g.release() for g in grants))
+            assert in_flight(fake) == {}
+    finally:
+        await server.shutdown(0)
+
+
+async def test_a_late_answer_is_deadline_exceeded_and_the_stream_stays(
+    running: RunningServer, channel: aio.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = AllocatorServicer._acquire
+    slow = {"first"}
+
+    async def late(self: AllocatorServicer, request: pb.AcquireRequest, *args: object) -> object:
+        if request.request_id in slow:
+            await asyncio.sleep(0.5)
+        return await original(self, request, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AllocatorServicer, "_acquire", late)
+    streams = AcquireStreams(())
+    stub = pb_grpc.AllocatorStub(channel)
+    try:
+        with pytest.raises(aio.AioRpcError) as info:
+            await streams.acquire(running.address, stub, acquire("first"), 0.1)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        opened = streams._streams[running.address]
+        answer = await streams.acquire(running.address, stub, acquire("second"), 2.0)
+        assert answer.granted
+        await asyncio.sleep(0.6)  # the late answer comes, and is dropped
+        assert streams._streams[running.address] is opened
+        assert not opened.waiting
+    finally:
+        await streams.close()
+
+
+async def test_a_stream_that_ends_fails_its_acquires_and_the_next_opens_another(
+    config: Config, fake: FakeAllocator
+) -> None:
+    server = await start_server(config, node=fake, serve_metrics=False)
+    address = server.address
+    streams = AcquireStreams(())
+    channel = aio.insecure_channel(address)
+    stub = pb_grpc.AllocatorStub(channel)
+    try:
+        assert (await streams.acquire(address, stub, acquire("one"), 2.0)).granted
+        first = streams._streams[address]
+        await server.shutdown(0)
+        await asyncio.wait_for(first.reader, 5)
+        with pytest.raises(aio.AioRpcError) as info:
+            await streams.acquire(address, stub, acquire("two"), 2.0)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert streams._streams.get(address) is not first  # the next Acquire opens another
+    finally:
+        await streams.close()
+        await channel.close()
+
+
+async def test_a_stopping_server_answers_what_its_streams_decide_then_ends_them(
+    running: RunningServer, stub: pb_grpc.AllocatorStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = AllocatorServicer._acquire
+
+    async def slow(self: AllocatorServicer, *args: object) -> object:
+        await asyncio.sleep(0.3)
+        return await original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AllocatorServicer, "_acquire", slow)
+    call = stub.AcquireStream()
+    await call.write(acquire("deciding"))
+    await asyncio.sleep(0.1)  # read, and being decided
+    running.servicer.end_streams()
+    reply = await call.read()
+    assert reply.request_id == "deciding" and reply.outcome.response.granted
+    assert await call.read() is aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
+    later = stub.AcquireStream()  # one opened now ends at once
+    await later.write(acquire("late"))
+    assert await later.read() is aio.EOF
+
+
+async def test_a_caller_that_gives_up_while_its_message_is_written_leaves_the_stream_alone(
+    running: RunningServer, stub: pb_grpc.AllocatorStub
+) -> None:
+    """grpc.aio cancels a whole call when one of its writes is cancelled half done: every
+    Acquire waiting on the stream would fail CANCELLED, which is not retried."""
+    streams = AcquireStreams(())
+    try:
+        assert (await streams.acquire(running.address, stub, acquire("open"), 2.0)).granted
+        opened = streams._streams[running.address]
+        for attempt in range(20):
+            hasty = asyncio.ensure_future(
+                streams.acquire(running.address, stub, acquire(f"hasty-{attempt}"), 1e-6)
+            )
+            await asyncio.sleep(0)  # its write has started when its time is up
+            patient = streams.acquire(running.address, stub, acquire(f"patient-{attempt}"), 2.0)
+            assert (await patient).granted
+            with pytest.raises(aio.AioRpcError) as info:
+                await hasty
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert streams._streams[running.address] is opened
+    finally:
+        await streams.close()
+
+
+async def test_a_server_with_no_room_for_the_stream_gets_plain_acquires(
+    running: RunningServer, channel: aio.Channel, fake: FakeAllocator
+) -> None:
+    """The client's host already has its streams open (health Watches here): the stream is
+    refused RESOURCE_EXHAUSTED as a whole, which is no refusal of the Acquire."""
+    watch = health_pb2_grpc.HealthStub(channel)
+    watches = [watch.Watch(health_pb2.HealthCheckRequest()) for _ in range(MAX_PER_CLIENT)]
+    try:
+        for call in watches:
+            await call.read()  # admitted
+        async with AllocatorClient([running.address], holder="gw") as client:
+            grant = await client.acquire("gpu-a", "inst-a")
+            assert not grant.degraded
+            assert client._calls._unstreamed_until > time.monotonic()  # it did fall back
+            assert in_flight(fake) == {"inst-a": 1}
+            await grant.release()
+    finally:
+        for call in watches:
+            call.cancel()
