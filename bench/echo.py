@@ -9,6 +9,10 @@ bytes in, the same bytes out, identity serializers through
 With ``--sync FILE`` every call first appends what it received to ``FILE`` and fdatasyncs
 it, in the handler, before it answers: the least a durable decision over gRPC costs (one
 round trip, one synchronous write), which the gateway benchmark measures as a floor.
+
+``ECHO_STREAM_METHOD`` does the same for each message of one long-lived call, answered on
+it in turn: the floor of a client that sends its decisions on an open stream, as the
+client library does (``AcquireStream``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from harness.net import LOOPBACK, free_port
 from harness.process import ServerProcess
 
 ECHO_METHOD = "/bench.Echo/Echo"
-"""The full name of the one method, for ``channel.unary_unary``."""
+"""The full name of the unary method, for ``channel.unary_unary``."""
+ECHO_STREAM_METHOD = "/bench.Echo/EchoStream"
+"""The full name of the stream method, for ``channel.stream_stream``."""
 
 
 async def serve_echo(port: int, sync: Path | None = None) -> None:
@@ -43,12 +49,19 @@ async def serve_echo(port: int, sync: Path | None = None) -> None:
             os.fdatasync(log)
         return request
 
+    async def echo_stream(requests: object, context: aio.ServicerContext) -> None:
+        while (request := await context.read()) is not aio.EOF:
+            await context.write(await echo(request, context))
+
     handler = grpc.method_handlers_generic_handler(
         "bench.Echo",
         {
             "Echo": grpc.unary_unary_rpc_method_handler(
                 echo, request_deserializer=None, response_serializer=None
-            )
+            ),
+            "EchoStream": grpc.stream_stream_rpc_method_handler(
+                echo_stream, request_deserializer=None, response_serializer=None
+            ),
         },
     )
     server = aio.server(options=[("grpc.so_reuseport", 0)])

@@ -18,15 +18,16 @@ Processes on loopback, each a child of this one:
 - bench/passthrough.py in front of it: an aiohttp server that forwards each request to the
   stand-in with an aiohttp client and does nothing else, the HTTP hop every Python proxy
   makes (the gateway is built on the same two parts);
-- the same hop once more, but making first one gRPC call to a server that appends the
-  call's bytes to a file and fdatasyncs it before answering (bench/echo.py ``--sync``):
+- the same hop once more, but sending first one gRPC message, on a stream it keeps open
+  as the client library keeps its ``AcquireStream``, to a server that appends the
+  message's bytes to a file and fdatasyncs it before answering (bench/echo.py ``--sync``):
   the floor of a gateway that decides every request durably over gRPC, with none of the
   deciding (no identity, no body, no pool, no signing, no log). It is measured one request
   at a time only: under load an allocator shares one write among many requests, which this
   floor does not.
 
 Every request is bench/gateway.py's short one: a non-streaming chat completion of one token.
-Seven paths: the stand-in directly, through the hop, through the hop with a durable call,
+Seven paths: the stand-in directly, through the hop, through the hop with a durable message,
 through the gateway, through LiteLLM, through LiteLLM with the callback, and through that
 same proxy on the model group the callback does not decide. What the callback adds is the
 second LiteLLM's difference from the first, round by round. The undecided path splits it:
@@ -41,7 +42,7 @@ the rounds.
    ``SEQUENTIAL_PER_S`` (well below what one path serves one after another, so no request
    waits for the one before it). A path's added latency in a round is its median latency
    minus the direct median of the same round. Target: the gateway's added latency is at most
-   ``ADDED_LATENCY_TARGET`` of LiteLLM's. The hop with a durable call is that target's
+   ``ADDED_LATENCY_TARGET`` of LiteLLM's. The hop with a durable message is that target's
    floor, reported beside it: what is left between the two is what the gateway may spend
    on everything else. Target of the callback: it adds less than ``CALLBACK_TARGET`` of
    LiteLLM's own added latency (round by round).
@@ -112,7 +113,7 @@ UNDECIDED_GROUP = FAST_MODEL + "-undecided"
 LABELS = {
     "direct": "stand-in directly",
     "hop": "pass-through hop (does nothing)",
-    "floor": "hop + one durable gRPC call (does nothing else)",
+    "floor": "hop + one durable gRPC message (does nothing else)",
     "gateway": "fairshare gateway",
     "litellm": "LiteLLM proxy",
     "litellm+fairshare": "LiteLLM proxy with fairshare's callback",
@@ -265,7 +266,7 @@ def callback_present(res: PeerResults) -> float:
 
 
 def durable_call(res: PeerResults) -> float:
-    """What one durable gRPC call adds to a request, one at a time: the floor's
+    """What one durable gRPC message adds to a request, one at a time: the floor's
     difference from the hop in each round, the median over the rounds (the least the
     callback can add)."""
     return paired(res, "floor", "hop")
@@ -287,7 +288,7 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
     least = added_latency(res, "floor")
     least_ratio = least / theirs if theirs > 0 else float("inf")
     latency_floor = (
-        f"The hop with one durable gRPC call and nothing else adds {ms(least)} ms, "
+        f"The hop with one durable gRPC message and nothing else adds {ms(least)} ms, "
         f"{least_ratio:.2f} of LiteLLM's: "
         + (
             "the target is below that floor; "
@@ -321,7 +322,7 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
         f"time, {added / theirs if theirs > 0 else float('inf'):.1%} of LiteLLM's own added "
         f"latency, target < {CALLBACK_TARGET:.0%}: {met(added < CALLBACK_TARGET * theirs)}: "
         f"its decision {ms(callback_decision(res))} ms (its proxy deciding against itself "
-        f"not deciding; one durable gRPC call alone, the floor minus the hop, adds "
+        f"not deciding; one durable gRPC message alone, the floor minus the hop, adds "
         f"{ms(durable_call(res))} ms), and its proxy not deciding differs from LiteLLM alone "
         f"by {ms(callback_present(res))} ms. The callback's proxy serves "
         f"{median_rate(res.loaded['litellm+fairshare']):,.0f} requests/s at "
@@ -371,10 +372,11 @@ def section(
             "",
             "`fairshare gateway` and LiteLLM's proxy in front of the same stand-in vLLM "
             "server, that server called directly, a pass-through hop that does nothing "
-            "(the floor of any Python proxy) and the same hop making one durable gRPC call "
-            "before it forwards (the floor of a gateway that decides each request durably "
-            "over gRPC), and the proxy with fairshare's callback on a model group the "
-            "callback does not decide (to pair its decision with), measured side by side "
+            "(the floor of any Python proxy) and the same hop sending one durable gRPC "
+            "message on an open stream before it forwards (the floor of a gateway that "
+            "decides each request durably over gRPC), and the proxy with fairshare's "
+            "callback on a model group the callback does not decide (to pair its decision "
+            "with), measured side by side "
             "in one run "
             "(bench/gateway_peer.py). The rounds interleave the paths, in an order "
             "that rotates from round to round, so that other work on the machine hits them "

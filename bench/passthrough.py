@@ -6,10 +6,12 @@ the same path on ``URL`` with its body and content type, and streams the answer 
 arrives (status, content type and body). One aiohttp server and one client session, as in
 ``fairshare/gateway/``. Not shipped; bench/gateway.py starts it.
 
-With ``--decide ADDRESS`` it first makes one call to a durable echo server
-(``bench/echo.py --sync``) at ``ADDRESS`` over gRPC, with the request's first bytes, and
-forwards once that call has answered: the floor of a gateway that decides every request
-durably over gRPC (the hop, a round trip, an fdatasync) with none of the deciding itself.
+With ``--decide ADDRESS`` it first sends the request's first bytes to a durable echo
+server (``bench/echo.py --sync``) at ``ADDRESS`` over gRPC, on one long-lived stream as the
+client library sends its Acquires (``AcquireStream``), and forwards once that message is
+answered: the floor of a gateway that decides every request durably over gRPC (the hop, a
+round trip, an fdatasync) with none of the deciding itself. The messages take the stream
+one at a time (the floor is measured one request at a time).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import aiohttp
 from aiohttp import web
 from grpc import aio
 
-from bench.echo import ECHO_METHOD
+from bench.echo import ECHO_STREAM_METHOD
 
 CHUNK_BYTES = 64 * 1024
 
@@ -45,7 +47,16 @@ def make_app(
         app["session"] = aiohttp.ClientSession(connector=connector)
         if decide is not None:
             app["channel"] = aio.insecure_channel(decide)
-            app["decide"] = app["channel"].unary_unary(ECHO_METHOD)
+            stream = app["channel"].stream_stream(ECHO_STREAM_METHOD)()
+            turn = asyncio.Lock()
+
+            async def call(data: bytes) -> bytes:
+                async with turn:
+                    await stream.write(data)
+                    answer: bytes = await stream.read()
+                    return answer
+
+            app["decide"] = call
 
     async def close_session(app: web.Application) -> None:
         await app["session"].close()
