@@ -357,7 +357,12 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):  # type: ignore[misc]
         if self._metrics is not None and not forwarded:
             elapsed = time.perf_counter() - started
             given = decision.priority if decision.granted else None
-            self._metrics.count(request.pool, request.team, Outcome.of(decision), elapsed, given)
+            # Counted at the loop's next turn: the answer does not wait for the metrics.
+            outcome = Outcome.of(decision)
+            count = self._metrics.count
+            asyncio.get_running_loop().call_soon(
+                count, request.pool, request.team, outcome, elapsed, given
+            )
         return decision_pb(decision)
 
     async def Release(  # noqa: N802 (gRPC method name)

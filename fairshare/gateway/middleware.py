@@ -14,9 +14,12 @@ its access log line, and OpenAI's error shape for the paths the gateway does not
   OpenAI error object (``fairshare.gateway.errors``), where aiohttp would answer plain
   text;
 - when the handler ends, however it ends, the entry is written to the access log
-  (``fairshare.gateway.accesslog.AccessLog``), but for the probes (``UNLOGGED``). A
-  handler cancelled ended with its client gone, or with the gateway stopping when
-  ``draining`` says so; one that raised something else failed (``error``).
+  (``fairshare.gateway.accesslog.AccessLog``), but for the probes (``UNLOGGED``): at the
+  event loop's next turn, so that an answer the handler returns unsent goes out first
+  (formatting and writing the line cost a request about 0.14 ms one at a time, measured
+  on a 2-core machine). A handler cancelled ended with its client gone, or with the
+  gateway stopping when ``draining`` says so; one that raised something else failed
+  (``error``).
 
 An answer the handler returns unsent goes out as soon as it returns: its first byte is
 counted then.
@@ -102,7 +105,7 @@ def install(app: web.Application, *, access: AccessLog, draining: Callable[[], b
             entry.status, entry.first_byte, entry.ended = SERVER_ERROR, time.monotonic(), "error"
             raise
         finally:
-            access.write(entry)
+            asyncio.get_running_loop().call_soon(access.write, entry)
 
     app.middlewares.append(around)
     app.on_response_prepare.append(_on_answer)
