@@ -10,7 +10,8 @@ Guarantees:
 - A stream has at most ``in_flight`` requests being decided at once; the next message is
   read when one ends, so a client that writes faster waits (flow control), as its plain
   calls would wait their turn (``server.intake``).
-- Answers are written one at a time, each whole.
+- Answers are written one at a time, each whole. A decision that raises what no refusal
+  stands for (a bug) is logged and answered ``UNKNOWN``, as a plain call would be.
 - ``end`` (the server stops) makes every stream read no more: each answers what it is
   deciding and returns, its client sees it end; a stream opened afterwards ends at once.
 - A client that goes away cancels the stream and the decisions it was waiting for, as a
@@ -22,13 +23,22 @@ Not guaranteed: answers in the order of the requests.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
+import grpc
 from grpc import aio
 
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from server.intake import Malformed
+
+logger = logging.getLogger(__name__)
+
+UNEXPECTED: Final = pb.ItemError(
+    code=grpc.StatusCode.UNKNOWN.value[0], message="the replica failed to decide the request"
+)
+"""The answer to a request whose decision raised what no refusal stands for."""
 
 Decide = Callable[[pb.AcquireRequest], Awaitable[pb.AcquireOutcome]]
 """Decides one request of a stream: its answer, or its error in its place."""
@@ -62,9 +72,16 @@ class AcquireStreams:
 
         async def answer(item: pb.AcquireRequest) -> None:
             try:
-                reply = pb.AcquireReply(request_id=item.request_id, outcome=await decide(item))
+                try:
+                    outcome = await decide(item)
+                except Exception:  # a bug: answered as a plain call's would be (UNKNOWN)
+                    logger.exception("deciding a request of an acquire stream failed")
+                    outcome = pb.AcquireOutcome(error=UNEXPECTED)
+                reply = pb.AcquireReply(request_id=item.request_id, outcome=outcome)
                 async with writing:
                     await context.write(reply)
+            except Exception as e:  # the stream is gone: nobody to answer
+                logger.debug("an acquire stream's answer was not written: %r", e)
             finally:
                 room.release()
 

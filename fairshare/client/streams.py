@@ -15,7 +15,6 @@ Guarantees:
   stream that ends without one: ``UNAVAILABLE``); the next Acquire opens a new one.
 - An Acquire not answered within its ``timeout_s`` fails ``DEADLINE_EXCEEDED`` and is
   forgotten; its answer, if it comes later, is dropped. The stream stays open.
-
 - A stream the replica refuses (an older version without the method, or no room for one
   more stream) fails its Acquires ``Unstreamed``, undecided: ``fairshare.client.calls``
   then sends them, and the next ones for a while, as plain calls.

@@ -230,3 +230,26 @@ async def test_a_server_with_no_room_for_the_stream_gets_plain_acquires(
     finally:
         for call in watches:
             call.cancel()
+
+
+async def test_a_decision_that_fails_unexpectedly_is_answered_unknown_and_the_stream_goes_on(
+    stub: pb_grpc.AllocatorStub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    original = AllocatorServicer._acquire
+
+    async def broken(self: AllocatorServicer, request: pb.AcquireRequest, *args: object) -> object:
+        if request.request_id == "bug":
+            raise RuntimeError("a bug")
+        return await original(self, request, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AllocatorServicer, "_acquire", broken)
+    call = stub.AcquireStream()
+    await call.write(acquire("bug"))
+    reply = await call.read()
+    assert reply.request_id == "bug"
+    assert reply.outcome.error.code == grpc.StatusCode.UNKNOWN.value[0]
+    await call.write(acquire("fine"))
+    assert (await call.read()).outcome.response.granted
+    assert "deciding a request of an acquire stream failed" in caplog.text
+    await call.done_writing()
+    assert await call.read() is aio.EOF
