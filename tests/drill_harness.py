@@ -44,8 +44,14 @@ from fairshare.wire.channels import open_channel
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 from harness.etcd_cluster import EtcdCluster
+from harness.net import listens
 from harness.proxy import TcpProxy
+from harness.serve import ServerExited
 
+PORT_TRIES = 3
+"""Starts of one replica at most, each on a new port, when it loses the race for its port."""
+LOST_PORT = "cannot listen on"
+"""What a replica that could not bind its port says as it exits (``server.app._bind``)."""
 NOTABLE_MARKS = (" WARNING ", " ERROR ", " CRITICAL ", "ha.cluster.")
 """What ``notable_logs`` keeps: warnings and worse, and the cluster's ownership lines."""
 NOTABLE_LINES = 60
@@ -91,23 +97,46 @@ class DrillCluster:
         self.relays: list[TcpProxy] = []
         self.quiet: set[str] = set()  # pools no gateway worker acquires in, for a check
 
+    def _started(self, index: int) -> Replica:
+        """Replica ``index`` started on a port of its own."""
+        replica = Replica(
+            node=f"allocator-{index}",
+            workdir=self.workdir,
+            etcd=self.etcd.endpoint,
+            prefix=self.prefix,
+            config=self.config_path,
+        )
+        replica.start()
+        return replica
+
+    async def _serving(self, index: int) -> None:
+        """Waits until replica ``index`` serves, started again on another port when it lost
+        the race for its own: ``free_port`` is no reservation, and a server of the suite's
+        other process may bind the same number first. The replica then exits ("cannot
+        listen on"), and until it has, the port answers for the other server."""
+        for _ in range(PORT_TRIES - 1):
+            replica = self.replicas[index]
+            try:
+                await wait_serving(replica.address, exits=replica)
+            except ServerExited:
+                if LOST_PORT not in replica.log_tail():
+                    raise
+            else:
+                assert replica.proc is not None
+                if listens(replica.proc.pid, replica.port):
+                    return
+                replica.stop()
+            self.replicas[index] = self._started(index)
+        await wait_serving(self.replicas[index].address, exits=self.replicas[index])
+
     @property
     def targets(self) -> list[str]:
         return [r.address for r in self.replicas]
 
     async def start(self) -> None:
         self.etcd.start()
-        for i in range(self.replica_count):
-            replica = Replica(
-                node=f"allocator-{i}",
-                workdir=self.workdir,
-                etcd=self.etcd.endpoint,
-                prefix=self.prefix,
-                config=self.config_path,
-            )
-            replica.start()
-            self.replicas.append(replica)
-        await asyncio.gather(*(wait_serving(r.address) for r in self.replicas))
+        self.replicas = [self._started(i) for i in range(self.replica_count)]
+        await asyncio.gather(*(self._serving(i) for i in range(self.replica_count)))
         await self.wait_owned()
         await self.wait_agreed()
         for _ in range(self.gateway_count):
