@@ -26,6 +26,7 @@ write, a within-share one does).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Final
 
 import grpc
@@ -106,29 +107,21 @@ class _Stream:
         except asyncio.CancelledError:
             error = _failed(grpc.StatusCode.CANCELLED, "the client closed the acquire stream")
             raise
-        except Exception as e:  # anything else: the stream is given up, its call cancelled
-            error = _failed(grpc.StatusCode.UNAVAILABLE, f"{ENDED}: {e!r}")
         finally:
             self.ended = True
-            self.call.cancel()  # no-op once the call has ended
             for future in self.waiting.values():
                 if not future.done():
                     future.set_exception(error)
 
-    def close(self, *, cancel: bool = False) -> None:
-        """Cancels the call; every Acquire still waiting fails ``UNAVAILABLE``, or is
-        cancelled (``cancel``: the client closes, as its plain calls are)."""
+    def close(self) -> None:
+        """Cancels the call; every Acquire still waiting fails ``UNAVAILABLE``."""
         if self.ended:
             return
         self.ended = True
         self.call.cancel()
         self.reader.cancel()
         for future in self.waiting.values():
-            if future.done():
-                continue
-            if cancel:
-                future.cancel()
-            else:
+            if not future.done():
                 future.set_exception(_failed(grpc.StatusCode.UNAVAILABLE, ENDED))
 
 
@@ -139,7 +132,6 @@ class AcquireStreams:
         """``metadata`` goes with every stream (the client's holder session)."""
         self._metadata = metadata
         self._streams: dict[str, _Stream] = {}
-        self._closed = False
 
     async def acquire(
         self, target: str, stub: pb_grpc.AllocatorStub, request: pb.AcquireRequest, timeout_s: float
@@ -151,8 +143,6 @@ class AcquireStreams:
             aio.AioRpcError: the refusal, the stream's failure, or ``DEADLINE_EXCEEDED``.
             Unstreamed: the replica refused the stream itself; nothing was decided.
         """
-        if self._closed:
-            raise _failed(grpc.StatusCode.CANCELLED, "the client is closed")
         stream = self._streams.get(target)
         if stream is None or stream.ended:
             call = stub.AcquireStream(metadata=self._metadata)
@@ -199,12 +189,8 @@ class AcquireStreams:
                 if future.done():
                     return
                 await stream.call.write(request)
-        except Exception as e:
-            if stream.call.done():
-                # The call has ended: its reader fails ``future`` with the call's own
-                # status (a stream refused whole says so there, not in the write's error).
-                return
-            # The call lives but took no write: a new one serves the next Acquire.
+        except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as e:
+            # The call has ended or failed: a new one serves the next Acquire.
             self._drop(target, stream)
             if not future.done():
                 future.set_exception(_write_failure(e))
@@ -216,15 +202,11 @@ class AcquireStreams:
         stream.close()
 
     async def close(self) -> None:
-        """Closes every stream: the Acquires waiting on them are cancelled, and a later
-        ``acquire`` fails ``CANCELLED``."""
-        self._closed = True
+        """Closes every stream."""
         streams = list(self._streams.values())
         self._streams.clear()
-        tasks: list[asyncio.Task[None]] = []
         for stream in streams:
-            stream.close(cancel=True)
-            tasks += [stream.reader, *stream.sending]
-        for task in tasks:
-            task.cancel()  # a write waiting on a cancelled call may never wake otherwise
-        await asyncio.gather(*tasks, return_exceptions=True)
+            stream.close()
+        for stream in streams:
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(stream.reader, *stream.sending)
