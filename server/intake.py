@@ -24,8 +24,9 @@ Health checks are outside the per-client limit (see ``UNLIMITED_PREFIXES``).
 
 Guarantees: the interceptor keeps no state for a client without calls in flight, so its
 memory is bounded by the calls in flight. Streaming handlers (health watch, reflection)
-are passed through unchanged: ``server.streams`` bounds them, per client as ``client_of``
-says and in total.
+are passed through unchanged, but for the deserializer of ``CHECKED_STREAMS``
+(``AcquireStream``), which never raises either: ``server.streams`` bounds them, per
+client as ``client_of`` says and in total.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ DEFAULT_MAX_WAITING: Final = 1024
 DEFAULT_WARN_EVERY_S: Final = 10.0
 """Least time between two warnings about malformed messages."""
 
+ACQUIRE_STREAM: Final = "/fairshare.v1.Allocator/AcquireStream"
+CHECKED_STREAMS: Final = (ACQUIRE_STREAM,)
+"""The stream-stream methods whose messages the intake parses without raising; their
+handlers meet each ``Malformed`` message themselves. Others (reflection) are left as
+they are."""
 UNLIMITED_PREFIXES: Final = ("/grpc.health.v1.Health/",)
 """Methods outside the per-client limit: a health check is cheap, and a probe that waited
 behind a flood from its host would get the replica restarted."""
@@ -127,7 +133,8 @@ class Intake(Wrapping):
         return len(self._clients)
 
     def takes(self, handler: grpc.RpcMethodHandler) -> bool:
-        """Every unary-unary handler, and every stream-stream one (``Wrapping.takes``)."""
+        """Every unary-unary handler, and the stream-stream ones (``Wrapping.takes``; only
+        ``CHECKED_STREAMS`` are changed)."""
         return handler.unary_unary is not None or handler.stream_stream is not None
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -135,6 +142,8 @@ class Intake(Wrapping):
         stream-stream handler with a deserializer that never raises (its behavior meets
         each ``Malformed`` message itself: ``refuse_malformed``)."""
         if handler.unary_unary is None:
+            if method not in CHECKED_STREAMS:
+                return handler
             return grpc.stream_stream_rpc_method_handler(
                 handler.stream_stream,
                 request_deserializer=_safe(handler.request_deserializer),

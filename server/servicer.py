@@ -67,7 +67,7 @@ from ha import MAX_CAPACITY, PoolConfig
 from ha import Allocator as AllocatorApi
 from server.acquire_streams import AcquireStreams
 from server.auth import AdminAuth, peer_identities
-from server.intake import DEFAULT_MAX_CALLS, Malformed
+from server.intake import ACQUIRE_STREAM, DEFAULT_MAX_CALLS, Malformed
 from server.metrics import Metrics, Outcome
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,6 @@ T = TypeVar("T")
 
 RefuseMalformed = Callable[[str, Malformed, aio.ServicerContext], Awaitable[NoReturn]]
 """Ends a call that sent a malformed message: (method, what was wrong, the call)."""
-ACQUIRE_STREAM: Final = "/fairshare.v1.Allocator/AcquireStream"
 STREAM_IN_FLIGHT: Final = DEFAULT_MAX_CALLS
 """Requests of one ``AcquireStream`` decided at once, as many as one client's plain calls run
 (``server.intake``); the next is read when one ends."""

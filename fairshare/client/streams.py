@@ -11,8 +11,11 @@ Guarantees:
   response, or a refusal raised as the failed call it stands for
   (``fairshare.wire.errors.item_failure``), so callers retry and map it as they do a
   plain call's.
-- A stream that ends or fails fails every Acquire waiting on it with its status (a
-  stream that ends without one: ``UNAVAILABLE``); the next Acquire opens a new one.
+- A stream that ends or fails fails every Acquire waiting on it: with its status when
+  that says why (``_KEPT``: the caller's own fault, or already ``UNAVAILABLE``), else
+  ``UNAVAILABLE``, which the caller retries; the next Acquire opens a new stream.
+- ``close`` cancels the Acquires still waiting, as closing a channel cancels its calls;
+  an Acquire after it fails ``CANCELLED``.
 - An Acquire not answered within its ``timeout_s`` fails ``DEADLINE_EXCEEDED`` and is
   forgotten; its answer, if it comes later, is dropped. The stream stays open.
 - A stream the replica refuses (an older version without the method, or no room for one
@@ -26,7 +29,6 @@ write, a within-share one does).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Final
 
 import grpc
@@ -62,23 +64,26 @@ _KEPT: Final = frozenset(
         grpc.StatusCode.UNAUTHENTICATED,
     }
 )
-"""Statuses of a failed write that say why the call failed; any other (the call ended
-while the write was on its way) stands for a stream the replica ended: ``UNAVAILABLE``."""
+"""Statuses of a stream's failure that say why its Acquires failed; any other (the call
+ended under them: the replica stopped, the connection broke, the core failed a write on a
+call already over) stands for a stream the replica ended: ``UNAVAILABLE``, retried."""
 
 
-def _stream_failure(error: aio.AioRpcError) -> Exception:
-    """What the Acquires waiting on a stream that failed with ``error`` fail with."""
-    if error.code() in _REFUSED:
-        return Unstreamed(f"{error.code().name}: {error.details()}")
-    failure: Exception = error
+def _stream_failure(error: BaseException) -> Exception:
+    """What the Acquires waiting on a stream that failed with ``error`` fail with: the
+    refusal of the whole stream ``Unstreamed``, a status of ``_KEPT`` itself, anything
+    else ``UNAVAILABLE`` (its details name what it was)."""
+    failure: Exception
+    if not isinstance(error, aio.AioRpcError):
+        failure = _failed(grpc.StatusCode.UNAVAILABLE, f"{ENDED} ({error!r})")
+    elif error.code() in _REFUSED:
+        failure = Unstreamed(f"{error.code().name}: {error.details()}")
+    elif error.code() in _KEPT:
+        failure = error
+    else:
+        why = f"{error.code().name}: {error.details()}"
+        failure = _failed(grpc.StatusCode.UNAVAILABLE, f"{ENDED} ({why})")
     return failure
-
-
-def _write_failure(error: BaseException) -> Exception:
-    if isinstance(error, aio.AioRpcError) and error.code() in _REFUSED | _KEPT:
-        return _stream_failure(error)
-    ended: Exception = _failed(grpc.StatusCode.UNAVAILABLE, ENDED)
-    return ended
 
 
 class _Stream:
@@ -102,26 +107,32 @@ class _Stream:
                 future = self.waiting.get(reply.request_id)
                 if future is not None and not future.done():
                     future.set_result(reply.outcome)
-        except aio.AioRpcError as e:
-            error = _stream_failure(e)
         except asyncio.CancelledError:
             error = _failed(grpc.StatusCode.CANCELLED, "the client closed the acquire stream")
             raise
+        except Exception as e:  # the call failed, or anything else: the stream is given up
+            error = _stream_failure(e)
         finally:
             self.ended = True
+            self.call.cancel()  # no-op once the call has ended
             for future in self.waiting.values():
                 if not future.done():
                     future.set_exception(error)
 
-    def close(self) -> None:
-        """Cancels the call; every Acquire still waiting fails ``UNAVAILABLE``."""
+    def close(self, *, cancel: bool = False) -> None:
+        """Cancels the call; every Acquire still waiting fails ``UNAVAILABLE``, or is
+        cancelled (``cancel``: the client closes, as its plain calls are)."""
         if self.ended:
             return
         self.ended = True
         self.call.cancel()
         self.reader.cancel()
         for future in self.waiting.values():
-            if not future.done():
+            if future.done():
+                continue
+            if cancel:
+                future.cancel()
+            else:
                 future.set_exception(_failed(grpc.StatusCode.UNAVAILABLE, ENDED))
 
 
@@ -132,6 +143,7 @@ class AcquireStreams:
         """``metadata`` goes with every stream (the client's holder session)."""
         self._metadata = metadata
         self._streams: dict[str, _Stream] = {}
+        self._closed = False
 
     async def acquire(
         self, target: str, stub: pb_grpc.AllocatorStub, request: pb.AcquireRequest, timeout_s: float
@@ -143,6 +155,8 @@ class AcquireStreams:
             aio.AioRpcError: the refusal, the stream's failure, or ``DEADLINE_EXCEEDED``.
             Unstreamed: the replica refused the stream itself; nothing was decided.
         """
+        if self._closed:
+            raise _failed(grpc.StatusCode.CANCELLED, "the client is closed")
         stream = self._streams.get(target)
         if stream is None or stream.ended:
             call = stub.AcquireStream(metadata=self._metadata)
@@ -189,11 +203,15 @@ class AcquireStreams:
                 if future.done():
                     return
                 await stream.call.write(request)
-        except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError) as e:
-            # The call has ended or failed: a new one serves the next Acquire.
+        except Exception as e:
+            if stream.call.done():
+                # The call has ended: its reader fails ``future`` with the call's own
+                # status (a stream refused whole says so there, not in the write's error).
+                return
+            # The call lives but took no write: a new one serves the next Acquire.
             self._drop(target, stream)
             if not future.done():
-                future.set_exception(_write_failure(e))
+                future.set_exception(_stream_failure(e))
 
     def _drop(self, target: str, stream: _Stream) -> None:
         """Closes ``stream`` (its waiting Acquires fail) and forgets it."""
@@ -202,11 +220,15 @@ class AcquireStreams:
         stream.close()
 
     async def close(self) -> None:
-        """Closes every stream."""
+        """Closes every stream: the Acquires waiting on them are cancelled, and a later
+        ``acquire`` fails ``CANCELLED``."""
+        self._closed = True
         streams = list(self._streams.values())
         self._streams.clear()
+        tasks: list[asyncio.Task[None]] = []
         for stream in streams:
-            stream.close()
-        for stream in streams:
-            with contextlib.suppress(BaseException):
-                await asyncio.gather(stream.reader, *stream.sending)
+            stream.close(cancel=True)
+            tasks += [stream.reader, *stream.sending]
+        for task in tasks:
+            task.cancel()  # a write waiting on a cancelled call may never wake otherwise
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -253,3 +253,55 @@ async def test_a_decision_that_fails_unexpectedly_is_answered_unknown_and_the_st
     assert "deciding a request of an acquire stream failed" in caplog.text
     await call.done_writing()
     assert await call.read() is aio.EOF
+
+
+async def test_a_stream_that_fails_with_a_status_of_its_own_is_retried_as_unavailable(
+    config: Config, fake: FakeAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A status that says nothing of the Acquire (the core's INTERNAL when a write meets a
+    call already over, a replica's abort) must not reach the caller as a refusal."""
+
+    async def failing(
+        self: AllocatorServicer, requests: object, context: aio.ServicerContext
+    ) -> None:
+        await context.abort(grpc.StatusCode.INTERNAL, "the replica's stream broke")
+
+    monkeypatch.setattr(AllocatorServicer, "AcquireStream", failing)
+    server = await start_server(config, node=fake, serve_metrics=False)
+    streams = AcquireStreams(())
+    channel = aio.insecure_channel(server.address)
+    stub = pb_grpc.AllocatorStub(channel)
+    try:
+        with pytest.raises(aio.AioRpcError) as info:
+            await streams.acquire(server.address, stub, acquire("one"), 2.0)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "INTERNAL" in (info.value.details() or "")
+    finally:
+        await streams.close()
+        await channel.close()
+        await server.shutdown(0)
+
+
+async def test_closing_cancels_the_acquires_waiting_and_refuses_later_ones(
+    running: RunningServer, stub: pb_grpc.AllocatorStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As closing a channel cancels its plain calls: an Acquire failed UNAVAILABLE instead
+    would be retried on a channel being closed."""
+    original = AllocatorServicer._acquire
+    deciding = asyncio.Event()
+
+    async def slow(self: AllocatorServicer, *args: object) -> object:
+        deciding.set()
+        await asyncio.sleep(5)
+        return await original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AllocatorServicer, "_acquire", slow)
+    streams = AcquireStreams(())
+    waiting = asyncio.ensure_future(streams.acquire(running.address, stub, acquire("w"), 10.0))
+    await asyncio.wait_for(deciding.wait(), 5)
+    await streams.close()
+    await asyncio.wait({waiting}, timeout=5)
+    assert waiting.cancelled()
+    with pytest.raises(aio.AioRpcError) as info:
+        await streams.acquire(running.address, stub, acquire("late"), 2.0)
+    assert info.value.code() == grpc.StatusCode.CANCELLED
