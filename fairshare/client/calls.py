@@ -14,9 +14,11 @@ answered as it would be alone (a refused item comes back as the failed call it s
 ``fairshare.wire.errors.item_failure``). A lone call goes out at once as the plain call; a
 lone Acquire from its caller's own task (``Batches``' ``inline``), as a message on the
 ``AcquireStream`` the client keeps open to that replica (``fairshare.client.streams``),
-unless the owner may hold it (``wait_s``: a plain call, with a time of its own). A replica
-that lacks the batched methods or the stream (an older version, ``UNIMPLEMENTED``), or has
-no room for one more stream, gets plain calls side by side for ``UNBATCHED_FOR_S``.
+unless the owner may hold it (``wait_s``: a plain call, with a time of its own). A batched
+method a replica lacks (an older version, ``UNIMPLEMENTED``) is set aside for
+``UNBATCHED_FOR_S``: its items go as plain calls side by side. A replica that refuses the
+stream (an older version, or no room for one more stream) gets plain Acquires for as long,
+the refused one at once within its attempt's time; the other replicas keep their streams.
 
 Every call carries the metadata ``Calls`` is made with: the client's holder session
 (``fairshare.client.sessions``).
@@ -65,7 +67,8 @@ RETRYABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADL
 
 UNBATCHED_FOR_S: Final = 60.0
 """How long the client sends plain calls after a replica answered a batched one
-``UNIMPLEMENTED`` (it runs a version without them) before it tries batches again."""
+``UNIMPLEMENTED`` (it runs a version without them), or refused a stream, before it tries
+again."""
 
 
 class Call(Protocol):
@@ -79,6 +82,24 @@ class Call(Protocol):
 def retryable(error: BaseException) -> bool:
     """True for a failed call worth trying again elsewhere (see ``RETRYABLE``)."""
     return isinstance(error, aio.AioRpcError) and error.code() in RETRYABLE
+
+
+class _SetAside:
+    """What replicas refused lately (a method, a replica's stream), each set aside for
+    ``UNBATCHED_FOR_S`` after its last refusal; the first refusal of a while is logged."""
+
+    def __init__(self, message: str) -> None:
+        """``message``: the log line, formatted with (what, why, the seconds)."""
+        self._message = message
+        self._until: dict[str, float] = {}  # bounded: one key per method or target
+
+    def __contains__(self, what: str) -> bool:
+        return time.monotonic() < self._until.get(what, -math.inf)
+
+    def add(self, what: str, why: str) -> None:
+        if what not in self:
+            logger.info(self._message, what, why, UNBATCHED_FOR_S)
+        self._until[what] = time.monotonic() + UNBATCHED_FOR_S
 
 
 class Calls:
@@ -108,8 +129,8 @@ class Calls:
         self._preferred = random.randrange(len(self._targets))
         self._route_to_owner = route_to_owner
         self._owners: dict[str, str] = {}  # pool -> its owner's address, when known
-        self._unbatched_until = -math.inf
-        self._unstreamed_until = -math.inf
+        self._unbatched = _SetAside("a replica does not know %s (%s): plain calls for %gs")
+        self._unstreamed = _SetAside("%s refused an AcquireStream (%s): plain Acquires for %gs")
         self._streams = AcquireStreams(metadata)
         # A lone Acquire goes from its caller's task (a cancelled caller's acquire is
         # settled by the client's backlog); a lone Release from a task of its own.
@@ -237,11 +258,13 @@ class Calls:
     ) -> Any:
         """One attempt at ``target``, given ``left`` seconds, plus ``held`` for an Acquire
         its owner may hold."""
-        if method == "Acquire" and not held and time.monotonic() >= self._unstreamed_until:
+        if method == "Acquire" and not held and target not in self._unstreamed:
+            sent = time.monotonic()
             try:
                 return await self._streams.acquire(target, self._stub(target), request, left)  # type: ignore[arg-type]
             except Unstreamed as e:
-                self._unstream(target, e)
+                self._unstreamed.add(target, str(e))
+                left = max(left - (time.monotonic() - sent), 0.001)  # the attempt's time
         return await getattr(self._stub(target), method)(
             request, timeout=left + held, metadata=self._metadata
         )
@@ -276,14 +299,14 @@ class Calls:
     async def _batched(self, method: str, batch: Any, items: int, pool: str) -> Any | None:
         """The answer to ``batch`` sent as ``method``; None when its items should go as
         plain calls instead: a lone item, or a replica without ``method`` (recently)."""
-        if items == 1 or time.monotonic() < self._unbatched_until:
+        if items == 1 or method in self._unbatched:
             return None
         try:
             return await self.call(method, batch, deadline_s=self._deadline_s, pool=pool)
         except aio.AioRpcError as e:
             if e.code() is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
-        self._unbatch(method)
+        self._unbatched.add(method, "UNIMPLEMENTED: an older version")
         return None
 
     async def _each(self, method: str, requests: Sequence[object], pool: str) -> list[Any]:
@@ -301,22 +324,3 @@ class Calls:
             for r in requests
         ]
         return list(await asyncio.gather(*calls, return_exceptions=True))
-
-    def _unstream(self, target: str, why: Unstreamed) -> None:
-        if time.monotonic() >= self._unstreamed_until:
-            logger.info(
-                "%s refused an AcquireStream (%s): plain Acquires for %gs",
-                target,
-                why,
-                UNBATCHED_FOR_S,
-            )
-        self._unstreamed_until = time.monotonic() + UNBATCHED_FOR_S
-
-    def _unbatch(self, method: str) -> None:
-        if time.monotonic() >= self._unbatched_until:
-            logger.info(
-                "a replica does not know %s (an older version): plain calls for %gs",
-                method,
-                UNBATCHED_FOR_S,
-            )
-        self._unbatched_until = time.monotonic() + UNBATCHED_FOR_S

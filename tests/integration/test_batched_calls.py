@@ -7,7 +7,6 @@ many items, a holder the caller may not act as) is refused whole.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
@@ -110,7 +109,7 @@ async def test_a_server_without_batched_calls_gets_plain_ones(
         async with AllocatorClient([server.address], holder="gw", calls_in_flight=1) as client:
             grants = await asyncio.gather(*(client.acquire("gpu-a", "inst-a") for _ in range(6)))
             assert all(not g.degraded for g in grants)
-            assert client._calls._unbatched_until > time.monotonic()  # it did fall back
+            assert "AcquireMany" in client._calls._unbatched  # it did fall back
             assert sum(in_flight(fake).values()) == 6
             await asyncio.gather(*(g.release() for g in grants))
             assert client.pending_releases == 0
