@@ -14,6 +14,8 @@ Guarantees:
 - A stream that ends or fails fails every Acquire waiting on it: with its status when
   that says why (``_KEPT``: the caller's own fault, or already ``UNAVAILABLE``), else
   ``UNAVAILABLE``, which the caller retries; the next Acquire opens a new stream.
+- A stream takes new Acquires for ``RENEW_AFTER_S``; then the next one opens a new stream
+  and the old one, told that nothing more comes, answers what it was sent and ends.
 - ``close`` cancels the Acquires still waiting, as closing a channel cancels its calls;
   an Acquire after it fails ``CANCELLED``.
 - An Acquire not answered within its ``timeout_s`` fails ``DEADLINE_EXCEEDED`` and is
@@ -29,6 +31,7 @@ write, a within-share one does).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Final
 
 import grpc
@@ -40,6 +43,12 @@ from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
 
 ENDED: Final = "the replica ended the acquire stream"
+RENEW_AFTER_S: Final = 5.0
+"""Age after which a stream takes no new Acquires: the next opens a new one and the old
+one ends once it has answered. A replica's connection age limit (``grpc`` in its config)
+sends a GOAWAY and then, after a grace of 10 s by default, closes the connection under the
+calls still on it: a stream renewed well within the grace moves to the new connection
+(and is balanced again) without an Acquire cut under it."""
 
 
 def _failed(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
@@ -96,6 +105,7 @@ class _Stream:
         self.sending: set[asyncio.Task[None]] = set()  # writes under way
         self.reader = asyncio.get_running_loop().create_task(self._read())
         self.ended = False
+        self.opened = time.monotonic()
 
     async def _read(self) -> None:
         error: Exception = _failed(grpc.StatusCode.UNAVAILABLE, ENDED)
@@ -143,6 +153,7 @@ class AcquireStreams:
         """``metadata`` goes with every stream (the client's holder session)."""
         self._metadata = metadata
         self._streams: dict[str, _Stream] = {}
+        self._retired: set[_Stream] = set()  # renewed, answering what they were sent
         self._closed = False
 
     async def acquire(
@@ -158,7 +169,9 @@ class AcquireStreams:
         if self._closed:
             raise _failed(grpc.StatusCode.CANCELLED, "the client is closed")
         stream = self._streams.get(target)
-        if stream is None or stream.ended:
+        if stream is None or stream.ended or time.monotonic() - stream.opened >= RENEW_AFTER_S:
+            if stream is not None and not stream.ended:
+                self._retire(stream)
             call = stub.AcquireStream(metadata=self._metadata)
             stream = self._streams[target] = _Stream(call)
         key = request.request_id
@@ -213,6 +226,25 @@ class AcquireStreams:
             if not future.done():
                 future.set_exception(_stream_failure(e))
 
+    def _retire(self, stream: _Stream) -> None:
+        """Tells ``stream``'s replica that no more Acquires come on it, after the writes
+        already on their way: it answers those and ends the call."""
+        self._retired.add(stream)
+        stream.reader.add_done_callback(lambda _: self._retired.discard(stream))
+
+        async def finish() -> None:
+            try:
+                async with stream.writing:
+                    await stream.call.done_writing()
+            except Exception:
+                if not stream.call.done():  # a call that took no end of its side: given up
+                    stream.close()
+                # else the call is over: its reader fails what still waits, with its status
+
+        finishing = asyncio.get_running_loop().create_task(finish())
+        stream.sending.add(finishing)
+        finishing.add_done_callback(stream.sending.discard)
+
     def _drop(self, target: str, stream: _Stream) -> None:
         """Closes ``stream`` (its waiting Acquires fail) and forgets it."""
         if self._streams.get(target) is stream:
@@ -223,8 +255,9 @@ class AcquireStreams:
         """Closes every stream: the Acquires waiting on them are cancelled, and a later
         ``acquire`` fails ``CANCELLED``."""
         self._closed = True
-        streams = list(self._streams.values())
+        streams = [*self._streams.values(), *self._retired]
         self._streams.clear()
+        self._retired.clear()
         tasks: list[asyncio.Task[None]] = []
         for stream in streams:
             stream.close(cancel=True)

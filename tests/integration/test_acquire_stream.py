@@ -14,6 +14,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairshare.client import AllocatorClient
+from fairshare.client import streams as streams_module
 from fairshare.client.streams import AcquireStreams
 from fairshare.wire.errors import trailing
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
@@ -304,3 +305,33 @@ async def test_closing_cancels_the_acquires_waiting_and_refuses_later_ones(
     with pytest.raises(aio.AioRpcError) as info:
         await streams.acquire(running.address, stub, acquire("late"), 2.0)
     assert info.value.code() == grpc.StatusCode.CANCELLED
+
+
+async def test_an_old_stream_answers_what_it_was_sent_and_the_next_acquire_opens_a_new_one(
+    running: RunningServer,
+    stub: pb_grpc.AllocatorStub,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica's connection age limit closes an aged connection under its calls after a
+    grace: a stream renewed before that loses no Acquire."""
+    monkeypatch.setattr(streams_module, "RENEW_AFTER_S", 0.2)
+    original = AllocatorServicer._acquire
+
+    async def slow(self: AllocatorServicer, request: pb.AcquireRequest, *args: object) -> object:
+        if request.request_id == "slow":
+            await asyncio.sleep(0.5)
+        return await original(self, request, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AllocatorServicer, "_acquire", slow)
+    streams = AcquireStreams(())
+    try:
+        slowly = asyncio.ensure_future(streams.acquire(running.address, stub, acquire("slow"), 5.0))
+        await asyncio.sleep(0.3)  # the stream is old; "slow" is being decided on it
+        old = streams._streams[running.address]
+        assert (await streams.acquire(running.address, stub, acquire("next"), 5.0)).granted
+        assert streams._streams[running.address] is not old
+        assert (await slowly).granted  # answered on the old stream, which then ends
+        await asyncio.wait_for(old.reader, 5)
+        assert await old.call.code() == grpc.StatusCode.OK
+    finally:
+        await streams.close()
