@@ -12,9 +12,9 @@ Processes on loopback, each a child of this one:
 - LiteLLM's proxy in front of it (bench/litellm_peer.py: the pinned version in its own
   virtualenv under build/, one uvicorn worker, a master key, no database, offline);
 - a second LiteLLM proxy, the same but for fairshare's callback (docs/litellm.md), which
-  asks the allocator for each request's priority (the team from the same header); it
-  serves the model under a second model group too, which the callback maps to no pool and
-  so does not decide (``UNDECIDED_GROUP``);
+  asks the allocator for each request's priority (the team from the same header);
+- a third LiteLLM proxy, the same but for a callback that does nothing at the same hooks
+  (bench/litellm_noop.py): what LiteLLM costs a request for running any callback there;
 - bench/passthrough.py in front of it: an aiohttp server that forwards each request to the
   stand-in with an aiohttp client and does nothing else, the HTTP hop every Python proxy
   makes (the gateway is built on the same two parts);
@@ -28,15 +28,19 @@ Processes on loopback, each a child of this one:
 
 Every request is bench/gateway.py's short one: a non-streaming chat completion of one token.
 Seven paths: the stand-in directly, through the hop, through the hop with a durable message,
-through the gateway, through LiteLLM, through LiteLLM with the callback, and through that
-same proxy on the model group the callback does not decide. What the callback adds is the
-second LiteLLM's difference from the first, round by round. The undecided path splits it:
-the decision (the callback's proxy deciding against itself not deciding, one process) and
-the rest (its proxy not deciding against LiteLLM alone: what a live client costs the
-process, within the half millisecond or so by which two LiteLLM processes alike differ).
-Each round runs every path once per measurement, in an order that rotates from round to
-round, so that other work on the machine hits them alike; each figure is the median over
-the rounds.
+through the gateway, through LiteLLM, through LiteLLM with a callback that does nothing,
+and through LiteLLM with fairshare's callback. What the callback adds is the difference of
+its LiteLLM from the first, round by round. The do-nothing callback splits it: what LiteLLM
+costs a request for running a callback at those hooks at all (the least any callback there
+adds: the callback target's floor) and fairshare's work beyond it (its decision, its
+release), each within the half millisecond or so by which two LiteLLM processes alike
+differ. Each round runs every path once per measurement, in an order that rotates from
+round to round, so that other work on the machine hits them alike; each figure is the
+median over the rounds. Each LiteLLM proxy serves one model group: an earlier split gave
+the callback's proxy a second group of the same model, which the callback did not decide,
+and with a callback that did nothing there the first group's requests took about 3 ms
+longer than the second's in both rounds of a run (and than LiteLLM alone's), which that
+split counted as the callback's.
 
 1. **Sequential added latency:** one request at a time, started at a fixed pace of
    ``SEQUENTIAL_PER_S`` (well below what one path serves one after another, so no request
@@ -104,20 +108,19 @@ from harness.serve import wait_serving
 from harness.standin import wait_standin
 
 SECTION = "## The gateway against LiteLLM's proxy"
-PATHS = ("direct", "hop", "floor", "gateway", "litellm", "litellm+fairshare", "undecided")
-LOADED = tuple(name for name in PATHS if name not in ("floor", "undecided"))
-"""The paths measured at 32 in flight too (the floor is a floor one request at a time,
-and the undecided path is there to pair the callback's decision with)."""
-UNDECIDED_GROUP = FAST_MODEL + "-undecided"
-"""The callback's proxy's second model group: the same model, no pool."""
+PATHS = ("direct", "hop", "floor", "gateway", "litellm", "litellm+noop", "litellm+fairshare")
+LOADED = tuple(name for name in PATHS if name != "floor")
+"""The paths measured at 32 in flight too (the floor is a floor one request at a time)."""
+NOOP_CALLBACK = "bench.litellm_noop.handler"
+"""The third proxy's callback: fairshare's hooks, each doing nothing."""
 LABELS = {
     "direct": "stand-in directly",
     "hop": "pass-through hop (does nothing)",
     "floor": "hop + one durable gRPC message (does nothing else)",
     "gateway": "fairshare gateway",
     "litellm": "LiteLLM proxy",
+    "litellm+noop": "LiteLLM proxy with a callback that does nothing (the same hooks)",
     "litellm+fairshare": "LiteLLM proxy with fairshare's callback",
-    "undecided": "the same, a model group the callback does not decide",
 }
 SEQUENTIAL_PER_S = 5.0
 """The pace of the sequential requests: one every 200 ms, where one takes from a few ms
@@ -253,16 +256,16 @@ def callback_added(res: PeerResults) -> float:
     return paired(res, "litellm+fairshare", "litellm")
 
 
-def callback_decision(res: PeerResults) -> float:
-    """What the callback's decision adds, one request at a time: its proxy on a decided
-    model group against the same proxy on the undecided one, round by round."""
-    return paired(res, "litellm+fairshare", "undecided")
+def callback_floor(res: PeerResults) -> float:
+    """What a callback that does nothing at the same hooks adds to LiteLLM's proxy, round
+    by round: the least any callback there adds."""
+    return paired(res, "litellm+noop", "litellm")
 
 
-def callback_present(res: PeerResults) -> float:
-    """The callback's proxy not deciding against LiteLLM alone, round by round: what the
-    callback costs a request it does not decide, within two processes' noise."""
-    return paired(res, "undecided", "litellm")
+def callback_work(res: PeerResults) -> float:
+    """What fairshare's callback adds beyond a callback that does nothing, round by round:
+    its decision and its release."""
+    return paired(res, "litellm+fairshare", "litellm+noop")
 
 
 def durable_call(res: PeerResults) -> float:
@@ -285,6 +288,21 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
     rate_ok = rate_ratio >= THROUGHPUT_TARGET
     hop_ratio = hop / direct if direct > 0 else 0.0
     added = callback_added(res)
+    nothing = callback_floor(res)
+    nothing_ratio = nothing / theirs if theirs > 0 else float("inf")
+    callback_floor_text = (
+        f"A callback that does nothing at the same hooks adds {ms(nothing)} ms, "
+        f"{nothing_ratio:.1%} of LiteLLM's own: what LiteLLM costs a request for running a "
+        "callback there at all, the target's floor; "
+        + (
+            "the target is below it; "
+            if nothing_ratio >= CALLBACK_TARGET
+            else f"the target leaves {ms(CALLBACK_TARGET * theirs - nothing)} ms above it, "
+        )
+        + f"where fairshare's work (its decision, its release) adds {ms(callback_work(res))} ms "
+        f"(one durable gRPC message alone, the floor minus the hop, adds "
+        f"{ms(durable_call(res))} ms)."
+    )
     least = added_latency(res, "floor")
     least_ratio = least / theirs if theirs > 0 else float("inf")
     latency_floor = (
@@ -320,13 +338,11 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
         f"{gateway / litellm if litellm > 0 else 0.0:.1f}× LiteLLM's). {floor} "
         f"fairshare's callback adds {ms(added)} ms to LiteLLM's proxy one request at a "
         f"time, {added / theirs if theirs > 0 else float('inf'):.1%} of LiteLLM's own added "
-        f"latency, target < {CALLBACK_TARGET:.0%}: {met(added < CALLBACK_TARGET * theirs)}: "
-        f"its decision {ms(callback_decision(res))} ms (its proxy deciding against itself "
-        f"not deciding; one durable gRPC message alone, the floor minus the hop, adds "
-        f"{ms(durable_call(res))} ms), and its proxy not deciding differs from LiteLLM alone "
-        f"by {ms(callback_present(res))} ms. The callback's proxy serves "
+        f"latency, target < {CALLBACK_TARGET:.0%}: {met(added < CALLBACK_TARGET * theirs)}. "
+        f"{callback_floor_text} The callback's proxy serves "
         f"{median_rate(res.loaded['litellm+fairshare']):,.0f} requests/s at "
-        f"{SHORT_IN_FLIGHT} in flight."
+        f"{SHORT_IN_FLIGHT} in flight, the do-nothing one "
+        f"{median_rate(res.loaded['litellm+noop']):,.0f}."
     )
     return text, latency_ok, rate_ok
 
@@ -374,9 +390,9 @@ def section(
             "server, that server called directly, a pass-through hop that does nothing "
             "(the floor of any Python proxy) and the same hop sending one durable gRPC "
             "message on an open stream before it forwards (the floor of a gateway that "
-            "decides each request durably over gRPC), and the proxy with fairshare's "
-            "callback on a model group the callback does not decide (to pair its decision "
-            "with), measured side by side "
+            "decides each request durably over gRPC), LiteLLM's proxy with fairshare's "
+            "callback, and LiteLLM's proxy with a callback that does nothing at the same "
+            "hooks (the callback target's floor), measured side by side "
             "in one run "
             "(bench/gateway_peer.py). The rounds interleave the paths, in an order "
             "that rotates from round to round, so that other work on the machine hits them "
@@ -436,9 +452,10 @@ def rounds_table(res: PeerResults) -> str:
     lines = [
         "| round | order | gateway adds, ms | floor adds, ms | LiteLLM adds, ms | "
         "gateway ÷ LiteLLM | floor ÷ LiteLLM | "
-        "the callback adds, ms | of which its decision, ms | "
+        "the callback adds, ms | a do-nothing callback adds, ms | "
         f"{SHORT_IN_FLIGHT} in flight, requests/s: direct, hop, gateway, LiteLLM, "
-        "LiteLLM with the callback | hop ÷ direct | gateway ÷ direct |",
+        "LiteLLM with the do-nothing callback, LiteLLM with fairshare's | hop ÷ direct | "
+        "gateway ÷ direct |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for i in range(len(res.sequential["direct"])):
@@ -446,15 +463,14 @@ def rounds_table(res: PeerResults) -> str:
         ours = p50(res.sequential["gateway"][i]) - direct
         least = p50(res.sequential["floor"][i]) - direct
         theirs = p50(res.sequential["litellm"][i]) - direct
-        decided = p50(res.sequential["litellm+fairshare"][i])
-        callback = decided - direct - theirs
-        decision = decided - p50(res.sequential["undecided"][i])
+        callback = p50(res.sequential["litellm+fairshare"][i]) - direct - theirs
+        nothing = p50(res.sequential["litellm+noop"][i]) - direct - theirs
         rates = [res.loaded[name][i].rate for name in LOADED]
         lines.append(
             f"| {i + 1} | {', '.join(order_of(i))} | {ms(ours)} | {ms(least)} | {ms(theirs)} | "
             f"{ours / theirs if theirs > 0 else float('inf'):.2f} | "
             f"{least / theirs if theirs > 0 else float('inf'):.2f} | {ms(callback)} | "
-            f"{ms(decision)} | "
+            f"{ms(nothing)} | "
             f"{', '.join(f'{r:,.0f}' for r in rates)} | "
             f"{rates[1] / rates[0] if rates[0] > 0 else 0.0:.2f} | "
             f"{rates[2] / rates[0] if rates[0] > 0 else 0.0:.2f} |"
@@ -515,12 +531,14 @@ async def run(args: argparse.Namespace) -> PeerResults:
         upstream,
         fairshare=callback_settings(allocator.address),
         name="litellm-fairshare",
-        aliases=(UNDECIDED_GROUP,),
+    )
+    noop = litellm_peer.LiteLLM(
+        work, FAST_MODEL, upstream, callback=NOOP_CALLBACK, name="litellm-noop"
     )
     hop = passthrough_process(work, upstream, "passthrough")
     echo = echo_server(work, sync=True, name="durable-echo")
     floor = passthrough_process(work, upstream, "floor", decide=echo.address)
-    processes = (allocator, fast, gateway, litellm, callback, hop, echo, floor)
+    processes = (allocator, fast, gateway, litellm, callback, noop, hop, echo, floor)
     try:
         allocator.start()
         fast.start()
@@ -529,6 +547,7 @@ async def run(args: argparse.Namespace) -> PeerResults:
         gateway.start()
         litellm.start()
         callback.start()
+        noop.start()
         hop.start()
         echo.start()
         await wait_serving(echo.address, process=echo)
@@ -542,7 +561,7 @@ async def run(args: argparse.Namespace) -> PeerResults:
                 post_json={"model": FAST_MODEL, "messages": [], "max_tokens": 1},
                 any_status=True,
             )
-        for proxy in (litellm, callback):
+        for proxy in (litellm, callback, noop):
             await wait_http(proxy.health_url, process=proxy, timeout_s=litellm_peer.START_TIMEOUT_S)
         targets = PeerTargets(
             bases={
@@ -551,8 +570,8 @@ async def run(args: argparse.Namespace) -> PeerResults:
                 "floor": f"http://{floor.address}",
                 "gateway": f"http://{gateway.address}",
                 "litellm": litellm.url,
+                "litellm+noop": noop.url,
                 "litellm+fairshare": callback.url,
-                "undecided": callback.url,
             },
             bearer={
                 "direct": "unused",
@@ -560,10 +579,10 @@ async def run(args: argparse.Namespace) -> PeerResults:
                 "floor": "unused",
                 "gateway": "unused",
                 "litellm": litellm.master_key,
+                "litellm+noop": noop.master_key,
                 "litellm+fairshare": callback.master_key,
-                "undecided": callback.master_key,
             },
-            models={name: UNDECIDED_GROUP if name == "undecided" else FAST_MODEL for name in PATHS},
+            models=dict.fromkeys(PATHS, FAST_MODEL),
             pids=pids_of(
                 {
                     "allocator": allocator,
@@ -571,6 +590,7 @@ async def run(args: argparse.Namespace) -> PeerResults:
                     "hop": hop,
                     "gateway": gateway,
                     "litellm": litellm,
+                    "litellm+noop": noop,
                     "litellm+fairshare": callback,
                 }
             ),

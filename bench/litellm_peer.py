@@ -167,13 +167,14 @@ def config_yaml(
     upstream: str,
     master_key: str,
     *,
-    callback: bool = False,
+    callback: str | None = None,
     aliases: Sequence[str] = (),
 ) -> str:
     """The proxy's config: ``model`` routed to ``upstream`` (a base URL such as
     ``http://127.0.0.1:PORT``; the OpenAI-compatible API is under its ``/v1``), the master
-    key, no database; fairshare's callback alone when ``callback``, else none. Each of
-    ``aliases`` is one more model group of the same model on the same upstream."""
+    key, no database; the one callback ``callback`` names (its module's attribute, such as
+    ``CALLBACK``), else none. Each of ``aliases`` is one more model group of the same
+    model on the same upstream."""
     doc: dict[str, object] = {
         "model_list": [
             {
@@ -188,8 +189,8 @@ def config_yaml(
         ],
         "general_settings": {"master_key": master_key},
     }
-    if callback:
-        doc["litellm_settings"] = {"callbacks": [CALLBACK]}
+    if callback is not None:
+        doc["litellm_settings"] = {"callbacks": [callback]}
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -214,7 +215,8 @@ class LiteLLM(ServerProcess):
     """LiteLLM's proxy on a free loopback port, serving ``model`` from ``upstream``. Writes
     its config file into ``work`` and runs there; its log is ``work/<name>.log``. With
     ``fairshare`` (the callback's settings, docs/litellm.md), the proxy runs fairshare's
-    callback with them; ``aliases`` are more model groups of ``model`` (``config_yaml``).
+    callback with them; else with ``callback`` the callback it names (bench/litellm_noop.py);
+    ``aliases`` are more model groups of ``model`` (``config_yaml``).
     Not started: ``start`` it, then
     ``await wait_http(proxy.health_url, ...)``."""
 
@@ -228,10 +230,12 @@ class LiteLLM(ServerProcess):
         fairshare: Mapping[str, object] | None = None,
         name: str = "litellm",
         aliases: Sequence[str] = (),
+        callback: str | None = None,
     ) -> None:
         self.master_key = new_master_key()
         config = work / f"{name}.yaml"
-        callback = fairshare is not None
+        if fairshare is not None:
+            callback = CALLBACK
         config.write_text(
             config_yaml(model, upstream, self.master_key, callback=callback, aliases=aliases),
             encoding="utf-8",

@@ -4,9 +4,11 @@ hooks as LiteLLM's proxy calls them are in tests/litellm)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,3 +228,20 @@ def test_the_module_imports_without_litellm() -> None:
     with pytest.raises(AttributeError):
         _ = module.no_such_name
     assert isinstance(AllocatorClient, type)
+
+
+def _hooks(path: Path) -> set[str]:
+    """The hooks (``async def``) of the handler class a callback module defines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    handler = next(c for c in classes if any(ast.unparse(b) == "CustomLogger" for b in c.bases))
+    return {f.name for f in handler.body if isinstance(f, ast.AsyncFunctionDef)}
+
+
+def test_the_benchmarks_do_nothing_callback_has_the_same_hooks() -> None:
+    """bench/litellm_noop.py is the floor of what the callback adds to LiteLLM's proxy:
+    LiteLLM's cost depends on which hooks a callback has, so it must have the same."""
+    root = Path(__file__).resolve().parents[2]
+    ours = _hooks(root / "fairshare" / "integrations" / "litellm.py")
+    assert "async_pre_call_hook" in ours
+    assert _hooks(root / "bench" / "litellm_noop.py") == ours
