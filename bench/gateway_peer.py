@@ -328,7 +328,7 @@ def verdicts(res: PeerResults) -> tuple[str, bool, bool]:
     )
     text = (
         f"Targets: one request at a time, the gateway adds {ms(ours)} ms to the direct median "
-        f"and LiteLLM's proxy {ms(theirs)} ms: the gateway's is {latency_ratio:.2f} of "
+        f"and LiteLLM's proxy {ms(theirs)} ms: the gateway's is {latency_ratio:.3f} of "
         f"LiteLLM's, target ≤ {ADDED_LATENCY_TARGET:.2f}: {met(latency_ok)}. "
         f"{latency_floor} At "
         f"{SHORT_IN_FLIGHT} in flight the gateway serves {gateway:,.0f} requests/s, "
