@@ -8,8 +8,9 @@ its config file and its process.
   version. Wheels only (``--only-binary :all:``): nothing runs a package's build script.
 - ``config_yaml`` routes one model to an OpenAI-compatible upstream (the stand-in vLLM
   server), with a master key (the proxy refuses to start without one) and no database; with
-  ``callback``, LiteLLM loads fairshare's callback (``fairshare.integrations.litellm``),
-  whose settings ``LiteLLM`` writes beside and names in its environment.
+  ``callback``, LiteLLM loads the callback it names: fairshare's
+  (``fairshare.integrations.litellm``, whose settings ``LiteLLM`` writes beside and names
+  in its environment) or the benchmark's do-nothing control (bench/litellm_noop.py).
 - ``LiteLLM`` is the proxy as a child process on loopback: one uvicorn worker, started with
   ``--config`` from a temporary directory, with an environment of its own that keeps it
   offline: the model cost map and the other tables it would fetch are read from the package,
@@ -235,6 +236,8 @@ class LiteLLM(ServerProcess):
         self.master_key = new_master_key()
         config = work / f"{name}.yaml"
         if fairshare is not None:
+            if callback is not None:
+                raise ValueError("fairshare's settings go with fairshare's callback only")
             callback = CALLBACK
         config.write_text(
             config_yaml(model, upstream, self.master_key, callback=callback, aliases=aliases),

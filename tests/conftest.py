@@ -31,6 +31,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     gc.freeze()
 
 
+@pytest.hookimpl
+def pytest_fixture_post_finalizer(fixturedef: pytest.FixtureDef[object]) -> None:
+    """A module's or the session's fixture torn down: what it held, frozen with it, may be
+    garbage now. Unfrozen, the next test's collection walks (and frees) it once."""
+    if fixturedef.scope != "function":
+        gc.unfreeze()
+
+
 def _etcd(name: str) -> EtcdProcess:
     try:
         return EtcdProcess(name=name)

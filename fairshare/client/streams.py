@@ -78,14 +78,19 @@ ended under them: the replica stopped, the connection broke, the core failed a w
 call already over) stands for a stream the replica ended: ``UNAVAILABLE``, retried."""
 
 
-def _stream_failure(error: BaseException) -> Exception:
+def _stream_failure(error: BaseException, *, answered: bool = True) -> Exception:
     """What the Acquires waiting on a stream that failed with ``error`` fail with: the
     refusal of the whole stream ``Unstreamed``, a status of ``_KEPT`` itself, anything
-    else ``UNAVAILABLE`` (its details name what it was)."""
+    else ``UNAVAILABLE`` (its details name what it was).
+
+    A stream that never ``answered`` and failed ``INTERNAL`` counts as refused too: when a
+    write meets a call the replica has already refused, grpc.aio may replace the refusal's
+    status with its own ``INTERNAL``; retried as ``UNAVAILABLE``, such a stream would be
+    opened and refused again until the deadline, where plain calls go through."""
     failure: Exception
     if not isinstance(error, aio.AioRpcError):
         failure = _failed(grpc.StatusCode.UNAVAILABLE, f"{ENDED} ({error!r})")
-    elif error.code() in _REFUSED:
+    elif error.code() in _REFUSED or (not answered and error.code() == grpc.StatusCode.INTERNAL):
         failure = Unstreamed(f"{error.code().name}: {error.details()}")
     elif error.code() in _KEPT:
         failure = error
@@ -105,6 +110,8 @@ class _Stream:
         self.sending: set[asyncio.Task[None]] = set()  # writes under way
         self.reader = asyncio.get_running_loop().create_task(self._read())
         self.ended = False
+        self.answered = False  # a reply was read: the replica took the stream
+        self.retired = False  # renewed: takes no new Acquires
         self.opened = time.monotonic()
 
     async def _read(self) -> None:
@@ -114,6 +121,7 @@ class _Stream:
                 reply = await self.call.read()
                 if reply is aio.EOF:
                     break
+                self.answered = True
                 future = self.waiting.get(reply.request_id)
                 if future is not None and not future.done():
                     future.set_result(reply.outcome)
@@ -121,7 +129,7 @@ class _Stream:
             error = _failed(grpc.StatusCode.CANCELLED, "the client closed the acquire stream")
             raise
         except Exception as e:  # the call failed, or anything else: the stream is given up
-            error = _stream_failure(e)
+            error = _stream_failure(e, answered=self.answered)
         finally:
             self.ended = True
             self.call.cancel()  # no-op once the call has ended
@@ -193,6 +201,8 @@ class AcquireStreams:
         finally:
             if stream.waiting.get(key) is future:
                 del stream.waiting[key]
+            if stream.retired and not stream.waiting:
+                stream.close()  # answered all it was sent: a replica that hangs holds nothing
             if not future.done():
                 future.cancel()
             elif not future.cancelled():
@@ -221,14 +231,20 @@ class AcquireStreams:
                 # The call has ended: its reader fails ``future`` with the call's own
                 # status (a stream refused whole says so there, not in the write's error).
                 return
-            # The call lives but took no write: a new one serves the next Acquire.
-            self._drop(target, stream)
+            # The call lives but took no write: this Acquire fails with the write's error,
+            # the others waiting with the stream's end; a new one serves the next Acquire.
             if not future.done():
                 future.set_exception(_stream_failure(e))
+            self._drop(target, stream)
 
     def _retire(self, stream: _Stream) -> None:
         """Tells ``stream``'s replica that no more Acquires come on it, after the writes
-        already on their way: it answers those and ends the call."""
+        already on their way: it answers those and ends the call. The call is closed once
+        no Acquire waits on it (``acquire``), at once when none does."""
+        stream.retired = True
+        if not stream.waiting:
+            stream.close()
+            return
         self._retired.add(stream)
         stream.reader.add_done_callback(lambda _: self._retired.discard(stream))
 

@@ -7,6 +7,7 @@ its request id; only a malformed message or session ends the stream.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -15,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairshare.client import AllocatorClient
 from fairshare.client import streams as streams_module
-from fairshare.client.streams import AcquireStreams
+from fairshare.client.streams import AcquireStreams, Unstreamed
 from fairshare.wire.errors import trailing
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -262,9 +263,13 @@ async def test_a_stream_that_fails_with_a_status_of_its_own_is_retried_as_unavai
     call already over, a replica's abort) must not reach the caller as a refusal."""
 
     async def failing(
-        self: AllocatorServicer, requests: object, context: aio.ServicerContext
-    ) -> None:
-        await context.abort(grpc.StatusCode.INTERNAL, "the replica's stream broke")
+        self: AllocatorServicer, requests: AsyncIterator[pb.AcquireRequest], context: object
+    ) -> AsyncIterator[pb.AcquireReply]:
+        first = await anext(requests)
+        granted = pb.AcquireOutcome(response=pb.AcquireResponse(granted=True))
+        yield pb.AcquireReply(request_id=first.request_id, outcome=granted)
+        await anext(requests)
+        await context.abort(grpc.StatusCode.INTERNAL, "the replica's stream broke")  # type: ignore[attr-defined]
 
     monkeypatch.setattr(AllocatorServicer, "AcquireStream", failing)
     server = await start_server(config, node=fake, serve_metrics=False)
@@ -272,8 +277,9 @@ async def test_a_stream_that_fails_with_a_status_of_its_own_is_retried_as_unavai
     channel = aio.insecure_channel(server.address)
     stub = pb_grpc.AllocatorStub(channel)
     try:
+        assert (await streams.acquire(server.address, stub, acquire("one"), 2.0)).granted
         with pytest.raises(aio.AioRpcError) as info:
-            await streams.acquire(server.address, stub, acquire("one"), 2.0)
+            await streams.acquire(server.address, stub, acquire("two"), 2.0)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "INTERNAL" in (info.value.details() or "")
     finally:
@@ -329,9 +335,23 @@ async def test_an_old_stream_answers_what_it_was_sent_and_the_next_acquire_opens
         await asyncio.sleep(0.3)  # the stream is old; "slow" is being decided on it
         old = streams._streams[running.address]
         assert (await streams.acquire(running.address, stub, acquire("next"), 5.0)).granted
-        assert streams._streams[running.address] is not old
-        assert (await slowly).granted  # answered on the old stream, which then ends
-        await asyncio.wait_for(old.reader, 5)
-        assert await old.call.code() == grpc.StatusCode.OK
+        new = streams._streams[running.address]
+        assert new is not old
+        assert (await slowly).granted  # answered on the old stream
+        await asyncio.wait({old.reader}, timeout=5)  # which ends once nothing waits on it
+        assert old.ended and streams._retired == set()
+        await asyncio.sleep(0.25)  # the new stream is old too, and nothing waits on it
+        assert (await streams.acquire(running.address, stub, acquire("last"), 5.0)).granted
+        assert streams._streams[running.address] is not new
+        assert new.ended  # closed when it was renewed: no Acquire was left to answer
     finally:
         await streams.close()
+
+
+def test_a_stream_that_fails_internal_before_any_answer_counts_as_refused() -> None:
+    """grpc.aio may put its own INTERNAL in place of a refusal's status when a write meets
+    the refused call: retried as UNAVAILABLE, each new stream would be refused again."""
+    internal = aio.AioRpcError(grpc.StatusCode.INTERNAL, aio.Metadata(), aio.Metadata(), "core")
+    assert isinstance(streams_module._stream_failure(internal, answered=False), Unstreamed)
+    later = streams_module._stream_failure(internal, answered=True)
+    assert isinstance(later, aio.AioRpcError) and later.code() == grpc.StatusCode.UNAVAILABLE
