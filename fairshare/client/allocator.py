@@ -68,7 +68,7 @@ from fairshare.ids import DEGRADED_EPOCH, NodeId
 from fairshare.modes import DegradedMode
 from fairshare.sessions import new_session
 from fairshare.wire.convert import acquire_request, decision, degraded_mode
-from fairshare.wire.errors import to_allocator_error
+from fairshare.wire.errors import failed_call, to_allocator_error
 from fairshare.wire.metadata import session_entry
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 
@@ -445,11 +445,8 @@ class AllocatorClient:
             if e.code() not in RETRYABLE or left <= 0:
                 raise
         except TimeoutError:
-            raise aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                aio.Metadata(),
-                aio.Metadata(),
-                f"no answer within {self.deadline_s}s",
+            raise failed_call(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.deadline_s}s"
             ) from None
         return await self._calls.call("Acquire", request, deadline_s=left, pool=request.pool)
 

@@ -52,7 +52,7 @@ from fairshare.client.batches import Batches
 from fairshare.client.streams import AcquireStreams, Unstreamed
 from fairshare.limits import MAX_BATCH_ITEMS
 from fairshare.wire.channels import open_channel
-from fairshare.wire.errors import item_failure
+from fairshare.wire.errors import failed_call, item_failure
 from fairshare.wire.metadata import Metadata
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -132,6 +132,7 @@ class Calls:
         self._unbatched = _SetAside("a replica does not know %s (%s): plain calls for %gs")
         self._unstreamed = _SetAside("%s refused an AcquireStream (%s): plain Acquires for %gs")
         self._streams = AcquireStreams(metadata)
+        self._closed = False
         # A lone Acquire goes from its caller's task (a cancelled caller's acquire is
         # settled by the client's backlog); a lone Release from a task of its own.
         self._acquires = Batches(
@@ -142,7 +143,9 @@ class Calls:
         )
 
     async def close(self) -> None:
-        """Cancels the calls that wait in a batch and closes the channels."""
+        """Cancels the calls that wait in a batch and closes the channels; a call made
+        afterwards (a retry that was waiting) fails ``CANCELLED`` and opens none."""
+        self._closed = True
         await self._acquires.close()
         await self._releases.close()
         await self._streams.close()
@@ -171,6 +174,8 @@ class Calls:
         method: made per call, it cost a gateway a few percent of its CPU)."""
         stub = self._stubs.get(target)
         if stub is None:
+            if self._closed:
+                raise failed_call(grpc.StatusCode.CANCELLED, "the client is closed")
             channel = self._channels.get(target)
             if channel is None:
                 # Bounded reconnect backoff: a replica restarted on its address is reached

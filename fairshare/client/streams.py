@@ -37,7 +37,7 @@ from typing import Final
 import grpc
 from grpc import aio
 
-from fairshare.wire.errors import item_failure
+from fairshare.wire.errors import failed_call, item_failure
 from fairshare.wire.metadata import Metadata
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from fairshare.wire.pb.fairshare.v1 import allocator_pb2_grpc as pb_grpc
@@ -49,10 +49,6 @@ one ends once it has answered. A replica's connection age limit (``grpc`` in its
 sends a GOAWAY and then, after a grace of 10 s by default, closes the connection under the
 calls still on it: a stream renewed well within the grace moves to the new connection
 (and is balanced again) without an Acquire cut under it."""
-
-
-def _failed(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
-    return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details)
 
 
 class Unstreamed(Exception):
@@ -89,14 +85,14 @@ def _stream_failure(error: BaseException, *, answered: bool = True) -> Exception
     opened and refused again until the deadline, where plain calls go through."""
     failure: Exception
     if not isinstance(error, aio.AioRpcError):
-        failure = _failed(grpc.StatusCode.UNAVAILABLE, f"{ENDED} ({error!r})")
+        failure = failed_call(grpc.StatusCode.UNAVAILABLE, f"{ENDED} ({error!r})")
     elif error.code() in _REFUSED or (not answered and error.code() == grpc.StatusCode.INTERNAL):
         failure = Unstreamed(f"{error.code().name}: {error.details()}")
     elif error.code() in _KEPT:
         failure = error
     else:
         why = f"{error.code().name}: {error.details()}"
-        failure = _failed(grpc.StatusCode.UNAVAILABLE, f"{ENDED} ({why})")
+        failure = failed_call(grpc.StatusCode.UNAVAILABLE, f"{ENDED} ({why})")
     return failure
 
 
@@ -115,7 +111,7 @@ class _Stream:
         self.opened = time.monotonic()
 
     async def _read(self) -> None:
-        error: Exception = _failed(grpc.StatusCode.UNAVAILABLE, ENDED)
+        error: Exception = failed_call(grpc.StatusCode.UNAVAILABLE, ENDED)
         try:
             while True:
                 reply = await self.call.read()
@@ -126,7 +122,7 @@ class _Stream:
                 if future is not None and not future.done():
                     future.set_result(reply.outcome)
         except asyncio.CancelledError:
-            error = _failed(grpc.StatusCode.CANCELLED, "the client closed the acquire stream")
+            error = failed_call(grpc.StatusCode.CANCELLED, "the client closed the acquire stream")
             raise
         except Exception as e:  # the call failed, or anything else: the stream is given up
             error = _stream_failure(e, answered=self.answered)
@@ -151,7 +147,7 @@ class _Stream:
             if cancel:
                 future.cancel()
             else:
-                future.set_exception(_failed(grpc.StatusCode.UNAVAILABLE, ENDED))
+                future.set_exception(failed_call(grpc.StatusCode.UNAVAILABLE, ENDED))
 
 
 class AcquireStreams:
@@ -175,7 +171,7 @@ class AcquireStreams:
             Unstreamed: the replica refused the stream itself; nothing was decided.
         """
         if self._closed:
-            raise _failed(grpc.StatusCode.CANCELLED, "the client is closed")
+            raise failed_call(grpc.StatusCode.CANCELLED, "the client is closed")
         stream = self._streams.get(target)
         if stream is None or stream.ended or time.monotonic() - stream.opened >= RENEW_AFTER_S:
             if stream is not None and not stream.ended:
@@ -195,7 +191,7 @@ class AcquireStreams:
             async with asyncio.timeout(timeout_s):
                 outcome = await future
         except TimeoutError:
-            raise _failed(
+            raise failed_call(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout_s:g}s"
             ) from None
         finally:

@@ -241,6 +241,12 @@ def item_error(error: AllocatorError) -> pb.ItemError:
 _BY_NUMBER: Final[Mapping[int, grpc.StatusCode]] = {code.value[0]: code for code in grpc.StatusCode}
 
 
+def failed_call(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
+    """A failure the client library states itself, as the failed call it stands for (no
+    metadata): a deadline it ran out of, a stream that ended, a client that is closed."""
+    return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details)
+
+
 def item_failure(item: pb.ItemError) -> aio.AioRpcError:
     """A refused item of a batched call as the failed call it stands for, so that every
     caller handles it as it handles a refused unbatched call (``to_allocator_error``,

@@ -8,12 +8,15 @@ import logging
 import random
 from typing import Any
 
+import grpc
 import pytest
+from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairshare import Class
 from fairshare.client import AllocatorClient, SyncAllocatorClient
 from fairshare.wire.channels import open_channel
+from fairshare.wire.pb.fairshare.v1 import allocator_pb2 as pb
 from ha.api import Decision, NoOwner, UnknownPool
 from harness.net import free_port
 from server.app import RunningServer, start_server
@@ -298,3 +301,14 @@ async def test_each_client_has_its_session_sends_it_and_keeps_it_alive(
     # The secrets were never logged.
     for client in (one, other):
         assert client._keeper._session.partition(".")[2] not in caplog.text
+
+
+async def test_a_closed_client_opens_no_channel_for_a_late_call(running: RunningServer) -> None:
+    """A retry that was waiting out its backoff while the client closed must not open a
+    channel that nobody will close."""
+    client = AllocatorClient([running.address], holder="gw")
+    await client.close()
+    with pytest.raises(aio.AioRpcError) as info:
+        await client._calls.call("ListPools", pb.ListPoolsRequest(), deadline_s=0.5)
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    assert client._calls._channels == {}
