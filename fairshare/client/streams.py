@@ -14,8 +14,8 @@ Guarantees:
 - A stream that ends or fails fails every Acquire waiting on it: with its status when
   that says why (``_KEPT``: the caller's own fault, or already ``UNAVAILABLE``), else
   ``UNAVAILABLE``, which the caller retries; the next Acquire opens a new stream.
-- A stream takes new Acquires for ``RENEW_AFTER_S``; then the next one opens a new stream
-  and the old one, told that nothing more comes, answers what it was sent and ends.
+- A stream takes new Acquires for ``RENEW_AFTER_S``; then the next one opens a new stream,
+  and the old one is closed once the Acquires it was sent are answered (or given up).
 - ``close`` cancels the Acquires still waiting, as closing a channel cancels its calls;
   an Acquire after it fails ``CANCELLED``.
 - An Acquire not answered within its ``timeout_s`` fails ``DEADLINE_EXCEEDED`` and is
@@ -234,28 +234,14 @@ class AcquireStreams:
             self._drop(target, stream)
 
     def _retire(self, stream: _Stream) -> None:
-        """Tells ``stream``'s replica that no more Acquires come on it, after the writes
-        already on their way: it answers those and ends the call. The call is closed once
-        no Acquire waits on it (``acquire``), at once when none does."""
+        """Takes no new Acquires on ``stream``: it is closed once no Acquire waits on it
+        (``acquire``: the last one answered or given up), at once when none does."""
         stream.retired = True
         if not stream.waiting:
             stream.close()
             return
         self._retired.add(stream)
         stream.reader.add_done_callback(lambda _: self._retired.discard(stream))
-
-        async def finish() -> None:
-            try:
-                async with stream.writing:
-                    await stream.call.done_writing()
-            except Exception:
-                if not stream.call.done():  # a call that took no end of its side: given up
-                    stream.close()
-                # else the call is over: its reader fails what still waits, with its status
-
-        finishing = asyncio.get_running_loop().create_task(finish())
-        stream.sending.add(finishing)
-        finishing.add_done_callback(stream.sending.discard)
 
     def _drop(self, target: str, stream: _Stream) -> None:
         """Closes ``stream`` (its waiting Acquires fail) and forgets it."""
