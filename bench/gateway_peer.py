@@ -7,7 +7,7 @@ Processes on loopback, each a child of this one:
   three teams 0.5, 0.3, 0.2; every request is within its team's share, so every Acquire
   waits for the pool's durable write);
 - one stand-in vLLM server answering at once (model ``standin-fast``, room for every
-  request at once), the upstream of all three paths;
+  request at once), the upstream of every path;
 - ``fairshare gateway`` in front of it, team from a trusted header;
 - LiteLLM's proxy in front of it (bench/litellm_peer.py: the pinned version in its own
   virtualenv under build/, one uvicorn worker, a master key, no database, offline);
@@ -34,22 +34,24 @@ its LiteLLM from the first, round by round. The do-nothing callback splits it: w
 costs a request for running a callback at those hooks at all (the least any callback there
 adds: the callback target's floor) and fairshare's work beyond it (its decision, its
 release), each within the half millisecond or so by which two LiteLLM processes alike
-differ. Each round runs every path once per measurement, in an order that rotates from
-round to round, so that other work on the machine hits them alike; each figure is the
+differ. Each round measures every path, in an order that rotates from round to round: one
+request at a time, the paths in turn request by request, then each path under load for a
+stretch of its own; so other work on the machine hits them alike. Each figure is the
 median over the rounds. Each LiteLLM proxy serves one model group: an earlier split gave
 the callback's proxy a second group of the same model, which the callback did not decide,
 and with a callback that did nothing there the first group's requests took about 3 ms
 longer than the second's in both rounds of a run (and than LiteLLM alone's), which that
 split counted as the callback's.
 
-1. **Sequential added latency:** one request at a time, started at a fixed pace of
-   ``SEQUENTIAL_PER_S`` (well below what one path serves one after another, so no request
-   waits for the one before it). A path's added latency in a round is its median latency
-   minus the direct median of the same round. Target: the gateway's added latency is at most
-   ``ADDED_LATENCY_TARGET`` of LiteLLM's. The hop with a durable message is that target's
-   floor, reported beside it: what is left between the two is what the gateway may spend
-   on everything else. Target of the callback: it adds less than ``CALLBACK_TARGET`` of
-   LiteLLM's own added latency (round by round).
+1. **Sequential added latency:** one request at a time, the paths in turn, started at a
+   fixed pace of ``SEQUENTIAL_PER_S`` (well below what the paths serve one after another,
+   so a request rarely waits for the one before it; the report counts those that did). A
+   path's added latency in a round is its median latency minus the direct median of the
+   same round. Target: the gateway's added latency is at most ``ADDED_LATENCY_TARGET`` of
+   LiteLLM's. The hop with a durable message is that target's floor, reported beside it:
+   what is left between the two is what the gateway may spend on everything else. Target
+   of the callback: it adds less than ``CALLBACK_TARGET`` of LiteLLM's own added latency
+   (round by round).
 2. **Throughput at 32 in flight** (bench/gateway.py's closed loop of short requests), with
    the CPU each process spends per request. Target: the gateway serves at least
    ``THROUGHPUT_TARGET`` of the requests per second the stand-in serves directly. The hop
@@ -65,6 +67,7 @@ import argparse
 import asyncio
 import statistics
 import subprocess
+import time
 from dataclasses import dataclass
 
 import aiohttp
@@ -77,7 +80,6 @@ from bench._common import (
     machine_lines,
     met,
     ms,
-    paced_loop,
     percentile,
     workdir,
     write_section,
@@ -122,11 +124,11 @@ LABELS = {
     "litellm+noop": "LiteLLM proxy with a callback that does nothing (the same hooks)",
     "litellm+fairshare": "LiteLLM proxy with fairshare's callback",
 }
-SEQUENTIAL_PER_S = 5.0
-"""The pace of the sequential requests: one every 200 ms, where one takes from a few ms
-(directly) to some tens of ms (LiteLLM's proxy on a busy machine)."""
-SEQUENTIAL_RECORDED = 40
-"""Sequential requests recorded per path and round (8 s at that pace)."""
+SEQUENTIAL_PER_S = 10.0
+"""The pace of the sequential requests, all paths together: one every 100 ms, where one
+takes from a few ms (directly) to some tens of ms (LiteLLM's proxy on a busy machine)."""
+SEQUENTIAL_RECORDED = 80
+"""Sequential requests recorded per path and round (56 s at that pace, the paths in turn)."""
 SEQUENTIAL_WARMUP = 5
 """Sequential requests of each loop not recorded, before those."""
 WARM_REQUESTS = 50
@@ -186,9 +188,43 @@ def added_latency(res: PeerResults, name: str) -> float:
     return statistics.median(p50(path) - p50(direct) for path, direct in pairs)
 
 
-def skipped(results: list[LoadResult]) -> int:
-    """Sequential requests not started because the one before was still running."""
-    return sum(len(r.samples.get("skipped")) for r in results)
+def late(results: list[LoadResult]) -> int:
+    """Sequential requests started after their time because the one before still ran."""
+    return sum(len(r.samples.get("late")) for r in results)
+
+
+async def interleaved(load: Load, targets: PeerTargets, round_no: int) -> dict[str, LoadResult]:
+    """One round of the sequential measurement: one request at a time, the paths in turn
+    (in ``order_of(round_no)``), one started every ``1 / SEQUENTIAL_PER_S`` s; each path's
+    first ``SEQUENTIAL_WARMUP`` are not recorded.
+
+    Taking the paths request by request, rather than each for a stretch of its own, puts
+    any two paths' requests a fraction of a second apart, under the same state of the
+    machine: two LiteLLM processes alike, measured in stretches of 100 requests one after
+    the other, differed by up to 2 ms from round to round (and by 4 once), and by 0.6 ms
+    at most taken in turn."""
+    order = order_of(round_no)
+    samples = {name: Samples() for name in order}
+    count = len(order) * (SEQUENTIAL_WARMUP + SEQUENTIAL_RECORDED)
+    start = time.perf_counter()
+    for i in range(count):
+        name = order[i % len(order)]
+        if i == len(order) * SEQUENTIAL_WARMUP:
+            for recorded in samples.values():
+                recorded.on = True
+        delay = start + i / SEQUENTIAL_PER_S - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            samples[name].add("late", -delay)
+        await load.short(
+            targets.bases[name], samples[name], targets.bearer[name], targets.models[name]
+        )
+    elapsed = time.perf_counter() - start
+    return {
+        name: LoadResult(len(recorded.get("call")), elapsed, recorded)
+        for name, recorded in samples.items()
+    }
 
 
 async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults:
@@ -204,26 +240,8 @@ async def measure(args: argparse.Namespace, targets: PeerTargets) -> PeerResults
         sequential: dict[str, list[LoadResult]] = {name: [] for name in PATHS}
         loaded: dict[str, list[LoadResult]] = {name: [] for name in LOADED}
         cpu: dict[str, list[dict[str, float]]] = {name: [] for name in LOADED}
-        count = SEQUENTIAL_WARMUP + SEQUENTIAL_RECORDED
         for round_no in range(args.rounds):
-            for name in order_of(round_no):
-                base, bearer = targets.bases[name], targets.bearer[name]
-
-                async def one(
-                    samples: Samples,
-                    base: str = base,
-                    bearer: str = bearer,
-                    model: str = targets.models[name],
-                ) -> None:
-                    await load.short(base, samples, bearer, model)
-
-                result = await paced_loop(
-                    one,
-                    rate=SEQUENTIAL_PER_S,
-                    count=count,
-                    warmup=SEQUENTIAL_WARMUP,
-                    max_in_flight=1,
-                )
+            for name, result in (await interleaved(load, targets, round_no)).items():
                 sequential[name].append(result)
                 print(
                     f"  round {round_no + 1} sequential {name:>17}: p50 {ms(p50(result))} ms",
@@ -416,10 +434,11 @@ def section(
             "Workload: every request is a non-streaming chat completion of one token to "
             f"model `{FAST_MODEL}`, which the stand-in answers at once (room for every "
             "request at once, no queueing in it). One at a time: "
-            f"{SEQUENTIAL_PER_S:g} requests/s, one in flight, {SEQUENTIAL_RECORDED} recorded per "
-            f"path and round after {SEQUENTIAL_WARMUP} unrecorded; "
-            f"{sum(skipped(rs) for rs in res.sequential.values())} were skipped in all because the "
-            f"one before was still running. Loaded: {SHORT_IN_FLIGHT} in flight, a closed "
+            f"{SEQUENTIAL_PER_S:g} requests/s, one in flight, the paths in turn request by "
+            f"request, {SEQUENTIAL_RECORDED} recorded per path and round after "
+            f"{SEQUENTIAL_WARMUP} unrecorded; "
+            f"{sum(late(rs) for rs in res.sequential.values())} started late in all because "
+            f"the one before was still running. Loaded: {SHORT_IN_FLIGHT} in flight, a closed "
             "loop. The gateway asks the allocator (embedded mode, one pool of C = 100 shared "
             f"by three teams {shares}, team from a trusted header) for every request, and "
             "every request is within its team's share, so each Acquire waits for the pool's "
