@@ -130,7 +130,7 @@ takes from a few ms (directly) to some tens of ms (LiteLLM's proxy on a busy mac
 SEQUENTIAL_RECORDED = 80
 """Sequential requests recorded per path and round (56 s at that pace, the paths in turn)."""
 SEQUENTIAL_WARMUP = 5
-"""Sequential requests of each loop not recorded, before those."""
+"""Sequential requests of each path and round not recorded, before those."""
 WARM_REQUESTS = 50
 """Requests through each path before the first round (LiteLLM loads code on its first)."""
 ADDED_LATENCY_TARGET = 0.25
@@ -196,20 +196,24 @@ def late(results: list[LoadResult]) -> int:
 async def interleaved(load: Load, targets: PeerTargets, round_no: int) -> dict[str, LoadResult]:
     """One round of the sequential measurement: one request at a time, the paths in turn
     (in ``order_of(round_no)``), one started every ``1 / SEQUENTIAL_PER_S`` s; each path's
-    first ``SEQUENTIAL_WARMUP`` are not recorded.
+    first ``SEQUENTIAL_WARMUP`` are not recorded. A request that starts after its time
+    (the one before ran long) is counted as late on its own path. Each result's seconds
+    are those of the recorded part of the round, all paths together.
 
     Taking the paths request by request, rather than each for a stretch of its own, puts
     any two paths' requests a fraction of a second apart, under the same state of the
-    machine: two LiteLLM processes alike, measured in stretches of 100 requests one after
-    the other, differed by up to 2 ms from round to round (and by 4 once), and by 0.6 ms
-    at most taken in turn."""
+    machine: in a separate trial, two LiteLLM processes alike, measured in stretches of
+    100 requests one after the other, differed by up to 2 ms from round to round (and by
+    4 once), and by 0.6 ms at most taken in turn. Not spread: each path follows the same
+    other path in every round (the rotation keeps the cycle)."""
     order = order_of(round_no)
     samples = {name: Samples() for name in order}
     count = len(order) * (SEQUENTIAL_WARMUP + SEQUENTIAL_RECORDED)
-    start = time.perf_counter()
+    start = measured_from = time.perf_counter()
     for i in range(count):
         name = order[i % len(order)]
         if i == len(order) * SEQUENTIAL_WARMUP:
+            measured_from = time.perf_counter()
             for recorded in samples.values():
                 recorded.on = True
         delay = start + i / SEQUENTIAL_PER_S - time.perf_counter()
@@ -220,7 +224,7 @@ async def interleaved(load: Load, targets: PeerTargets, round_no: int) -> dict[s
         await load.short(
             targets.bases[name], samples[name], targets.bearer[name], targets.models[name]
         )
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - measured_from
     return {
         name: LoadResult(len(recorded.get("call")), elapsed, recorded)
         for name, recorded in samples.items()
