@@ -26,14 +26,17 @@ live) after it stops being the current one.
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import hashlib
 import hmac
+import importlib
 import logging
 import os
 import pathlib
 import secrets
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 from fairshare.filewatch import UNREAD, Followed, Unread
 from ha.api import MAC_BYTES, GrantRef
@@ -45,6 +48,22 @@ MIN_KEY_CHARS: Final = 32
 GENERATED_KEY_FILE: Final = "grant.key"
 """The key file an embedded node keeps in its state directory when none is configured."""
 _DOMAIN: Final = b"fairshare grant v2\n"
+
+
+def _builtin_sha256() -> Callable[..., Any]:
+    """CPython's own SHA-256 (``_sha2`` from 3.12, ``_sha256`` before), else hashlib's.
+
+    The MAC is the same with either; the built-in one is the faster here: in a replica's
+    process (gRPC's threads, the store's) OpenSSL's HMAC measured 20 to 120 µs per id,
+    against 7 to 11 µs for CPython's, and every Acquire signs an id and every Release
+    checks one on the request path."""
+    for name in ("_sha2", "_sha256"):
+        with contextlib.suppress(ImportError):
+            return importlib.import_module(name).sha256  # type: ignore[no-any-return]
+    return hashlib.sha256
+
+
+_SHA256: Final = _builtin_sha256()
 
 
 class KeyFileError(ValueError):
@@ -87,10 +106,17 @@ def read_keys(path: pathlib.Path) -> list[bytes]:
     return parse_keys(text, str(path))
 
 
+@functools.lru_cache(maxsize=16)
+def _keyed(key: bytes) -> hmac.HMAC:
+    """The HMAC of ``key`` over the domain tag, made once per key: each MAC copies it."""
+    return hmac.new(key, _DOMAIN, _SHA256)
+
+
 def _mac(key: bytes, signed_text: str) -> str:
     """The MAC of an id whose canonical text (``GrantRef.signed_text``) is ``signed_text``."""
-    digest = hmac.digest(key, _DOMAIN + signed_text.encode("utf-8"), hashlib.sha256)
-    return base64.urlsafe_b64encode(digest[:MAC_BYTES]).decode("ascii").rstrip("=")
+    mac = _keyed(key).copy()
+    mac.update(signed_text.encode("utf-8"))
+    return base64.urlsafe_b64encode(mac.digest()[:MAC_BYTES]).decode("ascii").rstrip("=")
 
 
 class GrantKeys:
