@@ -29,6 +29,7 @@ from grpc import aio
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fairshare.wire.polling import polling_environment
 from harness.net import LOOPBACK, free_port
 from harness.process import ServerProcess
 
@@ -88,7 +89,9 @@ def echo_server(work: Path, *, sync: bool = False, name: str = "echo") -> Server
     args = [sys.executable, "-m", "bench.echo", address.rpartition(":")[2]]
     if sync:
         args += ["--sync", str(work / f"{name}.data")]
-    return ServerProcess(args, address=address, log=work / f"{name}.log")
+    # It polls its sockets as the service does (fairshare.wire.polling): a baseline alike.
+    env = polling_environment(os.environ)
+    return ServerProcess(args, address=address, log=work / f"{name}.log", env=env)
 
 
 def main(argv: list[str] | None = None) -> int:

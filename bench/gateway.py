@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import os
 import shutil
 import statistics
 import sys
@@ -71,6 +72,7 @@ from bench._common import (
     write_section,
 )
 from fairshare.client import AllocatorClient
+from fairshare.wire.polling import polling_environment
 from harness.http import wait_http
 from harness.net import free_port
 from harness.process import ServerProcess
@@ -470,7 +472,10 @@ def passthrough_process(
     command = ["-m", "bench.passthrough", "--listen", address, "--upstream", upstream]
     if decide is not None:
         command += ["--decide", decide]
-    return ServerProcess([sys.executable, *command], address=address, log=work / f"{name}.log")
+    # Its gRPC client polls as the gateway's does (fairshare.wire.polling).
+    env = polling_environment(os.environ)
+    log = work / f"{name}.log"
+    return ServerProcess([sys.executable, *command], address=address, log=log, env=env)
 
 
 def allocator_process(work: Path) -> Allocator:

@@ -7,4 +7,11 @@
 
 This package sits on top: it imports ``server`` (``serve`` runs ``server.app``) and ``sim``
 (``simulate``); nothing in the project imports it.
+
+Importing it first chooses how the process's gRPC polls its sockets
+(``fairshare.wire.polling``), before anything imports ``grpc``.
 """
+
+from fairshare.wire.polling import use_polling_thread
+
+use_polling_thread()
