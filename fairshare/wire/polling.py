@@ -7,8 +7,8 @@ poller (``epoll1``, still in gRPC) reads on the polling thread itself, so every 
 wakes one thread fewer. Measured on a 2-core machine, one message each way on an open
 stream between two grpc.aio processes, one every 50 ms: 0.66 to 0.71 ms the round trip
 with both processes on the earlier poller, against 0.82 to 0.91 ms with the
-EventEngine, and a quarter less CPU in the server (docs/benchmarks.md, "The gateway
-against LiteLLM's proxy", says what it gives a whole request).
+EventEngine, and a quarter less CPU in the server; what it gives a whole request through
+the gateway is in docs/deploy.md ("gRPC's polling").
 
 ``use_polling_thread`` chooses the earlier poller for the client channels
 (``event_engine_client``) and the servers (``event_engine_listener``) of this process, by

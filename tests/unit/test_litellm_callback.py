@@ -16,7 +16,13 @@ import pytest
 from fairshare import Class
 from fairshare.client import AllocatorClient, ClientGrant
 from fairshare.cost import CostSettings
-from fairshare.integrations.litellm import Fairshare, Refused, class_of, team_of
+from fairshare.integrations.litellm import (
+    RELEASE_AFTER_ANSWER_S,
+    Fairshare,
+    Refused,
+    class_of,
+    team_of,
+)
 from fairshare.integrations.litellm_config import (
     ConfigError,
     Settings,
@@ -171,6 +177,7 @@ async def test_no_team_is_refused() -> None:
 
 
 async def _settled() -> None:
+    await asyncio.sleep(RELEASE_AFTER_ANSWER_S * 2)  # a whole answer's release is due then
     for _ in range(3):
         await asyncio.sleep(0)
 
@@ -191,6 +198,9 @@ async def test_each_path_releases_once_with_its_charge() -> None:
     done = await _held(fairshare, "ok")
     fairshare.succeeded(done, {"usage": {"prompt_tokens": 7, "completion_tokens": 2}})
     fairshare.logged(done, None, success=False)  # the backstop finds it released
+    await asyncio.sleep(0)
+    # Released once LiteLLM has sent the answer; counted in flight until then.
+    assert fake.grants[0].releases == [] and fairshare.in_flight == 1
     error = await _held(fairshare, "500")
     fairshare.failed(error, RuntimeError("status 500"))
     cut = await _held(fairshare, "cut")
