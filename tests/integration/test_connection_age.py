@@ -75,12 +75,16 @@ async def test_server_ends_a_connection_at_its_age(tmp_path: pathlib.Path) -> No
         config, node=FakeAllocator(config.pools, node_id=config.node_id), serve_metrics=False
     )
     try:
+        # Counted from before the connection exists: gRPC counts the age from the
+        # connection's start and jitters it by up to 10 % either way, so the GOAWAY may come
+        # 0.9 s after the server accepted, which is less than 0.9 s after the first call
+        # answered (that bound failed one run in a fresh clone: 0.897 s).
+        start = time.monotonic()
         async with aio.insecure_channel(server.address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert channel.get_state() is grpc.ChannelConnectivity.READY
-            start = time.monotonic()
-            # The GOAWAY after 1 s (+ up to 10 % jitter) takes the idle channel out of
+            # The GOAWAY after 1 s (10 % jitter either way) takes the idle channel out of
             # READY; the deadline leaves room for a loaded machine.
             state = channel.get_state()
             try:
@@ -93,7 +97,8 @@ async def test_server_ends_a_connection_at_its_age(tmp_path: pathlib.Path) -> No
             assert state is not grpc.ChannelConnectivity.READY, (
                 f"still READY {time.monotonic() - start:.1f} s after connecting"
             )
-            assert time.monotonic() - start >= 0.9, "ended before its age"
+            # Not at once: at the earliest 0.9 s, less a timer's granularity.
+            assert time.monotonic() - start >= 0.85, "ended before its age"
             # A new call reconnects.
             await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
     finally:
