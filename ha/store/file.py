@@ -207,15 +207,7 @@ class FileStore(MemoryStore):
         # by a crash) as a whole. A write that changes no durable key (a key put on a
         # lease) keeps only its revision: an owner key's create_revision is an epoch, and
         # a restarted process must never hand the same epoch out again.
-        record: dict[str, object] = {"r": revision}
-        if changes:
-            record["w"] = [
-                [key, None, 0]
-                if kv is None
-                else [key, base64.b64encode(kv.value).decode("ascii"), kv.create_revision]
-                for key, kv in changes
-            ]
-        line = _encode_record(record)
+        line = _record_line(revision, changes)
         try:
             await self._append(line)
         except OSError as e:
@@ -349,9 +341,28 @@ def _write_all(fd: int, data: bytes) -> None:
 _CHECKED = re.compile(rb"([0-9a-f]{8}) (\{.*\})")
 
 
-def _encode_record(record: dict[str, object]) -> bytes:
-    body = json.dumps(record, separators=(",", ":")).encode("utf-8")
+def _record_line(revision: int, changes: list[tuple[str, KeyValue | None]]) -> bytes:
+    """The log line of one revision: its checksum, then the record ``{"r": revision,
+    "w": [[key, value in base64, create_revision], ...]}`` (``[key, null, 0]`` for a key
+    deleted; no ``"w"`` when no durable key changed) as compact JSON, byte for byte what
+    ``json.dumps`` with ``separators=(",", ":")`` writes, built directly: every durable
+    decision is written through here."""
+    if not changes:
+        body = b'{"r":%d}' % revision
+    else:
+        items = b",".join(
+            b"[%s,null,0]" % _json_text(key)
+            if kv is None
+            else b'[%s,"%s",%d]' % (_json_text(key), base64.b64encode(kv.value), kv.create_revision)
+            for key, kv in changes
+        )
+        body = b'{"r":%d,"w":[%s]}' % (revision, items)
     return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def _json_text(text: str) -> bytes:
+    """``text`` as a JSON string, as ``json.dumps`` writes it (ASCII, escaped)."""
+    return json.dumps(text).encode("ascii")
 
 
 def _decode_record(line: bytes) -> dict[str, Any] | None:

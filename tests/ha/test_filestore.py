@@ -4,14 +4,17 @@ watch history it keeps."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
 
 from ha.store import file as filestore
-from ha.store.contract import NO_LEASE, EventKind, StoreUnavailable
+from ha.store.contract import NO_LEASE, EventKind, KeyValue, Put, StoreUnavailable
 from ha.store.file import FileStore
 from ha.store.memory import MemoryStore
 
@@ -151,3 +154,58 @@ async def test_after_a_slow_append_appends_move_to_a_thread(
         assert kv is not None and kv.value == b"3"
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        [],
+        [("/fairshare/pools/p/log/7", KeyValue("/fairshare/pools/p/log/7", b"{}", 3, 9))],
+        [('/q"\\/é\u2028\x00😀', KeyValue('/q"\\/é\u2028\x00😀', bytes(range(256)), 1, 9))],
+        [("/gone", None), ("/kept", KeyValue("/kept", b"", 9, 9))],
+    ],
+)
+def test_a_log_line_is_its_record_as_compact_json_behind_its_checksum(
+    changes: list[tuple[str, KeyValue | None]],
+) -> None:
+    # The lines are built without json.dumps; readers decode them with json.loads.
+    record: dict[str, object] = {"r": 9}
+    if changes:
+        record["w"] = [
+            [key, None, 0]
+            if kv is None
+            else [key, base64.b64encode(kv.value).decode("ascii"), kv.create_revision]
+            for key, kv in changes
+        ]
+    body = json.dumps(record, separators=(",", ":")).encode()
+    assert filestore._record_line(9, changes) == b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+async def test_a_fenced_put_is_stored_and_watched_as_any_commit(tmp_path: Path) -> None:
+    # A commit of one Put takes a path of its own (the owner's record of its pool).
+    store = FileStore(tmp_path)
+    lease = await store.grant_lease(30.0)
+    owner = await store.create("/owner", b"me", lease=lease)
+    assert owner is not None
+    start = (await store.get_prefix("/log/"))[1]
+    events = store.watch_prefix("/log/", start_revision=start)
+    fence = {"fence_key": "/owner", "fence_revision": owner.create_revision}
+    assert await store.commit_fenced([Put("/log/1", b"a")], **fence)
+    assert await store.commit_fenced([Put("/log/1", b"b")], **fence)
+    assert not await store.commit_fenced(
+        [Put("/log/2", b"c")], fence_key="/owner", fence_revision=owner.create_revision + 1
+    )
+    first, second = [await anext(events), await anext(events)]
+    assert (first.kind, first.kv and first.kv.value) == (EventKind.PUT, b"a")
+    assert second.kv is not None and second.kv.value == b"b"
+    assert second.kv.create_revision == first.revision < second.revision
+    assert second.kv.mod_revision == second.revision == (await store.get_prefix("/"))[1]
+    await events.aclose()
+    await store.close()
+    again = FileStore(tmp_path)
+    try:
+        kv = await again.get("/log/1")
+        assert kv is not None and (kv.value, kv.create_revision) == (b"b", first.revision)
+        assert await again.get("/log/2") is None
+    finally:
+        await again.close()

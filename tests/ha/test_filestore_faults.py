@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ha.store import file as filestore
-from ha.store.contract import NO_LEASE, EventKind, StoreFull, StoreUnavailable
+from ha.store.contract import NO_LEASE, EventKind, KeyValue, StoreFull, StoreUnavailable
 from ha.store.file import FileStore
 
 pytestmark = pytest.mark.timeout(20)
@@ -126,7 +126,7 @@ async def test_a_torn_last_record_is_dropped_and_reported(
     await store.close()
     log = tmp_path / FileStore.LOG_NAMES[0]
     size = log.stat().st_size
-    line = filestore._encode_record({"r": 99, "k": "/a", "v": "Mw==", "c": 1})
+    line = filestore._record_line(99, [("/a", KeyValue("/a", b"3", 1, 99))])
     with log.open("ab") as f:
         f.write(line[:-6])  # a crash in the middle of the append: never acknowledged
     again = FileStore(tmp_path)
