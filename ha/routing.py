@@ -131,7 +131,12 @@ class CallRouter:
             local = self._ownership.deciding(name)
             if local is not None:
                 try:
-                    return await _decide(local, dataclasses.replace(call, wait_s=wait_s))
+                    # Most calls wait for nothing: the call as it came (a copy costs a
+                    # decision more than its checks); a held one, the wait it has left.
+                    attempt = (
+                        call if wait_s == call.wait_s else dataclasses.replace(call, wait_s=wait_s)
+                    )
+                    return await _decide(local, attempt)
                 except NotDeciding:
                     pass
             route = self.view.route(name)
