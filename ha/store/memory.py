@@ -25,7 +25,6 @@ from ha.store.contract import (
     KeyValue,
     LeaseId,
     LeaseNotFound,
-    Put,
     Store,
     StoreUnavailable,
     WatchEvent,
@@ -217,9 +216,6 @@ class MemoryStore(Store):
             ValueError: two writes touch the same key (etcd refuses such a transaction).
         """
         revision = self._revision + 1
-        if len(writes) == 1 and isinstance(writes[0], Put):
-            await self._put_one(revision, writes[0])
-            return
         changes: dict[str, KeyValue | None] = {}
         for write in writes:
             if isinstance(write, DeleteRange):
@@ -236,18 +232,6 @@ class MemoryStore(Store):
         if not changes:
             return  # etcd applies an empty transaction without a new revision
         await self._apply(revision, changes)
-
-    async def _put_one(self, revision: int, put: Put) -> None:
-        """A transaction of one ``Put`` (an owner's record of its pool, the commit of
-        almost every decision): what ``_apply`` does with it, without its general case."""
-        old = self._keys.get(put.key)
-        created = old.create_revision if old is not None else revision
-        kv = KeyValue(put.key, bytes(put.value), created, revision)
-        await self._persist(revision, [(put.key, kv)])
-        self._revision = revision
-        self._keys[put.key] = kv
-        self._publish(WatchEvent(EventKind.PUT, put.key, kv, revision))
-        self._applied()
 
     async def _apply(self, revision: int, changes: dict[str, KeyValue | None]) -> None:
         """Makes ``changes`` (key -> new value, None to delete) durable, then applies them

@@ -182,7 +182,7 @@ def test_a_log_line_is_its_record_as_compact_json_behind_its_checksum(
 
 
 async def test_a_fenced_put_is_stored_and_watched_as_any_commit(tmp_path: Path) -> None:
-    # A commit of one Put takes a path of its own (the owner's record of its pool).
+    # A commit of one Put: the owner's record of its pool, the write of every decision.
     store = FileStore(tmp_path)
     lease = await store.grant_lease(30.0)
     owner = await store.create("/owner", b"me", lease=lease)
