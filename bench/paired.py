@@ -9,8 +9,9 @@ processes run with ``DIR`` as their working directory, so ``python -m`` imports 
 packages, with this checkout's virtualenv). Then, per round, ``--pairs`` cycles of three
 non-streaming one-token requests: the stand-in directly, then one through each stack, the
 two in one order and in the other every other cycle, so that each follows the other as
-often (the second of two requests 10 ms apart through like stacks runs faster: the code is
-still in the processor's caches). ``--rate`` requests a second in all.
+often (the second of two requests 10 ms apart through like stacks runs faster, most
+likely because the code is still in the processor's caches). ``--rate`` requests a
+second in all.
 
 It prints, per round and over all rounds, each stack's median added latency over the
 direct median, and the median of the paired differences (new less base, each cycle's two
