@@ -122,6 +122,10 @@ async def test_a_stale_owner_resumed_after_a_pause_refuses_to_decide_and_cannot_
         await decided_through(cluster, "gpu-a", exclude=node)
     finally:
         owner.signal(signal.SIGCONT)
+    # The resumed replica may answer ListPools first, while its watch has seen its own
+    # owner key go but not yet the successor's come (no owner, epoch 0): read the owners
+    # once every live replica names the same ones.
+    await cluster.wait_agreed()
     new_node, new_epoch = (await cluster.owners())["gpu-a"]
     assert new_epoch > old_epoch and new_node != node
     # Asked as a forwarding peer would ask it, for its old epoch, it refuses.
